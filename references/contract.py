@@ -1,0 +1,76 @@
+"""Input checks shared by every implementation of the refcheck ops.
+
+The op contract (sequence-first tensors, ``cu_seqlens`` for packed variable-length batches,
+float32 states) is checked here once; references and kernels call these helpers so that bad input
+always fails the same way: a ``ValueError`` that names the argument and says what was expected.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_tensor(name: str, x, ndim: int, dtypes: Sequence[torch.dtype] = FLOAT_DTYPES) -> torch.Tensor:
+    """``x`` must be a tensor of rank ``ndim`` whose dtype is one of ``dtypes``."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{name}: expected dtype in ({names}), got {str(x.dtype).removeprefix('torch.')}")
+    return x
+
+
+def check_shape(name: str, x: torch.Tensor, expected: Sequence[int], what: str = "") -> None:
+    """``x.shape`` must equal ``expected``; ``what`` explains the expected shape in symbols."""
+    if tuple(x.shape) != tuple(expected):
+        hint = f" ({what})" if what else ""
+        raise ValueError(f"{name}: expected shape {tuple(expected)}{hint}, got {tuple(x.shape)}")
+
+
+def check_cu_seqlens(cu_seqlens, batch: int, length: int, name: str = "cu_seqlens") -> list[tuple[int, int]]:
+    """Validate packed-sequence boundaries and return the ``(start, end)`` span of each sequence.
+
+    ``cu_seqlens`` is a 1-D int32/int64 tensor ``[N+1]``: 0 first, non-decreasing, ``length`` last;
+    it requires ``batch == 1``. Zero-length sequences are allowed.
+    """
+    check_tensor(name, cu_seqlens, 1, (torch.int32, torch.int64))
+    if batch != 1:
+        raise ValueError(f"{name}: packed sequences need batch size 1, got B={batch}")
+    bounds = cu_seqlens.tolist()
+    if len(bounds) < 2:
+        raise ValueError(f"{name}: expected at least 2 entries [0, ..., T], got {bounds}")
+    if bounds[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {bounds[0]}")
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"{name}: must be non-decreasing, got {bounds}")
+    if bounds[-1] != length:
+        raise ValueError(f"{name}: must end at the sequence length T={length}, got {bounds[-1]}")
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def sequence_spans(cu_seqlens, batch: int, length: int) -> list[tuple[int, int, int]]:
+    """The sequences of a batch as ``(row, start, end)``: one per batch row, or one per packed span."""
+    if cu_seqlens is None:
+        return [(b, 0, length) for b in range(batch)]
+    return [(0, s, e) for s, e in check_cu_seqlens(cu_seqlens, batch, length)]
+
+
+def check_state(name: str, state, n: int, h: int, k: int, v: int) -> torch.Tensor:
+    """A recurrent state ``[N, H, K, V]``; float32 by contract (float64 accepted for the truth)."""
+    check_tensor(name, state, 4, (torch.float32, torch.float64))
+    check_shape(name, state, (n, h, k, v), "[N, H, K, V] with N = number of sequences")
+    return state
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """The default softmax/readout scale is ``head_dim ** -0.5``; a given one must be positive."""
+    if scale is None:
+        return head_dim ** -0.5
+    if not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale: expected a positive number, got {scale!r}")
+    return float(scale)

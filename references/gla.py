@@ -1,0 +1,57 @@
+"""Gated linear attention (GLA) and its scalar-decay special case (simple GLA).
+
+Per sequence and head, with the state ``S`` of shape ``[K, V]``:
+
+    gla:         S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T      g_t [K]
+    simple_gla:  S_t = exp(g_t) S_{t-1} + k_t v_t^T            g_t scalar (one decay per head)
+    both:        o_t = scale * S_t^T q_t
+
+Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]`` (gla) or ``[B, T, H]``
+(simple_gla); states ``[N, H, K, V]``. simple_gla is gla with g broadcast over K.
+"""
+from __future__ import annotations
+
+import torch
+
+from .contract import check_scale, check_shape, check_tensor
+from .recurrence import scan
+
+
+def check_gla_inputs(q, k, v, g, *, scalar_gate: bool):
+    """Validate the gla / simple_gla contract (shared by every implementation); return (B, T, H, K, V)."""
+    check_tensor("q", q, 4)
+    b, t, h, kd = q.shape
+    check_tensor("k", k, 4)
+    check_shape("k", k, q.shape, "[B, T, H, K] like q")
+    check_tensor("v", v, 4)
+    check_shape("v", v, (b, t, h, v.shape[-1]), "[B, T, H, V]")
+    if scalar_gate:
+        check_tensor("g", g, 3)
+        check_shape("g", g, (b, t, h), "[B, T, H]")
+    else:
+        check_tensor("g", g, 4)
+        check_shape("g", g, q.shape, "[B, T, H, K] like q")
+    return b, t, h, kd, v.shape[-1]
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """GLA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
+
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    """
+    *_, kd, vd = check_gla_inputs(q, k, v, g, scalar_gate=False)
+    scale = check_scale(scale, kd)
+    q, k, v, g = (x.to(q.dtype) for x in (q, k, v, g))
+
+    def step(state, x):
+        state = state * torch.exp(x["g"]).unsqueeze(-1) + x["k"].unsqueeze(-1) * x["v"].unsqueeze(-2)
+        return state, scale * torch.einsum("hkv,hk->hv", state, x["q"])
+
+    return scan(step, dict(q=q, k=k, v=v, g=g), kd, vd, initial_state, output_final_state, cu_seqlens)
+
+
+def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """simple GLA: ``gla`` with the per-head decay ``g [B, T, H]`` broadcast over K."""
+    check_gla_inputs(q, k, v, g, scalar_gate=True)
+    return gla(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
+               output_final_state=output_final_state, cu_seqlens=cu_seqlens)

@@ -1,0 +1,86 @@
+"""KDA (Kimi Delta Attention): the gated delta rule with a per-channel decay.
+
+Per sequence and head, with the state ``S`` of shape ``[K, V]`` and at step t
+``q_t, k_t [K]``, ``v_t [V]``, ``g_t [K]`` (log-decay), ``beta_t`` (scalar):
+
+    S'  = Diag(exp(g_t)) S_{t-1}
+    S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
+    o_t = scale * S_t^T q_t
+
+Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]``; beta ``[B, T, H]``;
+states ``[N, H, K, V]``. With ``use_qk_l2norm`` q and k are first divided by their L2 norm
+(``x / sqrt(sum(x^2) + 1e-6)``); with ``use_gate_in_kernel`` the decay is
+``kda_gate(g, A_log, dt_bias, lower_bound)``; ``safe_gate`` promises ``lower_bound <= decay <= 0``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .contract import check_scale, check_shape, check_tensor
+from .gates import kda_gate
+from .recurrence import scan
+
+L2NORM_EPS = 1e-6
+SAFE_GATE_LOWER_BOUND_RANGE = (-5.0, 0.0)
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + 1e-6)`` along the last dimension."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def check_kda_inputs(q, k, v, g, beta, *, safe_gate, lower_bound, use_gate_in_kernel, A_log, dt_bias):
+    """Validate the kda contract (shared by every implementation); return (B, T, H, K, V)."""
+    check_tensor("q", q, 4)
+    b, t, h, kd = q.shape
+    check_tensor("k", k, 4)
+    check_shape("k", k, q.shape, "[B, T, H, K] like q")
+    check_tensor("v", v, 4)
+    check_shape("v", v, (b, t, h, v.shape[-1]), "[B, T, H, V]")
+    check_tensor("g", g, 4)
+    check_shape("g", g, q.shape, "[B, T, H, K] like q")
+    check_tensor("beta", beta, 3)
+    check_shape("beta", beta, (b, t, h), "[B, T, H]")
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError("A_log: required when use_gate_in_kernel=True")
+    elif A_log is not None or dt_bias is not None:
+        raise ValueError("A_log/dt_bias: only used with use_gate_in_kernel=True")
+    if safe_gate:
+        lo, hi = SAFE_GATE_LOWER_BOUND_RANGE
+        if lower_bound is None:
+            raise ValueError("lower_bound: required when safe_gate=True")
+        if not isinstance(lower_bound, (int, float)) or not lo <= lower_bound < hi:
+            raise ValueError(f"lower_bound: expected a number in [{lo}, {hi}) with safe_gate, got {lower_bound!r}")
+    elif lower_bound is not None and not use_gate_in_kernel:
+        raise ValueError("lower_bound: only used with safe_gate=True or use_gate_in_kernel=True")
+    return b, t, h, kd, v.shape[-1]
+
+
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        use_qk_l2norm=False, safe_gate=False, lower_bound=None, use_gate_in_kernel=False, A_log=None,
+        dt_bias=None):
+    """KDA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
+
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    """
+    *_, kd, vd = check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
+                                  use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+    scale = check_scale(scale, kd)
+    dt = q.dtype
+    q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
+    if use_gate_in_kernel:
+        g = kda_gate(g, A_log, dt_bias, lower_bound)
+    if safe_gate and not (bool((g <= 0).all()) and bool((g >= lower_bound).all())):
+        raise ValueError(f"g: safe_gate promises lower_bound ({lower_bound}) <= g <= 0")
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+
+    def step(state, x):
+        state = state * torch.exp(x["g"]).unsqueeze(-1)
+        u = x["v"] - torch.einsum("hkv,hk->hv", state, x["k"])
+        state = state + x["beta"][:, None, None] * x["k"].unsqueeze(-1) * u.unsqueeze(-2)
+        return state, scale * torch.einsum("hkv,hk->hv", state, x["q"])
+
+    return scan(step, dict(q=q, k=k, v=v, g=g, beta=beta), kd, vd, initial_state, output_final_state,
+                cu_seqlens)
