@@ -5,7 +5,8 @@ truth; the same code in a low-precision dtype is the "naive" baseline.
 """
 from .attention import attention
 from .gates import kda_gate
-from .gla import gla, simple_gla
-from .kda import kda
+from .gla import gla, gla_chunked, simple_gla, simple_gla_chunked
+from .kda import kda, kda_chunked
 
-__all__ = ["attention", "gla", "kda", "kda_gate", "simple_gla"]
+__all__ = ["attention", "gla", "gla_chunked", "kda", "kda_chunked", "kda_gate", "simple_gla",
+           "simple_gla_chunked"]

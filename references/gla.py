@@ -8,11 +8,15 @@ Per sequence and head, with the state ``S`` of shape ``[K, V]``:
 
 Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]`` (gla) or ``[B, T, H]``
 (simple_gla); states ``[N, H, K, V]``. simple_gla is gla with g broadcast over K.
+
+``gla`` / ``simple_gla`` walk the recurrence step by step; ``gla_chunked`` / ``simple_gla_chunked``
+evaluate the same math in chunks (``chunk.chunk_scan``, writing ``u_t = v_t``).
 """
 from __future__ import annotations
 
 import torch
 
+from .chunk import check_chunk_size, chunk_scan
 from .contract import check_scale, check_shape, check_tensor
 from .recurrence import scan
 
@@ -34,14 +38,20 @@ def check_gla_inputs(q, k, v, g, *, scalar_gate: bool):
     return b, t, h, kd, v.shape[-1]
 
 
+def gla_operands(q, k, v, g, *, scale):
+    """Check the gla inputs; return ``(q, k, v, g, scale, K, V)`` with the tensors in ``q.dtype``."""
+    *_, kd, vd = check_gla_inputs(q, k, v, g, scalar_gate=False)
+    scale = check_scale(scale, kd)
+    q, k, v, g = (x.to(q.dtype) for x in (q, k, v, g))
+    return q, k, v, g, scale, kd, vd
+
+
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """GLA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
     Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
     """
-    *_, kd, vd = check_gla_inputs(q, k, v, g, scalar_gate=False)
-    scale = check_scale(scale, kd)
-    q, k, v, g = (x.to(q.dtype) for x in (q, k, v, g))
+    q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
 
     def step(state, x):
         state = state * torch.exp(x["g"]).unsqueeze(-1) + x["k"].unsqueeze(-1) * x["v"].unsqueeze(-2)
@@ -55,3 +65,28 @@ def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state
     check_gla_inputs(q, k, v, g, scalar_gate=True)
     return gla(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def write_values(x: dict[str, torch.Tensor], G: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """GLA writes ``u_t = v_t``: ``Wv = V``, ``Wk = 0`` in every chunk (see ``chunk.chunk_scan``)."""
+    return x["v"], None
+
+
+def gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+                chunk_size=64):
+    """GLA in chunks of ``chunk_size`` steps: same contract and result as ``gla`` (to rounding).
+
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    """
+    chunk_size = check_chunk_size(chunk_size)
+    q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
+    return chunk_scan(dict(q=q, k=k, v=v, g=g), write_values, scale, kd, vd, initial_state,
+                      output_final_state, cu_seqlens, chunk_size)
+
+
+def simple_gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
+                       cu_seqlens=None, chunk_size=64):
+    """simple GLA in chunks: ``gla_chunked`` with the per-head decay ``g [B, T, H]`` broadcast over K."""
+    check_gla_inputs(q, k, v, g, scalar_gate=True)
+    return gla_chunked(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)

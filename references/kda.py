@@ -11,11 +11,15 @@ Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]``; beta ``[B
 states ``[N, H, K, V]``. With ``use_qk_l2norm`` q and k are first divided by their L2 norm
 (``x / sqrt(sum(x^2) + 1e-6)``); with ``use_gate_in_kernel`` the decay is
 ``kda_gate(g, A_log, dt_bias, lower_bound)``; ``safe_gate`` promises ``lower_bound <= decay <= 0``.
+
+``kda`` walks the recurrence step by step; ``kda_chunked`` evaluates the same math in chunks
+(``chunk.chunk_scan`` with the WY form of the delta rule, ``delta_rule_write``).
 """
 from __future__ import annotations
 
 import torch
 
+from .chunk import check_chunk_size, chunk_scan, decayed_gram
 from .contract import check_scale, check_shape, check_tensor
 from .gates import kda_gate
 from .recurrence import scan
@@ -57,12 +61,12 @@ def check_kda_inputs(q, k, v, g, beta, *, safe_gate, lower_bound, use_gate_in_ke
     return b, t, h, kd, v.shape[-1]
 
 
-def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        use_qk_l2norm=False, safe_gate=False, lower_bound=None, use_gate_in_kernel=False, A_log=None,
-        dt_bias=None):
-    """KDA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
+def kda_operands(q, k, v, g, beta, *, scale, use_qk_l2norm, safe_gate, lower_bound, use_gate_in_kernel,
+                 A_log, dt_bias):
+    """Check the kda inputs and bring them to what the recurrence reads, in ``q.dtype``.
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    Returns ``(q, k, v, g, beta, scale, K, V)``: g replaced by ``kda_gate(g, A_log, dt_bias,
+    lower_bound)`` with ``use_gate_in_kernel``, q and k L2-normalized with ``use_qk_l2norm``.
     """
     *_, kd, vd = check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
                                   use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
@@ -75,6 +79,19 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         raise ValueError(f"g: safe_gate promises lower_bound ({lower_bound}) <= g <= 0")
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)
+    return q, k, v, g, beta, scale, kd, vd
+
+
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        use_qk_l2norm=False, safe_gate=False, lower_bound=None, use_gate_in_kernel=False, A_log=None,
+        dt_bias=None):
+    """KDA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
+
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    """
+    q, k, v, g, beta, scale, kd, vd = kda_operands(
+        q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, safe_gate=safe_gate,
+        lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
 
     def step(state, x):
         state = state * torch.exp(x["g"]).unsqueeze(-1)
@@ -84,3 +101,40 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
 
     return scan(step, dict(q=q, k=k, v=v, g=g, beta=beta), kd, vd, initial_state, output_final_state,
                 cu_seqlens)
+
+
+def delta_rule_write(x: dict[str, torch.Tensor], G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values KDA writes in each chunk, affine in the chunk's entry state: ``U = Wv - Wk S0``.
+
+    In a chunk (rows i = 0..C-1, see ``chunk``), ``S'_i = Diag(exp(g_i)) S_{i-1}`` and
+    ``u_i = beta_i (v_i - S'_i^T k_i)`` with ``S'_i = Diag(exp(G_i)) S0 + sum_{j<i} Diag(exp(G_i - G_j)) k_j u_j^T``:
+
+        (I + L) U = Diag(beta) (V - (Kc * exp(G)) S0),   L = strictly-lower(beta_i Akk[i, j]),
+        Akk[i, j] = sum_k Kc_ik Kc_jk exp(G_ik - G_jk)
+
+    so (the WY form) ``Wv = (I + L)^{-1} Diag(beta) V`` ``[.., C, V]`` and
+    ``Wk = (I + L)^{-1} Diag(beta) (Kc * exp(G))`` ``[.., C, K]``, by one unit-lower-triangular solve.
+    x holds k ``[H, Nc, C, K]``, v ``[H, Nc, C, V]``, beta ``[H, Nc, C]``; G is ``[H, Nc, C, K]``.
+    """
+    k, beta = x["k"], x["beta"].unsqueeze(-1)
+    lower = beta * decayed_gram(k, k, G, strict=True)
+    rhs = beta * torch.cat([x["v"], k * torch.exp(G)], -1)
+    # unitriangular: the unit diagonal of I + L is implied, only the strictly lower part L is read.
+    w = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    return w[..., :x["v"].shape[-1]], w[..., x["v"].shape[-1]:]
+
+
+def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                cu_seqlens=None, use_qk_l2norm=False, safe_gate=False, lower_bound=None,
+                use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64):
+    """KDA in chunks of ``chunk_size`` steps (``chunk.chunk_scan`` with ``delta_rule_write``).
+
+    Same contract and result as ``kda`` (to rounding), in ``q.dtype``; the state pass is
+    sequential over chunks only. Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``.
+    """
+    chunk_size = check_chunk_size(chunk_size)
+    q, k, v, g, beta, scale, kd, vd = kda_operands(
+        q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, safe_gate=safe_gate,
+        lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+    return chunk_scan(dict(q=q, k=k, v=v, g=g, beta=beta), delta_rule_write, scale, kd, vd, initial_state,
+                      output_final_state, cu_seqlens, chunk_size)

@@ -1,0 +1,27 @@
+"""Where kernels run: the GPU when there is one, else the CPU through the faithful Triton interpreter.
+
+Triton decides whether a kernel is interpreted when the kernel is defined, so ``configure_backend``
+must run before ``optimized`` (or any other Triton kernel module) is imported; conftest and the
+command line call it first thing.
+"""
+from __future__ import annotations
+
+import os
+
+
+def configure_backend(device: str | None = None) -> str:
+    """Pick the device ("cuda" if available unless told otherwise) and, for the CPU, switch on the
+    Triton interpreter and make it faithful (``refcheck.interpreter.enable``). Returns the device."""
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' asked for, but torch sees no CUDA device")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+        from . import interpreter
+        interpreter.enable()
+    return device
