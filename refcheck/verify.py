@@ -18,7 +18,7 @@ import torch
 
 from . import budgets as budgets_mod
 from . import registry
-from .case import DTYPES, Case
+from .case import DTYPE_NAMES, DTYPES, Case
 from .metrics import rel_rms
 from .ops import Inputs, OpCard, card
 
@@ -78,11 +78,15 @@ class Verdict:
         return f"{self.table()}\n  reproduce: {self.reproducer()}"
 
 
-def upstream_gradients(op: OpCard, case: Case, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def upstream_gradients(op: OpCard, case: Case, outputs: dict[str, torch.Tensor],
+                       names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """Seeded random cotangents for the outputs, rounded to each output's contract dtype.
 
     ``o`` is in the input dtype, every other output (states, lse, gates) in float32. Entries where
-    an output is not finite (lse of a row that sees no key) get a zero cotangent.
+    an output is not finite (lse of a row that sees no key) get a zero cotangent. Each output's
+    cotangent depends on the case only (drawn in the card's output order), so an implementation
+    that returns fewer outputs gets the same cotangents for the ones it returns; ``names`` keeps
+    only those outputs (the truth of an implementation without ``lse`` is differentiated without it).
     """
     gen = torch.Generator().manual_seed(case.seed + 1)
     grads = {}
@@ -94,8 +98,37 @@ def upstream_gradients(op: OpCard, case: Case, outputs: dict[str, torch.Tensor])
         if dtype == DTYPES["fp8"]:
             dtype = torch.float32
         g = torch.randn(x.shape, generator=gen).to(dtype).to(x.device)
-        grads[name] = torch.where(torch.isfinite(x.detach()), g, torch.zeros((), dtype=g.dtype, device=g.device))
+        if names is None or name in names:
+            grads[name] = torch.where(torch.isfinite(x.detach()), g,
+                                      torch.zeros((), dtype=g.dtype, device=g.device))
     return grads
+
+
+def leaf_inputs(op: OpCard, inputs: Inputs) -> tuple[Inputs, dict[str, torch.Tensor]]:
+    """A copy of ``inputs`` whose differentiable float tensors are fresh autograd leaves, and the leaves."""
+    leaves = {}
+
+    def leaf(name, t):
+        if name in op.differentiable and t.is_floating_point():
+            leaves[name] = t.detach().clone().requires_grad_(True)
+            return leaves[name]
+        return t
+
+    return inputs.map(leaf), leaves
+
+
+def backprop(op: OpCard, result: dict[str, torch.Tensor], cotangents: dict[str, torch.Tensor],
+             leaves: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Backpropagate ``cotangents`` from the outputs in ``result`` to ``leaves``; returns the
+    detached outputs plus each leaf's gradient as ``d<name>`` (``dh0`` for the initial state)."""
+    pairs = [(result[n], cotangents[n]) for n in cotangents if n in result and result[n].requires_grad]
+    if pairs:
+        torch.autograd.backward([p[0] for p in pairs], [p[1].to(p[0].dtype) for p in pairs])
+    result = dict(result)
+    for name, t in leaves.items():
+        if t.grad is not None:
+            result[op.grad_name(name)] = t.grad
+    return {n: t.detach() for n, t in result.items()}
 
 
 def evaluate(fn, op: OpCard, inputs: Inputs, *, grads: bool, cotangents=None, **knobs) -> dict[str, torch.Tensor]:
@@ -103,34 +136,32 @@ def evaluate(fn, op: OpCard, inputs: Inputs, *, grads: bool, cotangents=None, **
     ``cotangents(outputs)``) and add each differentiable input's gradient as ``d<name>``."""
     leaves = {}
     if grads:
-        def leaf(name, t):
-            if name in op.differentiable and t.is_floating_point():
-                leaves[name] = t.detach().clone().requires_grad_(True)
-                return leaves[name]
-            return t
-        inputs = inputs.map(leaf)
+        inputs, leaves = leaf_inputs(op, inputs)
     with torch.set_grad_enabled(grads):
         result = op.split(inputs.call(fn, **knobs))
-    if grads:
-        cts = cotangents(result) if callable(cotangents) else cotangents
-        pairs = [(result[n], cts[n]) for n in cts if n in result and result[n].requires_grad]
-        if pairs:
-            torch.autograd.backward([p[0] for p in pairs], [p[1].to(p[0].dtype) for p in pairs])
-        for name, t in leaves.items():
-            if t.grad is not None:
-                result[op.grad_name(name)] = t.grad
-    return {n: t.detach() for n, t in result.items()}
+    if not grads:
+        return {n: t.detach() for n, t in result.items()}
+    return backprop(op, result, cotangents(result) if callable(cotangents) else cotangents, leaves)
+
+
+def cotangent_names(op: OpCard, provides) -> tuple[str, ...] | None:
+    """The outputs whose cotangents the truth takes for an implementation returning ``provides``
+    (None: all of them, the common case, so that the cache holds one truth per case)."""
+    names = tuple(n for n in op.outputs if n in provides)
+    return None if names == op.outputs else names
 
 
 @lru_cache(maxsize=256)
-def truth(case: Case, device: str = "cpu", grads: bool = True) -> dict[str, torch.Tensor]:
+def truth(case: Case, device: str = "cpu", grads: bool = True,
+          outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """The float64 reference outputs (and gradients) of a case; cached, since every implementation,
-    mode and knob setting of a case shares it."""
+    mode and knob setting of a case shares it. The gradients backpropagate the cotangents of
+    ``outputs`` only (default all): those an implementation returns (torch SDPA has no ``lse``)."""
     op = card(case.op)
     fn = op.chunked_reference if op.chunked_reference and case.dim.get("T", 0) >= CHUNKED_TRUTH_MIN_T else op.reference
     inputs = op.make_inputs(case, torch.device(device)).to_float64()
     return evaluate(fn, op, inputs, grads=grads, cotangents=lambda out: {
-        n: g.to(torch.float64) for n, g in upstream_gradients(op, case, out).items()})
+        n: g.to(torch.float64) for n, g in upstream_gradients(op, case, out, outputs).items()})
 
 
 def run(impl: registry.Implementation, case: Case, device: str = "cpu", grads: bool = True,
@@ -143,9 +174,66 @@ def run(impl: registry.Implementation, case: Case, device: str = "cpu", grads: b
 
 
 @lru_cache(maxsize=256)
-def naive_outputs(case: Case, device: str = "cpu", grads: bool = True) -> dict[str, torch.Tensor]:
-    """The naive implementation's results on a case: the yardstick of ``naive_ratio`` budgets."""
-    return run(registry.get(case.op, "naive"), case, device, grads)
+def naive_outputs(case: Case, device: str = "cpu", grads: bool = True,
+                  outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The naive implementation's results on a case (cotangents of ``outputs`` only, as ``truth``):
+    the yardstick of ``naive_ratio`` budgets."""
+    op = card(case.op)
+    return evaluate(registry.get(case.op, "naive").fn, op, op.make_inputs(case, torch.device(device)),
+                    grads=grads, cotangents=lambda o: upstream_gradients(op, case, o, outputs))
+
+
+def output_dtype(case: Case, name: str) -> torch.dtype:
+    """The contract dtype of an output: ``o`` in the input dtype (bf16 for fp8 inputs), every other
+    output (states, lse, gates) float32."""
+    if name != "o":
+        return torch.float32
+    return torch.bfloat16 if case.dtype == "fp8" else case.torch_dtype
+
+
+def budget_dtype(case: Case, name: str, value: torch.Tensor) -> str:
+    """The dtype whose budget bounds output ``name``: the case's input dtype, or for a gradient
+    returned in a coarser dtype than that (dg of bf16 gates with fp32 q, k, v) the coarser one,
+    since storing the gradient rounds it to that dtype's precision."""
+    coarser = value.dtype if value.is_floating_point() and value.dtype in DTYPE_NAMES else case.torch_dtype
+    if name in card(case.op).outputs or torch.finfo(coarser).eps <= torch.finfo(case.torch_dtype).eps:
+        return case.dtype
+    return DTYPE_NAMES[coarser]
+
+
+def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tensor],
+            ref: dict[str, torch.Tensor], *, mode: str, device: str = "cpu", grads: bool = True,
+            budgets: budgets_mod.Budgets | None = None, knobs: dict | None = None) -> Verdict:
+    """Measure ``out`` against ``ref`` under the budgets of ``impl`` on ``case`` in ``mode``.
+
+    ``ref`` is the float64 truth (``verify``) or, for the laws that compare two evaluations of the
+    same math (batch rows alone, a split run, another path), the other evaluation: the two may
+    differ by no more than an implementation may differ from the truth. Every output and gradient
+    in ``ref`` is measured (an output ``impl`` does not provide is left out); one missing from
+    ``out`` is a problem. A ``naive_ratio`` bound uses the naive implementation's error on ``case``.
+    """
+    op = card(case.op)
+    budgets = budgets or budgets_mod.load()
+    verdict = Verdict(case.op, impl.name, case, mode, dict(knobs or {}))
+    cot_names = cotangent_names(op, impl.provides)
+    for name in ref:
+        if name in op.outputs and name not in impl.provides:
+            continue
+        if name not in out:
+            verdict.problems.append(f"{name}: not returned")
+            continue
+        want = output_dtype(case, name)
+        if name in op.outputs and out[name].dtype != want:
+            verdict.problems.append(f"{name}: dtype {out[name].dtype}, contract says {want}")
+        budget = budgets.get(case.op, name, budget_dtype(case, name, out[name]), mode, impl.name)
+        error = rel_rms(out[name], ref[name], floor=budget.floor)
+        naive_error = None
+        if budget.metric == "naive_ratio":
+            naive = naive_outputs(case, device, grads, cot_names)
+            base = truth(case, device, grads, cot_names)
+            naive_error = rel_rms(naive[name], base[name], floor=budget.floor) if name in naive else math.inf
+        verdict.measurements.append(Measurement(name, error, budget.bound(naive_error), budget, naive_error))
+    return verdict
 
 
 def verify(impl: str | registry.Implementation, case: Case, *, mode: str | None = None, device: str = "cpu",
@@ -155,32 +243,11 @@ def verify(impl: str | registry.Implementation, case: Case, *, mode: str | None 
     ``mode`` selects the precision mode (passed as the ``precision`` knob where the implementation
     has it; budgets are looked up under it). Extra keyword arguments are the implementation's knobs.
     """
-    op = card(case.op)
     impl = impl if isinstance(impl, registry.Implementation) else registry.get(case.op, impl)
-    budgets = budgets or budgets_mod.load()
     mode = mode or impl.modes[0]
     if "precision" in impl.knobs:
         knobs = {"precision": mode, **knobs}
-    verdict = Verdict(case.op, impl.name, case, mode, dict(knobs))
-    ref = truth(case, device, grads)
+    grads = grads and impl.backward
+    ref = truth(case, device, grads, cotangent_names(card(case.op), impl.provides))
     out = run(impl, case, device, grads, **knobs)
-    expected = [n for n in op.outputs if n in ref and n in impl.provides]
-    if grads and impl.backward:
-        expected += [n for n in ref if n not in op.outputs]
-    for name in expected:
-        if name not in out:
-            verdict.problems.append(f"{name}: not returned")
-            continue
-        want = case.torch_dtype if name == "o" else torch.float32
-        if name == "o" and want == DTYPES["fp8"]:
-            want = torch.bfloat16
-        if name in op.outputs and out[name].dtype != want:
-            verdict.problems.append(f"{name}: dtype {out[name].dtype}, contract says {want}")
-        budget = budgets.get(case.op, name, case.dtype, mode, impl.name)
-        error = rel_rms(out[name], ref[name], floor=budget.floor)
-        naive_error = None
-        if budget.metric == "naive_ratio":
-            naive = naive_outputs(case, device, grads)
-            naive_error = rel_rms(naive[name], ref[name], floor=budget.floor) if name in naive else math.inf
-        verdict.measurements.append(Measurement(name, error, budget.bound(naive_error), budget, naive_error))
-    return verdict
+    return measure(impl, case, out, ref, mode=mode, device=device, grads=grads, budgets=budgets, knobs=knobs)

@@ -5,38 +5,52 @@ value ``u_t [V]``,
 
     S_t = Diag(exp(g_t)) S_{t-1} + k_t u_t^T,        o_t = scale * S_t^T q_t
 
-(GLA writes ``u_t = v_t``; KDA writes the delta-rule correction, see ``kda.kda_chunked``).
+(GLA writes ``u_t = v_t``; KDA writes the delta-rule correction, see ``kda.delta_rule_write``).
 Cut a sequence into chunks of C steps. In a chunk that starts from the state ``S0 [K, V]``, with the
-in-chunk cumulative log-decay ``G_i = sum_{s<=i} g_s`` (rows of ``G [C, K]``, i = 0..C-1):
+in-chunk cumulative log-decay ``G_i = sum_{t<=i} g_t`` (rows of ``G [C, K]``, i = 0..C-1):
 
     S_i = Diag(exp(G_i)) S0 + sum_{j<=i} Diag(exp(G_i - G_j)) k_j u_j^T
 
-so that, with ``Q, Kc [C, K]`` and ``U [C, V]`` the chunk's rows:
+so that, with the chunk's rows ``Q, Kc [C, K]`` and ``U [C, V]``:
 
-    O     = scale * (Q * exp(G)) S0 + Aqk U           Aqk[i, j] = scale * sum_k Q_ik Kc_jk exp(G_ik - G_jk), j <= i
+    O     = scale * (Q * exp(G)) S0 + scale * Aqk U,     Aqk[i, j] = sum_k Q_ik Kc_jk exp(G_ik - G_jk), j <= i
     S_end = Diag(exp(G_last)) S0 + (Kc * exp(G_last - G))^T U
 
-The written values are affine in the entry state, ``U = Wv - Wk S0`` (``Wv [C, V]``, ``Wk [C, K]``;
-GLA: ``Wv = V``, ``Wk = 0``), so everything but the short pass over chunks runs for all chunks at once.
+The written values are affine in the entry state, ``U = Wv - Wk S0`` (GLA: ``Wv = V``, ``Wk = 0``).
+A sequence costs one such chunk step per C tokens instead of one recurrence step per token.
 
-Numerics: decays may be as steep as ``g = -1000`` per step, so ``exp`` is only ever taken of
-``G_i - G_j`` with ``j <= i``, of ``G_i`` or of ``G_last - G_j``: sums of log-decays, ``<= 0`` when
-``g <= 0``. Above the diagonal the exponent is masked to ``-inf`` before ``exp``, never after.
+Numerics: log-decays may be as steep as ``g = -1000`` per step. ``exp`` is only taken of sums of
+log-decays over a range of steps (``<= 0`` when ``g <= 0``), and each such sum is accumulated from
+its own start (a cumulative sum), never formed as a difference ``G_i - G_j`` of two large sums;
+above the diagonal the exponent is masked to ``-inf`` before ``exp``, never after.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from .contract import check_state, sequence_spans
 
-# Rows of a chunk handled together by ``decayed_gram``: its pairwise [rows, rows, K] tensors cost
-# C * SUB_CHUNK * K per chunk instead of C * C * K, the rest is matrix products.
-SUB_CHUNK = 16
+# Rows of a chunk whose decays are taken pair by pair (see ``pair_decays``): with C-step chunks,
+# ``exp`` is evaluated about C * (SUB_CHUNK + C / SUB_CHUNK) * K times per chunk and head.
+SUB_CHUNK = 8
 
-Chunks = dict[str, torch.Tensor]
-Write = Callable[[Chunks, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+class PairDecays(NamedTuple):
+    """``exp(G_i - G_j)`` for ``j <= i`` in a chunk of C steps, split by row blocks of s = SUB_CHUNK.
+
+    Block b holds the rows ``b*s .. b*s + s - 1`` (the chunk is zero-padded to ``nb * s`` steps) and
+    its reference row is ``r_b = b*s - 1``. For j in block b ``exp(G_i - G_j) = square``; for
+    ``j <= r_b < i``, ``exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j) = rows[b, i] cols[b, j]``.
+    """
+    square: torch.Tensor  # [..., nb, s, s, K]  exp(sum_{j<t<=i} g_t) for i, j in block b, 0 for j > i
+    rows: torch.Tensor    # [..., nb, s, K]     exp(sum_{r_b<t<=i} g_t)
+    cols: torch.Tensor    # [..., nb, nb*s, K]  exp(sum_{j<t<=r_b} g_t) for j <= r_b, 0 for j > r_b
+
+
+Write = Callable[[dict[str, torch.Tensor], torch.Tensor, PairDecays], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def check_chunk_size(chunk_size) -> int:
@@ -46,57 +60,96 @@ def check_chunk_size(chunk_size) -> int:
     return chunk_size
 
 
+def pad_steps(x: torch.Tensor, steps: int, dim: int) -> torch.Tensor:
+    """Append zeros along ``dim`` up to ``steps`` entries."""
+    missing = steps - x.shape[dim]
+    if not missing:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_zeros(shape)], dim)
+
+
+def sums_after(g: torch.Tensor) -> torch.Tensor:
+    """``sum_{t > j} g_t`` along dim -2 (``[..., C, K]``), accumulated backwards from the end."""
+    shifted = pad_steps(g[..., 1:, :], g.shape[-2], -2)
+    return shifted.flip(-2).cumsum(-2).flip(-2)
+
+
+def pair_decays(g: torch.Tensor) -> PairDecays:
+    """The factors of ``exp(G_i - G_j)``, ``j <= i``, for the log-decays ``g [..., C, K]`` of a chunk."""
+    s = SUB_CHUNK
+    nb = -(-g.shape[-2] // s)
+    g = pad_steps(g, nb * s, -2)
+    gb = g.unflatten(-2, (nb, s))                                           # [..., nb, s, K]
+    ones = torch.ones(s, s, dtype=torch.bool, device=g.device)
+    # square[i, j] sums g_t over j < t <= i: a cumulative sum down i of g_t masked to t > j.
+    within = gb.unsqueeze(-2).masked_fill(~ones.tril(-1).unsqueeze(-1), 0).cumsum(-3)
+    square = torch.exp(within.masked_fill(~ones.tril().unsqueeze(-1), float("-inf")))
+    rows = torch.exp(gb.cumsum(-2))
+    # cols[b, j] sums g_t over j < t < b*s: sums_after of g masked to the steps before block b.
+    t = torch.arange(nb * s, device=g.device)
+    before = (t < s * torch.arange(nb, device=g.device).unsqueeze(-1)).unsqueeze(-1)  # [nb, nb*s, 1]
+    upto = sums_after(g.unsqueeze(-3).masked_fill(~before, 0))
+    cols = torch.exp(upto.masked_fill(~before, float("-inf")))
+    return PairDecays(square, rows, cols)
+
+
+def decayed_gram(x: torch.Tensor, y: torch.Tensor, decays: PairDecays) -> torch.Tensor:
+    """``P[..., i, j] = sum_k x_ik y_jk exp(G_ik - G_jk)`` for ``j <= i``, 0 above the diagonal.
+
+    x, y: ``[..., C, K]``; decays from ``pair_decays`` of the chunk's g -> P ``[..., C, C]``. Inside a
+    block the products are taken pair by pair; left of it, through the block's reference row, one
+    matrix product per block.
+    """
+    c = x.shape[-2]
+    nb, s = decays.rows.shape[-3:-1]
+    x, y = pad_steps(x, nb * s, -2), pad_steps(y, nb * s, -2)
+    xb, yb = x.unflatten(-2, (nb, s)), y.unflatten(-2, (nb, s))
+    square = (xb.unsqueeze(-2) * yb.unsqueeze(-3) * decays.square).sum(-1)       # [..., nb, s, s]
+    left = (xb * decays.rows) @ (y.unsqueeze(-3) * decays.cols).transpose(-1, -2)  # [..., nb, s, nb*s]
+    eye = torch.eye(nb, dtype=x.dtype, device=x.device)
+    gram = left + torch.einsum("...bij,bc->...bicj", square, eye).flatten(-2)
+    return gram.flatten(-3, -2)[..., :c, :c]
+
+
+def chunk_step(state: torch.Tensor, x: dict[str, torch.Tensor], write: Write,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of the module docstring's algebra, for all heads at once.
+
+    state ``[H, K, V]`` (S0); x: the chunk's q, k, g ``[H, C, K]``, v ``[H, C, V]`` and what ``write``
+    reads; ``write(x, G, decays) -> (Wv [H, C, V], Wk [H, C, K] or None)`` gives ``U = Wv - Wk S0``.
+    Returns ``(S_end [H, K, V], O [H, C, V])``.
+    """
+    q, k, g = x["q"], x["k"], x["g"]
+    G = g.cumsum(-2)
+    decays = pair_decays(g)
+    w_v, w_k = write(x, G, decays)
+    u = w_v if w_k is None else w_v - w_k @ state
+    o = scale * ((q * torch.exp(G)) @ state + decayed_gram(q, k, decays) @ u)
+    carry = torch.exp(G[..., -1, :]).unsqueeze(-1)
+    state = carry * state + (k * torch.exp(sums_after(g))).transpose(-1, -2) @ u
+    return state, o
+
+
 def to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``[L, H, ...]`` -> ``[H, ceil(L / C), C, ...]``, zero-padded after the last step.
+    """``[L, H, ...]`` -> ``[ceil(L / C), H, C, ...]``, zero-padded after the last step.
 
     Zero padding is exact for every operand: a padded step has ``g = 0`` (decay 1), ``k = 0`` and
     ``beta = 0``, so it leaves the state unchanged; its outputs are dropped.
     """
-    length = x.shape[0]
-    n = -(-length // chunk_size)
-    pad = x.new_zeros(n * chunk_size - length, *x.shape[1:])
-    x = torch.cat([x, pad]).reshape(n, chunk_size, *x.shape[1:])
-    return x.movedim(2, 0)
+    n = -(-x.shape[0] // chunk_size)
+    return pad_steps(x, n * chunk_size, 0).unflatten(0, (n, chunk_size)).movedim(2, 1)
 
 
-def decayed_gram(x: torch.Tensor, y: torch.Tensor, G: torch.Tensor, *, strict: bool) -> torch.Tensor:
-    """``P[..., i, j] = sum_k x_ik y_jk exp(G_ik - G_jk)`` for ``j <= i`` (``j < i`` if strict), else 0.
-
-    x, y, G: ``[..., C, K]`` -> P ``[..., C, C]``. Rows go in blocks of ``SUB_CHUNK``. In the block's
-    diagonal square the exponent is formed pair by pair and masked above the diagonal before ``exp``.
-    Left of it, with the reference row ``r`` just before the block (``j <= r < i``), the pair
-    factorizes, ``exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j)``, both exponents ``<= 0`` for
-    decays, and the block is one matrix product.
-    """
-    c = x.shape[-2]
-    rows = []
-    for r0 in range(0, c, SUB_CHUNK):
-        r1 = min(r0 + SUB_CHUNK, c)
-        xi, gi = x[..., r0:r1, :], G[..., r0:r1, :]
-        keep = torch.ones(r1 - r0, r1 - r0, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
-        d = (gi.unsqueeze(-2) - G[..., None, r0:r1, :]).masked_fill(~keep.unsqueeze(-1), float("-inf"))
-        square = (xi.unsqueeze(-2) * y[..., None, r0:r1, :] * torch.exp(d)).sum(-1)
-        parts = [square, x.new_zeros(*square.shape[:-1], c - r1)]
-        if r0:
-            ref = G[..., r0 - 1:r0, :]
-            left = y[..., :r0, :] * torch.exp(ref - G[..., :r0, :])
-            parts.insert(0, (xi * torch.exp(gi - ref)) @ left.transpose(-1, -2))
-        rows.append(torch.cat(parts, -1))
-    return torch.cat(rows, -2)
-
-
-def chunk_scan(inputs: Chunks, write: Write, scale: float, k_dim: int, v_dim: int,
+def chunk_scan(inputs: dict[str, torch.Tensor], write: Write, scale: float, k_dim: int, v_dim: int,
                initial_state: torch.Tensor | None, output_final_state: bool,
                cu_seqlens: torch.Tensor | None, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Evaluate ``S_t = Diag(exp(g_t)) S_{t-1} + k_t u_t^T``, ``o_t = scale S_t^T q_t`` chunk by chunk.
+    """Run ``chunk_step`` over the chunks of each sequence.
 
-    inputs: name -> ``[B, T, H, ...]`` in the compute dtype; must hold q, k ``[B, T, H, K]``,
-    v ``[B, T, H, V]`` and g ``[B, T, H, K]``, plus whatever ``write`` reads. For each sequence the
-    inputs are cut into chunks (``[H, Nc, C, ...]``, see ``to_chunks``) and
-    ``write(chunks, G) -> (Wv [H, Nc, C, V], Wk [H, Nc, C, K] or None)`` gives the written values
-    ``U = Wv - Wk S0`` of every chunk from its entry state S0 (``None`` for ``Wk = 0``).
-    The state starts at ``initial_state[n]`` (``[N, H, K, V]``) or 0.
-    Returns ``o [B, T, H, V]`` and, if asked, the final states ``[N, H, K, V]``.
+    inputs: name -> ``[B, T, H, ...]`` in the compute dtype, holding q, k, g ``[B, T, H, K]``,
+    v ``[B, T, H, V]`` and whatever ``write`` reads. The state starts at ``initial_state[n]``
+    (``[N, H, K, V]``) or 0. Returns ``o [B, T, H, V]`` and, if asked, the final states ``[N, H, K, V]``.
     """
     first = inputs["q"]
     batch, length, heads = first.shape[:3]
@@ -109,28 +162,14 @@ def chunk_scan(inputs: Chunks, write: Write, scale: float, k_dim: int, v_dim: in
             state = first.new_zeros(heads, k_dim, v_dim)
         else:
             state = initial_state[n].to(first.dtype)
-        if end > start:
-            x = {name: to_chunks(t[b, start:end], chunk_size) for name, t in inputs.items()}
-            o, state = _chunk_pass(x, write, scale, state)
-            rows[b].append(o[:end - start])
+        # unbind, not indexing: its backward assembles the gradient once, not once per chunk.
+        chunks = {name: to_chunks(x[b, start:end], chunk_size).unbind(0) for name, x in inputs.items()}
+        outs = []
+        for values in zip(*chunks.values()):
+            state, o = chunk_step(state, dict(zip(chunks, values)), write, scale)
+            outs.append(o.transpose(0, 1))
+        if outs:
+            rows[b].append(torch.cat(outs)[:end - start])
         finals.append(state)
     out = torch.stack([torch.cat(r) if r else first.new_zeros(0, heads, v_dim) for r in rows])
     return out, (torch.stack(finals) if output_final_state else None)
-
-
-def _chunk_pass(x: Chunks, write: Write, scale: float, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence in chunks ``[H, Nc, C, ...]`` from the state ``[H, K, V]``: returns
-    ``(o [Nc * C, H, V], final state [H, K, V])``. The chunk algebra is in the module docstring."""
-    q, k, G = x["q"], x["k"], x["g"].cumsum(-2)
-    g_last = G[..., -1:, :]                                          # [H, Nc, 1, K]
-    a_qk = scale * decayed_gram(q, k, G, strict=False)               # [H, Nc, C, C]
-    q_in = scale * q * torch.exp(G)                                  # reads S0
-    k_out = k * torch.exp(g_last - G)                                # writes S_end
-    carry = torch.exp(g_last).transpose(-1, -2)                      # [H, Nc, K, 1]
-    w_v, w_k = write(x, G)
-    outs = []
-    for c in range(q.shape[1]):
-        u = w_v[:, c] if w_k is None else w_v[:, c] - w_k[:, c] @ state
-        outs.append(q_in[:, c] @ state + a_qk[:, c] @ u)
-        state = carry[:, c] * state + k_out[:, c].transpose(-1, -2) @ u
-    return torch.cat(outs, 1).transpose(0, 1), state

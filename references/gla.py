@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import check_chunk_size, chunk_scan
+from .chunk import PairDecays, check_chunk_size, chunk_scan
 from .contract import check_scale, check_shape, check_tensor
 from .recurrence import scan
 
@@ -67,7 +67,7 @@ def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state
                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
-def write_values(x: dict[str, torch.Tensor], G: torch.Tensor) -> tuple[torch.Tensor, None]:
+def write_values(x: dict[str, torch.Tensor], G: torch.Tensor, decays: PairDecays) -> tuple[torch.Tensor, None]:
     """GLA writes ``u_t = v_t``: ``Wv = V``, ``Wk = 0`` in every chunk (see ``chunk.chunk_scan``)."""
     return x["v"], None
 

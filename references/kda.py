@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import check_chunk_size, chunk_scan, decayed_gram
+from .chunk import PairDecays, check_chunk_size, chunk_scan, decayed_gram
 from .contract import check_scale, check_shape, check_tensor
 from .gates import kda_gate
 from .recurrence import scan
@@ -103,25 +103,26 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                 cu_seqlens)
 
 
-def delta_rule_write(x: dict[str, torch.Tensor], G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The values KDA writes in each chunk, affine in the chunk's entry state: ``U = Wv - Wk S0``.
+def delta_rule_write(x: dict[str, torch.Tensor], G: torch.Tensor,
+                     decays: PairDecays) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values KDA writes in a chunk, affine in the chunk's entry state S0: ``U = Wv - Wk S0``.
 
-    In a chunk (rows i = 0..C-1, see ``chunk``), ``S'_i = Diag(exp(g_i)) S_{i-1}`` and
-    ``u_i = beta_i (v_i - S'_i^T k_i)`` with ``S'_i = Diag(exp(G_i)) S0 + sum_{j<i} Diag(exp(G_i - G_j)) k_j u_j^T``:
+    In a chunk (rows i = 0..C-1, see ``chunk``), ``u_i = beta_i (v_i - S'_i^T k_i)`` with
+    ``S'_i = Diag(exp(g_i)) S_{i-1} = Diag(exp(G_i)) S0 + sum_{j<i} Diag(exp(G_i - G_j)) k_j u_j^T``:
 
         (I + L) U = Diag(beta) (V - (Kc * exp(G)) S0),   L = strictly-lower(beta_i Akk[i, j]),
         Akk[i, j] = sum_k Kc_ik Kc_jk exp(G_ik - G_jk)
 
-    so (the WY form) ``Wv = (I + L)^{-1} Diag(beta) V`` ``[.., C, V]`` and
-    ``Wk = (I + L)^{-1} Diag(beta) (Kc * exp(G))`` ``[.., C, K]``, by one unit-lower-triangular solve.
-    x holds k ``[H, Nc, C, K]``, v ``[H, Nc, C, V]``, beta ``[H, Nc, C]``; G is ``[H, Nc, C, K]``.
+    so, in the WY form, ``Wv = (I + L)^{-1} Diag(beta) V`` ``[H, C, V]`` and
+    ``Wk = (I + L)^{-1} Diag(beta) (Kc * exp(G))`` ``[H, C, K]``, by one unit-lower-triangular solve.
+    x holds k ``[H, C, K]``, v ``[H, C, V]`` and beta ``[H, C]``; G is ``[H, C, K]``.
     """
-    k, beta = x["k"], x["beta"].unsqueeze(-1)
-    lower = beta * decayed_gram(k, k, G, strict=True)
-    rhs = beta * torch.cat([x["v"], k * torch.exp(G)], -1)
-    # unitriangular: the unit diagonal of I + L is implied, only the strictly lower part L is read.
+    k, v, beta = x["k"], x["v"], x["beta"].unsqueeze(-1)
+    lower = beta * decayed_gram(k, k, decays).tril(-1)
+    rhs = beta * torch.cat([v, k * torch.exp(G)], -1)
+    # unitriangular: the unit diagonal of I + L is implied, only L (strictly lower) is read.
     w = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    return w[..., :x["v"].shape[-1]], w[..., x["v"].shape[-1]:]
+    return w[..., :v.shape[-1]], w[..., v.shape[-1]:]
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,

@@ -1,0 +1,418 @@
+"""KDA on a CUDA GPU: our Triton kernels against flash-linear-attention 0.6.0 ``chunk_kda`` and float64.
+
+    python benchmarks/kda.py --out kda.json     time the three shapes (bf16, K = V = 128), safe_gate off/on
+    python benchmarks/kda.py --check --jobs 8   correctness against float64 over a set of configurations
+    python benchmarks/kda.py --profile --jobs 8 time each kernel stage under several launch configurations
+
+Timing: ``triton.testing.do_bench`` medians (L2 flushed between runs), forward under ``no_grad`` and
+forward+backward through ``torch.autograd.grad`` (no gradient accumulation), for ``optimized.kda``
+and FLA called with the same arguments (``refcheck.peers.fla_kda``; rows say 'fla not installed' when
+it is missing). The roofline is measured in the same run: a bf16 matmul (TFLOP/s) and a device copy
+(GB/s, read + write). Work model per (chunk of C = 64, head), forward:
+
+    flops = 4 C^2 K (Aqk, Akk) + 2 C^2 (K + V) (WY factors) + 6 C K V (state read/write, inter-chunk
+            output) + 2 C^2 V (intra-chunk output);       forward+backward = 3x forward
+    bytes = the inputs read and outputs written once (q, k, v, g, beta, o, final state; the backward
+            adds dO read and dq, dk, dv, dg, dbeta written)
+
+Errors are relative RMS ``||x - ref|| / ||ref||`` against ``references.kda_chunked`` run in float64 on
+the same (rounded) inputs; the gradient errors use a smaller shape. ``--check`` runs every
+configuration in its own process (``--jobs`` at a time, sharing Triton's compile cache) and prints
+one row per configuration with the error of o, the final state and every gradient. ``--profile``
+compiles every (stage, launch configuration) pair in parallel processes, then times them one by one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import optimized  # noqa: E402
+import references  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run under TRITON_INTERPRET=1
+CHUNK = 64
+LOWER_BOUND = -5.0
+SHAPES = {
+    "B8_T4096": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None),
+    "B1_T32768": dict(B=1, T=32768, H=16, K=128, V=128, lengths=None),
+    "varlen8_T32768": dict(B=1, T=32768, H=16, K=128, V=128,
+                           lengths=[4096, 1000, 7000, 3000, 5000, 512, 8192, 3968]),
+    "tiny": dict(B=1, T=130, H=2, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one
+}
+
+
+def rel(x, ref) -> float:
+    """``||x - ref|| / ||ref||`` in float64."""
+    ref = ref.double()
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def make_inputs(B, T, H, K, V, lengths, dtype, seed=0, device=DEVICE, gate="logsigmoid"):
+    """q, k, v, g, beta (+ cu_seqlens): unit-normal q/k/v, beta in (0, 1), and a log-decay g in
+    [LOWER_BOUND, 0] (so that safe_gate's promise holds for every row)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+    g = F.logsigmoid(rnd(B, T, H, K)).clamp_min(LOWER_BOUND) if gate == "logsigmoid" else rnd(B, T, H, K)
+    x = dict(q=rnd(B, T, H, K), k=rnd(B, T, H, K), v=rnd(B, T, H, V), g=g, beta=torch.sigmoid(rnd(B, T, H)))
+    x = {n: t.to(dtype) for n, t in x.items()}
+    cu = None if lengths is None else torch.tensor([0] + lengths, device=device).cumsum(0).to(torch.int32)
+    return x, cu
+
+
+def call(impl, x, cu, safe, **kw):
+    return impl(**x, cu_seqlens=cu, output_final_state=True, use_qk_l2norm=True, safe_gate=safe,
+                lower_bound=LOWER_BOUND if safe else None, **kw)
+
+
+def reference(x, cu, grads_of=None):
+    """float64 chunked reference: (o, final_state) or, with ``grads_of`` (dO, dht), also the gradients."""
+    x64 = {n: t.detach().double().requires_grad_(grads_of is not None) for n, t in x.items()}
+    o, ht = references.kda_chunked(**x64, cu_seqlens=cu, output_final_state=True, use_qk_l2norm=True)
+    if grads_of is None:
+        return o.detach(), ht.detach()
+    gr = torch.autograd.grad((o, ht), list(x64.values()), grads_of)
+    return o.detach(), ht.detach(), dict(zip(x64, gr))
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def roofline():
+    from triton.testing import do_bench
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: a @ b, return_mode="median")
+    src = torch.empty(2 ** 30, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    ms_copy = do_bench(lambda: dst.copy_(src), return_mode="median")
+    return dict(bf16_tflops=2 * n ** 3 / ms / 1e9, copy_gbps=2 * src.numel() / ms_copy / 1e6)
+
+
+def work(B, T, H, K, V, lengths, dtype_bytes=2):
+    """(forward flops, forward bytes, backward bytes) of the work model in the module docstring."""
+    chunks = B * math.ceil(T / CHUNK) if lengths is None else sum(math.ceil(n / CHUNK) for n in lengths)
+    C = CHUNK
+    flops = chunks * H * (4 * C * C * K + 2 * C * C * (K + V) + 6 * C * K * V + 2 * C * C * V)
+    tokens = B * T * H
+    n_seq = B if lengths is None else len(lengths)
+    fwd_bytes = tokens * ((3 * K + 2 * V + 1) * dtype_bytes) + n_seq * H * K * V * 4
+    bwd_bytes = tokens * ((6 * K + 3 * V + 2) * dtype_bytes)
+    return flops, fwd_bytes, bwd_bytes
+
+
+def time_impl(impl, x, cu, safe, backward):
+    from triton.testing import do_bench
+    if not backward:
+        def fwd():
+            with torch.no_grad():
+                call(impl, x, cu, safe)
+        return do_bench(fwd, return_mode="median")
+    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+    o, _ = call(impl, leaves, cu, safe)
+    do = torch.randn_like(o)
+
+    def fwd_bwd():
+        out, _ = call(impl, leaves, cu, safe)
+        torch.autograd.grad(out, list(leaves.values()), do)
+    return do_bench(fwd_bwd, return_mode="median")
+
+
+def fla_impl():
+    try:
+        import fla  # noqa: F401
+        from refcheck.peers import fla_kda
+        return fla_kda, None
+    except Exception as err:  # not installed here
+        return None, f"fla not installed ({type(err).__name__})"
+
+
+def bench(shapes, out_path):
+    dev = torch.cuda.get_device_name()
+    roof = roofline()
+    fla, why = fla_impl()
+    rows = []
+    for name in shapes:
+        try:
+            rows += bench_shape(name, roof, fla, why)
+        except Exception as err:  # keep the other shapes' results
+            print(f"{name}: failed: {type(err).__name__}: {err}", flush=True)
+    grad_errs = gradient_errors(fla)
+    result = dict(device=dev, torch=torch.__version__, triton=__import__("triton").__version__, roofline=roof,
+                  rows=rows, gradient_errors=grad_errs)
+    if out_path:
+        with open(out_path, "w") as fh:
+            json.dump(result, fh, indent=1)
+    print(f"device {dev}: bf16 matmul {roof['bf16_tflops']:.0f} TFLOP/s, copy {roof['copy_gbps']:.0f} GB/s")
+    print(HEADER)
+    for r in rows:
+        print(format_row(r))
+    for name, e in grad_errs.items():
+        print(f"gradient errors {name}: " + " ".join(f"{k} {v:.2e}" for k, v in e.items()))
+
+
+HEADER = (f"{'shape':16} {'safe':5} {'mode':8} {'impl':5} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} "
+          f"{'err o':>9} {'err ht':>9}")
+
+
+def format_row(r) -> str:
+    if r["ms"] is None:
+        return f"{r['shape']:16} {str(r['safe_gate']):5} {r['mode']:8} {r['impl']:5} {r['note']}"
+    ratio = f"{r['ratio_to_fla']:.2f}" if r.get("ratio_to_fla") else "-"
+    return (f"{r['shape']:16} {str(r['safe_gate']):5} {r['mode']:8} {r['impl']:5} {r['ms']:8.3f} {ratio:>6} "
+            f"{r['tflops']:8.1f} {r['gbps']:7.0f} {r['err_o']:9.2e} {r['err_final_state']:9.2e}")
+
+
+def bench_shape(name, roof, fla, why):
+    """Rows of one shape: ours and FLA, safe_gate off/on, forward and forward+backward."""
+    rows = []
+    s = SHAPES[name]
+    x, cu = make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16)
+    t = time.perf_counter()
+    ref_o, ref_ht = reference(x, cu)
+    torch.cuda.synchronize()
+    ref_s = time.perf_counter() - t
+    flops, fwd_bytes, bwd_bytes = work(**s)
+    for safe in (False, True):
+        ours_o, ours_ht = call(optimized.kda, x, cu, safe)
+        errs = {"ours": (rel(ours_o, ref_o), rel(ours_ht, ref_ht))}
+        if fla is not None:
+            fo, fht = call(fla, x, cu, safe)
+            errs["fla"] = (rel(fo, ref_o), rel(fht, ref_ht))
+        for backward in (False, True):
+            mode = "fwd+bwd" if backward else "fwd"
+            ms = {"ours": time_impl(optimized.kda, x, cu, safe, backward)}
+            ms["fla"] = time_impl(fla, x, cu, safe, backward) if fla is not None else None
+            f = flops * (3 if backward else 1)
+            b = fwd_bytes + (bwd_bytes if backward else 0)
+            for impl in ("ours", "fla"):
+                m = ms[impl]
+                row = dict(shape=name, impl=impl, safe_gate=safe, mode=mode, ms=m,
+                           note=why if (impl == "fla" and m is None) else "",
+                           ref_f64_fwd_s=ref_s if impl == "ours" and not backward else None)
+                if m is not None:
+                    row.update(ratio_to_fla=(ms["fla"] / m) if ms["fla"] else None,
+                               tflops=f / m / 1e9, gbps=b / m / 1e6,
+                               pct_flops_roof=100 * f / m / 1e9 / roof["bf16_tflops"],
+                               pct_bw_roof=100 * b / m / 1e6 / roof["copy_gbps"],
+                               err_o=errs[impl][0], err_final_state=errs[impl][1])
+                rows.append(row)
+                print(format_row(row), flush=True)
+    print(f"{name}: float64 chunked reference forward {ref_s:.2f} s", flush=True)
+    return rows
+
+
+def gradient_errors(fla, B=2, T=2048, H=16, K=128, V=128):
+    """Relative errors of every gradient vs float64 (bf16, safe_gate off/on), ours and FLA's."""
+    x, cu = make_inputs(B, T, H, K, V, None, torch.bfloat16, seed=1)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    do = torch.randn(B, T, H, V, device=DEVICE, generator=gen)
+    dht = torch.randn(B, H, K, V, device=DEVICE, generator=gen)
+    _, _, ref = reference(x, cu, (do.double(), dht.double()))
+    out = {}
+    for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
+        if impl is None:
+            continue
+        for safe in (False, True):
+            leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+            o, ht = call(impl, leaves, cu, safe)
+            gr = torch.autograd.grad((o, ht), list(leaves.values()), (do.to(o.dtype), dht))
+            out[f"{impl_name} safe={safe}"] = {f"d{n}": rel(gv, ref[n]) for n, gv in zip(leaves, gr)}
+    return out
+
+
+# ------------------------------------------------------------------------------------ correctness
+
+CHECKS = {
+    "bf16 K=V=128 l2norm tf32": dict(dtype="bf16", B=2, T=1000, H=16, K=128, V=128, l2=True),
+    "bf16 K=V=128 l2norm safe tf32": dict(dtype="bf16", B=2, T=1000, H=16, K=128, V=128, l2=True, safe=-5.0),
+    "bf16 varlen h0 safe keep": dict(dtype="bf16", B=1, T=1500, H=16, K=128, V=128, l2=True, safe=-5.0,
+                                     lengths=[0, 300, 700, 0, 500], h0=True, knobs=dict(disable_recompute=True)),
+    "fp32 K=V=100 ieee gather": dict(dtype="fp32", B=1, T=300, H=4, K=100, V=100, h0=True,
+                                     knobs=dict(precision="ieee", use_gather=True)),
+    "fp32 K=V=100 tf32x3 safe": dict(dtype="fp32", B=1, T=300, H=4, K=100, V=100, safe=-3.0,
+                                     knobs=dict(precision="tf32x3")),
+    "fp32 K=V=100 tf32 safe gather": dict(dtype="fp32", B=1, T=300, H=4, K=100, V=100, safe=-5.0,
+                                          knobs=dict(precision="tf32", use_gather=True)),
+    "fp16 K=60 V=192 gate-in-kernel": dict(dtype="fp16", B=1, T=200, H=4, K=60, V=192, gate=True),
+    "bf16 K=V=256 sigmoid gate safe gather": dict(dtype="bf16", B=1, T=200, H=2, K=256, V=256, gate=True,
+                                                  safe=-5.0, knobs=dict(use_gather=True)),
+    "fp32 K=V=32 B=2 partial chunk": dict(dtype="fp32", B=2, T=197, H=2, K=32, V=32, h0=True,
+                                          knobs=dict(precision="tf32x3")),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_one(name):
+    """Errors of o, final state and every gradient of one ``CHECKS`` configuration vs float64."""
+    c = CHECKS[name]
+    dtype = DTYPES[c["dtype"]]
+    lengths = c.get("lengths")
+    x, cu = make_inputs(c["B"], c["T"], c["H"], c["K"], c["V"], lengths, dtype, seed=3,
+                        gate="raw" if c.get("gate") else "logsigmoid")
+    if c.get("safe") and not c.get("gate"):
+        x["g"] = (x["g"].float() * (c["safe"] / LOWER_BOUND)).to(dtype)
+    N = c["B"] if lengths is None else len(lengths)
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    extra = {}
+    if c.get("h0"):
+        extra["initial_state"] = torch.randn(N, c["H"], c["K"], c["V"], device=DEVICE, generator=gen)
+    if c.get("gate"):
+        extra["A_log"] = torch.randn(c["H"], device=DEVICE, generator=gen) * 0.5
+        extra["dt_bias"] = torch.randn(c["H"] * c["K"], device=DEVICE, generator=gen) * 0.5
+    opts = dict(cu_seqlens=cu, output_final_state=True, use_qk_l2norm=c.get("l2", False),
+                safe_gate="safe" in c, lower_bound=c.get("safe"), use_gate_in_kernel=c.get("gate", False))
+    names = list(x) + list(extra)
+    leaves = {n: t.detach().requires_grad_() for n, t in {**x, **extra}.items()}
+    t = time.perf_counter()
+    o, ht = optimized.kda(**{n: leaves[n] for n in x}, **{n: leaves[n] for n in extra}, **opts, **c.get("knobs", {}))
+    do = torch.randn(o.shape, device=DEVICE, generator=gen)
+    dht = torch.randn(ht.shape, device=DEVICE, generator=gen)
+    grads = torch.autograd.grad((o, ht), [leaves[n] for n in names], (do.to(o.dtype), dht))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t
+    ref_leaves = {n: leaves[n].detach().double().requires_grad_() for n in names}
+    ro, rht = references.kda_chunked(**ref_leaves, **opts)
+    rgrads = torch.autograd.grad((ro, rht), [ref_leaves[n] for n in names], (do.double(), dht.double()))
+    errs = {"o": rel(o, ro), "ht": rel(ht, rht)}
+    errs.update({f"d{n}": rel(a, b) for n, a, b in zip(names, grads, rgrads)})
+    finite = all(bool(torch.isfinite(v).all()) for v in (o, ht, *grads))
+    return dict(name=name, seconds=secs, finite=finite, errors=errs)
+
+
+def check(names, jobs):
+    """Run each configuration in its own process, ``jobs`` at a time; print a table."""
+    def run(name):
+        p = subprocess.run([sys.executable, __file__, "--check-one", name], capture_output=True, text=True)
+        try:
+            return json.loads(p.stdout.strip().splitlines()[-1])
+        except Exception:
+            return dict(name=name, failed=(p.stdout[-1500:] + p.stderr[-3000:]))
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(run, names))
+    for r in results:
+        if "failed" in r:
+            print(f"FAILED {r['name']}:\n{r['failed']}")
+            continue
+        errs = " ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())
+        print(f"{r['name']:40} {r['seconds']:6.1f}s finite={r['finite']} {errs}")
+    return results
+
+
+# ---------------------------------------------------------------------------------------- profile
+
+PROFILE_VARIANTS = (
+    [("intra", dict(bk=bk, num_warps=nw), safe, False) for bk in (32, 64) for nw in (4, 8) for safe in (False, True)]
+    + [("intra", dict(bk=64, num_warps=4), False, True)]
+    + [("recurrence", dict(bv=bv, num_warps=nw, num_stages=st), False, False)
+       for bv, nw, st in ((32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (64, 4, 1), (32, 4, 1))]
+    + [("recurrence_keep", dict(), False, False)]
+    + [("dstate", dict(bv=bv, num_warps=nw), False, False) for bv, nw in ((32, 4), (64, 4), (64, 8))]
+    + [("grads", dict(bk=bk, bv=bv, num_warps=nw), safe, False)
+       for bk, bv, nw in ((32, 32, 4), (32, 32, 8), (64, 32, 4), (64, 64, 8)) for safe in (False, True)]
+    + [("grads", dict(bk=32, bv=32, num_warps=4), False, True)]
+    + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
+)
+
+
+def profile_data(name):
+    """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
+    from optimized.common import make_chunks
+    from optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
+    s = SHAPES[name]
+    x, cu = make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16)
+    flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
+    ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
+    q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
+    G = gate.gate_cumsum(flat["g"], None, None, None, ch)
+    scale = s["K"] ** -0.5
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, False, "tf32")
+    _, _, hs, U = chunk_fwd.recurrence(q, k, flat["v"], G, flat["beta"], T, P, None, ch, scale, "tf32",
+                                       output=False, final=False, keep=True)
+    do = torch.randn_like(flat["v"])
+    dh, dY, _ = chunk_bwd.dstate(q, k, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale)
+
+
+def profile_stage(d, stage, cfg, safe, gather):
+    """A no-argument callable running one kernel stage on the data of ``profile_data``."""
+    from optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
+    f, ch, sc = d["flat"], d["ch"], d["scale"]
+    if stage == "intra":
+        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, gather, "tf32", cfg)
+    if stage.startswith("recurrence"):
+        keep = stage == "recurrence_keep"
+        return lambda: chunk_fwd.recurrence(d["q"], d["k"], f["v"], d["G"], f["beta"], d["T"], d["P"], None, ch, sc,
+                                            "tf32", output=not keep, final=not keep, keep=keep, config=cfg)
+    if stage == "dstate":
+        return lambda: chunk_bwd.dstate(d["q"], d["k"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc,
+                                        "tf32", False, cfg)
+    if stage == "grads":
+        return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
+                                       d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",
+                                       f["q"].dtype, f["k"].dtype, cfg)
+    if stage == "gate":
+        return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
+    return lambda: l2norm.l2norm_forward(f["q"])
+
+
+def profile(names, jobs):
+    """Compile every variant in parallel processes, then time each stage variant here."""
+    def compile_one(idx):
+        p = subprocess.run([sys.executable, __file__, "--profile-one", str(idx)], capture_output=True, text=True)
+        return idx, p.returncode, p.stderr[-2000:]
+    with ThreadPoolExecutor(jobs) as pool:
+        for idx, rc, err in pool.map(compile_one, range(len(PROFILE_VARIANTS))):
+            if rc:
+                print(f"variant {PROFILE_VARIANTS[idx]} failed:\n{err}", flush=True)
+    from triton.testing import do_bench
+    for name in names:
+        d = profile_data(name)
+        for stage, cfg, safe, gather in PROFILE_VARIANTS:
+            if name != "B8_T4096" and stage not in ("recurrence", "dstate"):
+                continue
+            try:
+                ms = do_bench(profile_stage(d, stage, cfg, safe, gather), return_mode="median")
+                print(f"{name:16} {stage:16} safe={safe!s:5} gather={gather!s:5} {cfg} {ms:8.3f} ms", flush=True)
+            except Exception as err:
+                print(f"{name:16} {stage:16} {cfg} failed: {type(err).__name__}: {str(err)[:200]}", flush=True)
+        del d
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the JSON results here")
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--check", action="store_true", help="correctness table instead of timing")
+    ap.add_argument("--jobs", type=int, default=4)
+    ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
+    ap.add_argument("--check-one", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.profile_one is not None:
+        stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
+        profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
+    elif args.profile:
+        profile(["B8_T4096", "B1_T32768"], args.jobs)
+    elif args.check_one:
+        print(json.dumps(check_one(args.check_one)))
+    elif args.check:
+        check(list(CHECKS), args.jobs)
+    else:
+        bench(args.shapes, args.out)
+
+
+if __name__ == "__main__":
+    main()

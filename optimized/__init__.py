@@ -1,0 +1,5 @@
+"""refcheck's own Triton kernels, one package per op family; each public function has its op's
+contract signature plus keyword-only knobs."""
+from .kda import kda, kda_gate
+
+__all__ = ["kda", "kda_gate"]

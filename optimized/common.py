@@ -1,0 +1,85 @@
+"""Helpers every Triton op family shares: precision modes, padded tile sizes, packed-sequence chunks.
+
+Nothing here launches a kernel; these functions turn the public arguments into the scalars and small
+index tensors that kernels take.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+PRECISIONS = ("ieee", "tf32", "tf32x3")
+
+
+def check_precision(precision) -> str:
+    """The ``input_precision`` of the fp32 ``tl.dot`` calls: one of ``PRECISIONS``.
+
+    "ieee" is exact fp32 (FMA units on Hopper, slow), "tf32" rounds each operand to 10 mantissa
+    bits (tensor cores, fast), "tf32x3" splits each operand into two tf32 halves and sums three
+    tensor-core products (about fp32 accuracy at roughly a third of tf32 speed).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
+def check_flag(name: str, value) -> bool:
+    """A boolean keyword; anything else (including 0/1) is a ValueError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
+def padded(n: int, minimum: int = 16) -> int:
+    """The tile width for a head dimension ``n``: the next power of two, at least ``minimum``
+    (``tl.dot`` needs 16). Loads past ``n`` are masked to zero."""
+    return max(minimum, triton.next_power_of_2(n))
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The fixed-size chunks of a packed batch of sequences.
+
+    Every sequence n spans tokens ``[cu[n], cu[n+1])`` of the flattened ``[B*T]`` token axis and is
+    cut into ``ceil(len / size)`` chunks, the last one possibly partial (empty sequences have none).
+
+    cu:      int32 ``[N+1]`` sequence boundaries on the tokens' device
+    seq:     int32 ``[NC]`` the sequence of each chunk
+    start:   int32 ``[NC]`` the first token of each chunk
+    offsets: int32 ``[N+1]`` index of each sequence's first chunk (``offsets[-1] == NC``)
+    """
+
+    cu: torch.Tensor
+    seq: torch.Tensor
+    start: torch.Tensor
+    offsets: torch.Tensor
+    size: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu.numel() - 1
+
+    @property
+    def num_chunks(self) -> int:
+        return self.seq.numel()
+
+
+def make_chunks(batch: int, length: int, cu_seqlens: torch.Tensor | None, size: int,
+                device: torch.device) -> Chunks:
+    """Chunk table for ``B`` rows of ``T`` tokens (``cu_seqlens is None``: row b is the sequence
+    ``[b*T, (b+1)*T)``) or for the packed sequences of ``cu_seqlens`` (validated by the caller)."""
+    if cu_seqlens is None:
+        cu = torch.arange(batch + 1, device=device, dtype=torch.int64) * length
+    else:
+        cu = cu_seqlens.to(device=device, dtype=torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    per_seq = (lengths + size - 1) // size
+    offsets = torch.zeros_like(cu)
+    offsets[1:] = torch.cumsum(per_seq, 0)
+    total = int(offsets[-1]) if cu_seqlens is not None else batch * triton.cdiv(length, size)
+    seq = torch.repeat_interleave(torch.arange(per_seq.numel(), device=device), per_seq, output_size=total)
+    start = cu[seq] + (torch.arange(total, device=device) - offsets[seq]) * size
+    i32 = torch.int32
+    return Chunks(cu.to(i32), seq.to(i32), start.to(i32), offsets.to(i32), size)

@@ -1,0 +1,258 @@
+"""Chunked KDA backward: the reverse state recurrence, then every input gradient per chunk in parallel.
+
+Forward per chunk (see ``chunk_fwd``): ``Z = V - Kg S0``, ``U = T Diag(beta) Z``, ``O = Qg S0 + P U``,
+``S1 = Diag(gamma) S0 + Kd^T U``, with ``T = (I + Diag(beta) A)^{-1}``. Given ``dO`` and ``dS1``:
+
+    dU  = P^T dO + Kd dS1                 dY = T^T dU   (gradient of Y = Diag(beta) Z)
+    dS0 = Diag(gamma) dS1 + Qg^T dO - Kg^T Diag(beta) dY
+
+``dstate`` runs this backwards over the chunks of each sequence (one program per value block,
+sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``).
+``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``:
+
+    dV = Diag(beta) dY,  dbeta_i = sum_v Z_iv dY_iv + sum_j dL_ij A_ij
+    dL = -strictly_lower(dY U^T)      (from dT = dU Y^T: dL = -T^T dT T^T = -dY (T Y)^T)
+    dP = lower(dO U^T),  dA = Diag(beta) dL
+    dQg = dO h^T,  dKd = U dh^T,  dKg = -Diag(beta) dY h^T,  dgamma = rowsum(h * dh)
+
+and the decayed pair sums of ``subchunk`` turn dA and dP into gradients of q, k and of the cumulative
+log-decay G (every factor ``x e^{+-G}`` contributes ``+-x * dx`` to dG). ``Z`` itself is never formed:
+``sum_v Z dY = sum_v V dY - sum_d Kg (dY h^T)``. The gradient of G is reverse-cumulated within the
+chunk (the cumulative sum's adjoint) and, with ``use_gate_in_kernel``, chained through the gate.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import Chunks, padded
+from .chunk_fwd import state_blocks, value_block
+from .gate import gate_backward_tile
+from .state import dread_block, dwrite_block, load_state, store_state
+from .subchunk import chunk_colform, chunk_rowform, diag_precision
+from .tiles import chunk_span, load_rowvec, load_tile, store_tile
+
+
+@triton.jit
+def dstate_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr, dh_ptr, dy_ptr, dh0_ptr,
+                  cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                  BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks."""
+    vb = tl.program_id(0)
+    nh = tl.program_id(1)
+    h = nh % H
+    bos = tl.load(cu_ptr + nh // H)
+    eos = tl.load(cu_ptr + nh // H + 1)
+    c_first = tl.load(off_ptr + nh // H)
+    i = tl.arange(0, C)
+    cc = tl.arange(0, C)
+    vv = vb * BV + tl.arange(0, BV)
+    vmask = vv < V
+    dS0 = load_state(dht_ptr, nh, K, V, 0, KB, BV, vv, vmask, HAS_DHT)
+    if NKB > 1:
+        dS1 = load_state(dht_ptr, nh, K, V, 1, KB, BV, vv, vmask, HAS_DHT)
+    if NKB > 2:
+        dS2 = load_state(dht_ptr, nh, K, V, 2, KB, BV, vv, vmask, HAS_DHT)
+    if NKB > 3:
+        dS3 = load_state(dht_ptr, nh, K, V, 3, KB, BV, vv, vmask, HAS_DHT)
+    num = tl.cdiv(eos - bos, C)
+    for back in range(num):
+        it = num - 1 - back
+        t0 = bos + it * C
+        n = tl.minimum(eos - t0, C)
+        rows = t0 + i
+        rmask = i < n
+        grows = t0 + tl.minimum(i, n - 1)
+        last = t0 + n - 1
+        hidx = (c_first + it) * H + h
+        store_state(dh_ptr, dS0, hidx, K, V, 0, KB, vv, vmask)
+        if NKB > 1:
+            store_state(dh_ptr, dS1, hidx, K, V, 1, KB, vv, vmask)
+        if NKB > 2:
+            store_state(dh_ptr, dS2, hidx, K, V, 2, KB, vv, vmask)
+        if NKB > 3:
+            store_state(dh_ptr, dS3, hidx, K, V, 3, KB, vv, vmask)
+        do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
+        P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
+        dU = tl.dot(tl.trans(P), do, input_precision=PREC)
+        dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
+        if NKB > 1:
+            dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
+        if NKB > 2:
+            dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
+        if NKB > 3:
+            dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
+        dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
+        store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
+        bdY = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * dY
+        dS0 = dwrite_block(dS0, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 0, KB, PREC)
+        if NKB > 1:
+            dS1 = dwrite_block(dS1, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 1, KB,
+                               PREC)
+        if NKB > 2:
+            dS2 = dwrite_block(dS2, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 2, KB,
+                               PREC)
+        if NKB > 3:
+            dS3 = dwrite_block(dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 3, KB,
+                               PREC)
+    if STORE_DH0:
+        store_state(dh0_ptr, dS0, nh, K, V, 0, KB, vv, vmask)
+        if NKB > 1:
+            store_state(dh0_ptr, dS1, nh, K, V, 1, KB, vv, vmask)
+        if NKB > 2:
+            store_state(dh0_ptr, dS2, nh, K, V, 2, KB, vv, vmask)
+        if NKB > 3:
+            store_state(dh0_ptr, dS3, nh, K, V, 3, KB, vv, vmask)
+
+
+@triton.jit
+def grads_kernel(q_ptr, k_ptr, v_ptr, g_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr,
+                 alog_ptr, bias_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, da_ptr, ddt_ptr,
+                 cu_ptr, seq_ptr, start_ptr, scale, lower_bound, H, K, V,
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SAFE: tl.constexpr,
+                 USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, USE_GATE: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
+    """One chunk and head: dq, dk, dv, dbeta, dg (and the gate's partial sums)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    ii = i[:, None]
+    jj = i[None, :]
+    rows = t0 + i
+    rmask = i < n
+    grows = t0 + tl.minimum(i, n - 1)
+    beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+    cv = tl.arange(0, BV)
+    ck = tl.arange(0, BK)
+    # value side: dP, dL and dv need every value column
+    dP = tl.zeros((C, C), tl.float32)
+    dYU = tl.zeros((C, C), tl.float32)
+    dbeta = tl.zeros((C,), tl.float32)
+    for v0 in range(0, V, BV):
+        vmask = v0 + cv < V
+        U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        dP += tl.dot(do, tl.trans(U), input_precision=PREC)
+        dYU += tl.dot(dY, tl.trans(U), input_precision=PREC)
+        dbeta += tl.sum(v * dY, axis=1)
+        store_tile(dv_ptr + v0, beta[:, None] * dY, rows, rmask, h, H, V, cv, vmask)
+    dP = tl.where(ii >= jj, dP, 0.0)
+    dL = tl.where(ii > jj, -dYU, 0.0)
+    dA = beta[:, None] * dL
+    # key side, one channel block at a time (every term below is elementwise in the channel)
+    stride = H * K
+    base = (t0.to(tl.int64) * H + h) * K
+    rate = 1.0
+    if USE_GATE:
+        rate = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    da = tl.zeros((BK,), tl.float32)
+    state_base = (c.to(tl.int64) * H + h) * K * V
+    for k0 in range(0, K, BK):
+        kmask = k0 + ck < K
+        k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, kmask)
+        q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, kmask)
+        G = load_tile(G_ptr + k0, grows, i < C, h, H, K, ck, kmask)
+        G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * stride + k0 + ck, mask=kmask, other=0.0)
+        dQg = tl.zeros((C, BK), tl.float32)
+        dKd = tl.zeros((C, BK), tl.float32)
+        dYh = tl.zeros((C, BK), tl.float32)
+        dgamma = tl.zeros((BK,), tl.float32)
+        for v0 in range(0, V, BV):
+            vmask = v0 + cv < V
+            s_off = state_base + (k0 + ck[:, None]).to(tl.int64) * V + v0 + cv[None, :]
+            s_mask = kmask[:, None] & vmask[None, :]
+            hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
+            dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
+            U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+            dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+            do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+            dQg += tl.dot(do, tl.trans(hs), input_precision=PREC)
+            dKd += tl.dot(U, tl.trans(dh), input_precision=PREC)
+            dYh += tl.dot(dY, tl.trans(hs), input_precision=PREC)
+            dgamma += tl.sum(hs * dh, axis=1)
+        eG = tl.exp(G)
+        eD = tl.exp(G_last[None, :] - G)
+        dKg = -beta[:, None] * dYh
+        dbeta -= tl.sum(k * eG * dYh, axis=1)
+        R_L, R_P = chunk_rowform(dL, dP, k, G, k_ptr + base + k0, G_ptr + base + k0, stride, ck, kmask, n, C, BC,
+                                 SAFE, USE_GATHER, PREC, DPREC)
+        dbeta += tl.sum(k * R_L, axis=1)
+        Qc = chunk_colform(dA, k, dP * scale, q, G, k_ptr + base + k0, q_ptr + base + k0, G_ptr + base + k0, stride, ck,
+                           kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
+        dq = scale * (eG * dQg + R_P)
+        dk_row = eG * dKg + beta[:, None] * R_L
+        dk = dk_row + Qc + eD * dKd
+        dG = q * dq + k * (dk_row - Qc - eD * dKd)
+        dG += tl.where(ii == n - 1, (tl.sum(k * eD * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+        dgate = tl.cumsum(dG, axis=0, reverse=True)
+        store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
+        store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
+        if USE_GATE:
+            da += gate_backward_tile(dgate, g_ptr + k0, bias_ptr + k0, dg_ptr + k0, ddt_ptr + k0, rows, rmask, ck,
+                                     kmask, c, h, H, K, rate, lower_bound, HAS_BIAS, USE_LB)
+        else:
+            store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
+    tl.store(dbeta_ptr + rows.to(tl.int64) * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=rmask)
+    if USE_GATE:
+        tl.store(da_ptr + c * H + h, tl.sum(da, axis=0))
+
+
+def dstate(q, k, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str, want_dh0: bool,
+           config: dict | None = None):
+    """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``, fp32. ``config`` overrides
+    the launch (``bv``, ``num_warps``, ``num_stages``)."""
+    total, H, K = k.shape
+    V = do.shape[-1]
+    N = chunks.num_seqs
+    dev = k.device
+    f32 = torch.float32
+    cfg = dict(bv=value_block(V, N * H), num_warps=4, num_stages=2) | (config or {})
+    kb, nkb = state_blocks(K)
+    dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
+    dY = torch.empty(total, H, V, device=dev, dtype=f32)
+    dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if want_dh0 else None
+    if N and H:
+        dstate_kernel[(triton.cdiv(V, cfg["bv"]), N * H)](
+            q, k, G, beta, T, P, do, dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh,
+            chunks.cu, chunks.offsets, scale, H, K, V, C=chunks.size, KB=kb, NKB=nkb, BV=cfg["bv"],
+            HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"])
+    return dh, dY, dh0
+
+
+def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,
+          safe: bool, use_gather: bool, precision: str, dq_dtype, dk_dtype, config: dict | None = None):
+    """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``.
+
+    dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
+    raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
+    launch (``bk``, ``bv``, ``num_warps``, ``num_stages``)."""
+    total, H, K = k.shape
+    V = v.shape[-1]
+    NC = chunks.num_chunks
+    dev = k.device
+    use_gate = A_log is not None
+    cfg = dict(bk=min(padded(K), 32), bv=min(padded(V), 32), num_warps=4, num_stages=1) | (config or {})
+    dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
+    dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
+    dv = torch.empty_like(v)
+    dg = torch.empty_like(g)
+    dbeta = torch.empty_like(beta)
+    da = torch.zeros(NC, H, device=dev, dtype=torch.float32) if use_gate else None
+    ddt = torch.zeros(NC, H, K, device=dev, dtype=torch.float32) if use_gate else None
+    if NC and H:
+        grads_kernel[(NC, H)](
+            q, k, v, g, G, beta, hs, dh, U, dY, do, A_log if use_gate else g,
+            dt_bias if dt_bias is not None else g, dq, dk, dv, dg, dbeta, da if use_gate else g,
+            ddt if use_gate else g, chunks.cu, chunks.seq, chunks.start, scale, float(lower_bound or 0.0), H, K, V,
+            C=chunks.size, BC=16, BK=cfg["bk"], BV=cfg["bv"], SAFE=safe, USE_GATHER=use_gather, PREC=precision,
+            DPREC=diag_precision(precision), USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
+            USE_LB=lower_bound is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if not use_gate:
+        return dq, dk, dv, dg, dbeta, None, None
+    return dq, dk, dv, dg, dbeta, da.sum(0), (ddt.sum(0).reshape(H * K) if dt_bias is not None else None)

@@ -1,0 +1,192 @@
+"""Chunked KDA forward: the intra-chunk WY factors, then the state recurrence fused with the output.
+
+Per head, a chunk of C rows (tokens) starts from state ``S0 [K, V]``. With ``G`` the chunk-local
+cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k e^{G_last - G}``,
+``gamma = e^{G_last}``:
+
+    A_ij = sum_d k_id k_jd e^{G_id - G_jd}  (j < i),    L = Diag(beta) A,    T = (I + L)^{-1}
+    P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}  (j <= i)
+    U  = T Diag(beta) (V - Kg S0)        (the values the delta rule writes, ``[C, V]``)
+    O  = Qg S0 + P U
+    S1 = Diag(gamma) S0 + Kd^T U
+
+``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
+row of the chunk matrix); ``recurrence`` walks the chunks of each sequence in order, one program per
+(value block, sequence, head), keeping S in registers. It writes O and, for the backward, the entry
+state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import Chunks, padded
+from .state import load_state, read_block, store_state, write_block
+from .subchunk import chunk_pairs, diag_precision, unit_lower_inverse
+from .tiles import chunk_span, load_rowvec, load_tile, store_tile
+
+CHUNK = 64
+SUB = 16
+
+
+@triton.jit
+def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
+                 USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """One chunk and head: ``T = (I + Diag(beta) A)^{-1}`` and ``P`` (scale included)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    rows = t0 + i
+    rmask = i < n
+    grows = t0 + tl.minimum(i, n - 1)
+    stride = H * K
+    base = (t0.to(tl.int64) * H + h) * K
+    ck = tl.arange(0, BK)
+    A = tl.zeros((C, C), tl.float32)
+    P = tl.zeros((C, C), tl.float32)
+    for k0 in range(0, K, BK):
+        cmask = k0 + ck < K
+        k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, cmask)
+        q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, cmask)
+        G = load_tile(G_ptr + k0, grows, i < C, h, H, K, ck, cmask)
+        A, P = chunk_pairs(A, P, k, q, G, k_ptr + base + k0, G_ptr + base + k0, stride, ck, cmask, n, C, BC,
+                           SAFE, USE_GATHER, PREC, DPREC)
+    beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+    T = unit_lower_inverse(beta[:, None] * A, C, BC, PREC)
+    cc = tl.arange(0, C)
+    all_c = cc < C
+    store_tile(T_ptr, T, rows, rmask, h, H, C, cc, all_c)
+    store_tile(P_ptr, P * scale, rows, rmask, h, H, C, cc, all_c)
+
+
+@triton.jit
+def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, h0_ptr, o_ptr, ht_ptr, hs_ptr, u_ptr,
+                      cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                      BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_O: tl.constexpr, STORE_FINAL: tl.constexpr,
+                      STORE_H: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV]."""
+    vb = tl.program_id(0)
+    nh = tl.program_id(1)
+    h = nh % H
+    bos = tl.load(cu_ptr + nh // H)
+    eos = tl.load(cu_ptr + nh // H + 1)
+    c_first = tl.load(off_ptr + nh // H)
+    i = tl.arange(0, C)
+    cc = tl.arange(0, C)
+    vv = vb * BV + tl.arange(0, BV)
+    vmask = vv < V
+    S0 = load_state(h0_ptr, nh, K, V, 0, KB, BV, vv, vmask, HAS_H0)
+    if NKB > 1:
+        S1 = load_state(h0_ptr, nh, K, V, 1, KB, BV, vv, vmask, HAS_H0)
+    if NKB > 2:
+        S2 = load_state(h0_ptr, nh, K, V, 2, KB, BV, vv, vmask, HAS_H0)
+    if NKB > 3:
+        S3 = load_state(h0_ptr, nh, K, V, 3, KB, BV, vv, vmask, HAS_H0)
+    for it in range(tl.cdiv(eos - bos, C)):
+        t0 = bos + it * C
+        n = tl.minimum(eos - t0, C)
+        rows = t0 + i
+        rmask = i < n
+        grows = t0 + tl.minimum(i, n - 1)
+        last = t0 + n - 1
+        if STORE_H:
+            hidx = (c_first + it) * H + h
+            store_state(hs_ptr, S0, hidx, K, V, 0, KB, vv, vmask)
+            if NKB > 1:
+                store_state(hs_ptr, S1, hidx, K, V, 1, KB, vv, vmask)
+            if NKB > 2:
+                store_state(hs_ptr, S2, hidx, K, V, 2, KB, vv, vmask)
+            if NKB > 3:
+                store_state(hs_ptr, S3, hidx, K, V, 3, KB, vv, vmask)
+        Z = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask)
+        O = tl.zeros((C, BV), tl.float32)
+        Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, STORE_O, PREC)
+        if NKB > 1:
+            Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, STORE_O, PREC)
+        if NKB > 2:
+            Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, STORE_O, PREC)
+        if NKB > 3:
+            Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, STORE_O, PREC)
+        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
+        U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
+        if STORE_H:
+            store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
+        if STORE_O:
+            P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
+            store_tile(o_ptr, O + tl.dot(P, U, input_precision=PREC), rows, rmask, h, H, V, vv, vmask)
+        S0 = write_block(S0, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
+        if NKB > 1:
+            S1 = write_block(S1, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
+        if NKB > 2:
+            S2 = write_block(S2, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
+        if NKB > 3:
+            S3 = write_block(S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+    if STORE_FINAL:
+        store_state(ht_ptr, S0, nh, K, V, 0, KB, vv, vmask)
+        if NKB > 1:
+            store_state(ht_ptr, S1, nh, K, V, 1, KB, vv, vmask)
+        if NKB > 2:
+            store_state(ht_ptr, S2, nh, K, V, 2, KB, vv, vmask)
+        if NKB > 3:
+            store_state(ht_ptr, S3, nh, K, V, 3, KB, vv, vmask)
+
+
+def value_block(V: int, programs: int) -> int:
+    """Width of a serial program's value block: 64, or 32 when the (sequence, head) pairs are too
+    few to give the GPU's ~132 SMs two programs each."""
+    bv = min(padded(V), 64)
+    return 32 if bv == 64 and programs * triton.cdiv(V, 64) < 264 else bv
+
+
+def state_blocks(K: int) -> tuple[int, int]:
+    """``(KB, NKB)``: the state's K-blocks (at most 64 rows each, at most four)."""
+    kb = min(padded(K), 64)
+    return kb, padded(K) // kb
+
+
+def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str,
+          config: dict | None = None):
+    """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
+    ``config`` overrides the launch (``bk``, ``num_warps``, ``num_stages``)."""
+    total, H, K = k.shape
+    cfg = dict(bk=min(padded(K), 64), num_warps=4, num_stages=1) | (config or {})
+    T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
+    P = torch.empty_like(T)
+    if chunks.num_chunks and H:
+        intra_kernel[(chunks.num_chunks, H)](
+            q, k, G, beta, T, P, chunks.cu, chunks.seq, chunks.start, scale, H, K, C=chunks.size, BC=SUB,
+            BK=cfg["bk"], SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return T, P
+
+
+def recurrence(q, k, v, G, beta, T, P, initial_state, chunks: Chunks, scale: float, precision: str, *,
+               output: bool, final: bool, keep: bool, config: dict | None = None):
+    """Walk the chunks. Returns ``(o, final state, h, U)``, each None unless asked for:
+    o ``[T, H, V]`` in q's dtype (``output``), the fp32 final state ``[N, H, K, V]`` (``final``), and
+    the backward's intermediates (``keep``): entry states h ``[NC, H, K, V]`` and U ``[T, H, V]``, fp32.
+    ``config`` overrides the launch (``bv``, ``num_warps``, ``num_stages``)."""
+    total, H, K = k.shape
+    V = v.shape[-1]
+    N = chunks.num_seqs
+    dev = k.device
+    f32 = torch.float32
+    cfg = dict(bv=value_block(V, N * H), num_warps=4, num_stages=2) | (config or {})
+    kb, nkb = state_blocks(K)
+    o = torch.empty(total, H, V, device=dev, dtype=q.dtype) if output else None
+    ht = torch.empty(N, H, K, V, device=dev, dtype=f32) if final else None
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32) if keep else None
+    U = torch.empty(total, H, V, device=dev, dtype=f32) if keep else None
+    if N and H:
+        dummy = k
+        recurrence_kernel[(triton.cdiv(V, cfg["bv"]), N * H)](
+            q, k, v, G, beta, T, P, initial_state if initial_state is not None else dummy,
+            o if output else dummy, ht if final else dummy, hs if keep else dummy, U if keep else dummy,
+            chunks.cu, chunks.offsets, scale, H, K, V, C=chunks.size, KB=kb, NKB=nkb, BV=cfg["bv"],
+            HAS_H0=initial_state is not None, STORE_O=output, STORE_FINAL=final, STORE_H=keep, PREC=precision,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return o, ht, hs, U

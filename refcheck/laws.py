@@ -1,0 +1,798 @@
+"""The laws every implementation of an op must obey, as plain functions.
+
+A law takes an implementation and one drawn example (a ``Case``, a precision mode, the
+implementation's knobs and the law's own parameters) and raises ``LawViolation`` when the
+implementation breaks it. pytest (``properties/``), ``refcheck fuzz`` and ``refcheck report`` run the
+same functions: ``check`` runs one example, ``hypothesis_check`` searches for a counterexample,
+``reproduce`` is what a failure message tells you to run.
+
+Errors are measured one way only: against the float64 truth through ``refcheck.verify``, or between
+two evaluations of the same math with ``verify.measure`` (the two may differ by no more than the
+implementation may differ from the truth: the budgets of ``tolerances.toml``), and bit for bit with
+``refcheck.metrics``. Laws exact in real arithmetic but not in floating point (batch invariance,
+varlen == separate runs, state chaining, causality, path agreement, ...) give two verdicts: within
+budget (a failure raises) and bitwise (reported in ``Outcome.notes``; ``strict`` -- the environment
+variable ``REFCHECK_STRICT_BITWISE=1`` or pytest's ``--strict-bitwise`` -- makes it a failure too).
+
+``LAWS`` lists them by name; numbers refer to issue 4.
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from . import budgets as budgets_mod
+from . import registry, verify
+from .case import PRECISION_MODES, Case
+from .metrics import bitwise_equal, max_abs_diff, rel_rms
+from .ops import Inputs, card
+from .strategies import SMALL, Example, Limits, examples
+
+STRICT_ENV = "REFCHECK_STRICT_BITWISE"
+LINEAR_OPS = ("kda", "gla", "simple_gla")
+ALL_OPS = ("kda_gate", *LINEAR_OPS, "attention")
+PARAMETERS = ("A_log", "dt_bias")
+"""Inputs shared by every batch row and sequence (not sliced when a case is cut into pieces)."""
+
+
+class LawViolation(AssertionError):
+    """An implementation broke a law on one example. The message names the law, op, implementation,
+    mode, knobs, case (shapes, dtypes, seed), what went wrong and a one-line reproducer."""
+
+
+class BitwiseDifference(UserWarning):
+    """A law exact in real arithmetic held within budget but not bit for bit (reported, not failed
+    unless strict)."""
+
+
+@dataclass
+class Outcome:
+    """What a law found on an example where it held: bitwise differences, one line each."""
+
+    law: str
+    notes: list[str] = field(default_factory=list)
+
+
+def strict_default() -> bool:
+    """Strict bitwise mode from the environment (``REFCHECK_STRICT_BITWISE=1``)."""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0", "false", "no")
+
+
+# --- one example of one law ----------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    """A law evaluated on one example: runs the implementation, measures, and fails with a message
+    that says everything needed to reproduce."""
+
+    law: "Law"
+    impl: registry.Implementation
+    case: Case
+    mode: str
+    knobs: dict
+    params: dict
+    device: str = "cpu"
+    strict: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def op(self):
+        return card(self.case.op)
+
+    @property
+    def grads(self) -> bool:
+        return self.impl.backward and self.case.dtype != "fp8"
+
+    def knob_args(self, knobs: dict | None = None) -> dict:
+        """The keyword knobs passed to the implementation (``precision`` = the mode where it has one)."""
+        knobs = dict(self.knobs if knobs is None else knobs)
+        return {"precision": self.mode, **knobs} if "precision" in self.impl.knobs else knobs
+
+    def inputs(self, case: Case | None = None) -> Inputs:
+        return self.op.make_inputs(case or self.case, torch.device(self.device))
+
+    def cotangents(self, outputs: dict) -> dict:
+        return verify.upstream_gradients(self.op, self.case, outputs)
+
+    # running the implementation: an exception it raises on valid input is a violation
+    @contextmanager
+    def running(self, what: str = "the implementation"):
+        try:
+            yield
+        except LawViolation:
+            raise
+        except Exception as err:
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-6))
+            self.fail(f"{what} raised {type(err).__name__} on valid input: {err}\n{tb}")
+
+    def call(self, inputs: Inputs, knobs: dict | None = None, **options) -> dict[str, torch.Tensor]:
+        """One call of the implementation (inside a graph being built); returns the named outputs.
+        ``options`` override the case's options (e.g. ``output_final_state=True``)."""
+        inputs = Inputs(inputs.tensors, inputs.positional, {**inputs.options, **options})
+        with self.running():
+            return self.op.split(inputs.call(self.impl.fn, **self.knob_args(knobs)))
+
+    def evaluate(self, inputs: Inputs, cotangents=None, knobs: dict | None = None) -> dict[str, torch.Tensor]:
+        """Outputs and (with a backward) gradients of one call, against ``cotangents`` (a dict, or a
+        function of the outputs; default the case's seeded ones)."""
+        with self.running():
+            return verify.evaluate(self.impl.fn, self.op, inputs, grads=self.grads,
+                                   cotangents=self.cotangents if cotangents is None else cotangents,
+                                   **self.knob_args(knobs))
+
+    def composite(self, inputs: Inputs, forward: Callable[[Inputs], dict], cotangents=None, *,
+                  fresh_leaves: bool = True) -> dict[str, torch.Tensor]:
+        """Outputs and gradients of ``forward(inputs)``, a computation made of several calls (the
+        pieces of a packed batch, two halves of a sequence): autograd carries the gradients of the
+        pieces back to the whole inputs, so they compare with one call's gradients directly.
+        ``cotangents``: a dict, or a function of the outputs (default the case's seeded ones).
+        ``fresh_leaves=False`` makes the given tensors themselves the leaves (to see in-place writes)."""
+        leaves = {}
+        if self.grads:
+            if fresh_leaves:
+                inputs, leaves = verify.leaf_inputs(self.op, inputs)
+            else:
+                leaves = {n: t.requires_grad_(True) for n, t in inputs.tensors.items()
+                          if n in self.op.differentiable and t.is_floating_point()}
+        with torch.set_grad_enabled(self.grads):
+            result = {n: t for n, t in forward(inputs).items() if t is not None}
+        if not self.grads:
+            return {n: t.detach() for n, t in result.items()}
+        if cotangents is None or callable(cotangents):
+            cotangents = (cotangents or self.cotangents)(result)
+        with self.running("the implementation's backward"):
+            out = verify.backprop(self.op, result, cotangents, leaves)
+        for name, leaf in leaves.items():            # a leaf no piece read (all pieces empty): zero gradient
+            out.setdefault(self.op.grad_name(name), torch.zeros_like(leaf.detach()))
+        return out
+
+    # verdicts
+    def compare(self, what: str, out: dict, ref: dict, *, exact: bool = True, sums: bool = False) -> None:
+        """Within budget (fails) and, for ``exact`` laws, bit for bit (noted; fails when strict):
+        ``out`` against ``ref``, two evaluations of the same math. ``sums``: ``ref`` is a composite
+        whose parameter gradients (dA_log, ddt_bias) autograd summed over the pieces, an order no
+        single run shares: those are held to the budget only."""
+        verdict = verify.measure(self.impl, self.case, out, ref, mode=self.mode, device=self.device,
+                                 grads=self.grads, knobs=self.knob_args())
+        if not verdict.passed:
+            self.fail(f"{what}: the two evaluations differ by more than the budget\n{verdict.table()}")
+        if not exact:
+            return
+        skip = {self.op.grad_name(p) for p in PARAMETERS} if sums else set()
+        differ = {n: max_abs_diff(out[n], ref[n]) for n in ref
+                  if n in out and n not in skip and not bitwise_equal(out[n], ref[n])}
+        if differ:
+            worst = ", ".join(f"{n} {d:.2e}" for n, d in differ.items())
+            line = f"{self.law.name} {self.case.op}/{self.impl.name}: {what}: within budget, not bitwise (max abs diff {worst})"
+            if self.strict:
+                self.fail(f"{what}: not bitwise identical (strict mode): max abs diff {worst}")
+            self.notes.append(line)
+
+    def fail(self, what: str):
+        raise LawViolation(self.message(what))
+
+    def message(self, what: str) -> str:
+        knobs = ", ".join(f"{k}={v!r}" for k, v in (*self.knobs.items(), *self.params.items()))
+        try:
+            shapes = ", ".join(f"{n}{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                               for n, t in self.inputs().tensors.items())
+        except Exception as err:  # the message must not hide the violation
+            shapes = f"(cannot rebuild inputs: {err})"
+        return "\n".join([
+            f"law {self.law.name} ({self.law.number}) violated: {self.case.op} [{self.impl.name}] mode={self.mode}"
+            + (f" {knobs}" if knobs else ""),
+            f"  case: {self.case.describe()}",
+            f"  inputs: {shapes}",
+            *("  " + line for line in what.splitlines()),
+            f"  reproduce: {self.reproducer()}"])
+
+    def reproducer(self) -> str:
+        args = [repr(self.law.name), repr(self.impl.name), self.case.to_python(), f"mode={self.mode!r}"]
+        if self.knobs:
+            args.append(f"knobs={self.knobs!r}")
+        if self.params:
+            args.append(f"params={self.params!r}")
+        if self.device != "cpu":
+            args.append(f"device={self.device!r}")
+        return ("python -c \"from refcheck.laws import reproduce; from refcheck.case import Case; "
+                f"reproduce({', '.join(args)})\"")
+
+
+# --- cutting a case into pieces ------------------------------------------------------------------
+
+def _token_dim(op: str, name: str) -> str | None:
+    """Which sequence axis (dim 1) a tensor input runs along: "q" (queries / tokens), "k" (keys of
+    attention) or None (states, parameters, cu_seqlens)."""
+    if name in PARAMETERS or name == "initial_state" or name.startswith("cu_seqlens"):
+        return None
+    return "k" if op == "attention" and name in ("k", "v") else "q"
+
+
+def _piece(x: Inputs, op: str, q: tuple[int, int], k: tuple[int, int] | None = None,
+           seq: int | None = None, cu: torch.Tensor | None = None) -> Inputs:
+    """Tokens ``q`` (and keys ``k``) of ``x``, the initial state of sequence ``seq``, no cu_seqlens
+    (or ``cu`` in their place)."""
+    tensors = {}
+    for name, t in x.tensors.items():
+        axis = _token_dim(op, name)
+        if axis == "q":
+            t = t[:, q[0]:q[1]]
+        elif axis == "k":
+            t = t[:, k[0]:k[1]]
+        elif name == "initial_state" and seq is not None:
+            t = t[seq:seq + 1]
+        elif name.startswith("cu_seqlens"):
+            if cu is None:
+                continue
+            t = cu
+        tensors[name] = t
+    return Inputs(tensors, x.positional, dict(x.options))
+
+
+def _row(x: Inputs, b: int) -> Inputs:
+    """Batch row ``b`` of ``x`` (parameters shared)."""
+    return x.map(lambda n, t: t if n in PARAMETERS else t[b:b + 1])
+
+
+def _join(parts: list[dict], dims: Mapping[str, int]) -> dict:
+    names = [n for n in parts[0] if parts[0][n] is not None] if parts else []
+    return {n: torch.cat([p[n] for p in parts], dims.get(n, 0)) for n in names}
+
+
+TOKEN_DIMS = {"o": 1, "gate": 1, "lse": 2, "final_state": 0}
+"""Along which dim each output runs over tokens (final_state: over sequences)."""
+
+
+def _spans(case: Case) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(query span, key span) of each packed sequence (key span = query span for linear ops)."""
+    def bounds(lens):
+        edges = list(itertools.accumulate(lens, initial=0))
+        return list(zip(edges[:-1], edges[1:]))
+    q = bounds(case.seqlens)
+    return list(zip(q, bounds(case.seqlens_k) if case.seqlens_k is not None else q))
+
+
+# --- the laws ------------------------------------------------------------------------------------
+
+def agreement(t: Trial) -> None:
+    """Law 1: outputs, final states and every gradient the implementation provides agree with the
+    float64 reference within the budgets of ``tolerances.toml`` (random upstream gradients)."""
+    ref = verify.truth(t.case, t.device, t.grads, verify.cotangent_names(t.op, t.impl.provides))
+    out = t.evaluate(t.inputs())
+    verdict = verify.measure(t.impl, t.case, out, ref, mode=t.mode, device=t.device, grads=t.grads,
+                             knobs=t.knob_args())
+    if not verdict.passed:
+        t.fail("not within budget of the float64 truth\n" + verdict.table())
+
+
+def _hidden_keys(case: Case, cut: int) -> torch.Tensor:
+    """Attention: bool ``[S]``, the keys no query row ``<= cut`` may see (bottom-right causal mask,
+    per packed sequence)."""
+    s = case.dim["S"]
+    hidden = torch.ones(s, dtype=torch.bool)
+    spans = _spans(case) if case.seqlens is not None else [((0, case.dim["T"]), (0, s))]
+    for (qs, qe), (ks, ke) in spans:
+        if qs > cut or qe == qs:
+            continue
+        last = min(qe - 1, cut) - qs                       # last kept query row, local index
+        visible = last + (ke - ks) - (qe - qs)             # it sees local keys 0..visible
+        hidden[ks:ks + max(0, min(ke - ks, visible + 1))] = False
+    return hidden
+
+
+def causality(t: Trial, *, cut: int) -> None:
+    """Law 2 (and 11: a causal query row never depends on later keys): changing every input at
+    positions ``> cut`` (for attention: later queries and every key no row ``<= cut`` sees) leaves
+    the outputs at positions ``<= cut`` unchanged, and, with upstream gradients zero after ``cut``,
+    every gradient unchanged. Inputs are replaced by those of another seed (valid draws)."""
+    op, case = t.op, t.case
+    base_in, alt = t.inputs(), t.inputs(case.replace(seed=case.seed ^ 0x5EED))
+    hidden = _hidden_keys(case, cut).to(t.device) if case.op == "attention" else None
+
+    def mix(name, x):
+        axis = _token_dim(case.op, name)
+        if axis is None:
+            return x
+        x = x.clone()
+        if axis == "q":
+            x[:, cut + 1:] = alt.tensors[name][:, cut + 1:]
+        else:
+            x[:, hidden] = alt.tensors[name][:, hidden]
+        return x
+
+    def masked(outputs):
+        cts = t.cotangents(outputs)
+        cts.pop("final_state", None)
+        for name, dim in (("o", 1), ("lse", 2)):
+            if name in cts:
+                cts[name] = cts[name].clone()
+                cts[name].narrow(dim, cut + 1, cts[name].shape[dim] - cut - 1).zero_()
+        return cts
+
+    before = t.evaluate(base_in, masked)
+    after = t.evaluate(base_in.map(mix), masked)
+
+    def kept(res):
+        res = {n: x for n, x in res.items() if n != "final_state"}
+        for name, dim in (("o", 1), ("lse", 2)):
+            if name in res:
+                res[name] = res[name].narrow(dim, 0, cut + 1)
+        return res
+    t.compare(f"outputs at positions <= {cut} after changing later inputs", kept(after), kept(before))
+
+
+def varlen_equals_separate(t: Trial) -> None:
+    """Law 3: packing sequences with cu_seqlens gives each sequence (outputs, final state and
+    gradients) what it gets when run alone. An empty sequence, never run alone, gets what the
+    contract says: no output rows, its initial state (or zeros) as final state; an attention query
+    span without keys gets o = 0 and lse = -inf."""
+    case, name = t.case, t.case.op
+    inputs = t.inputs()
+    packed = t.evaluate(inputs)
+    dims = {"o": 1, "gate": 1, "lse": 2, "final_state": 0}
+
+    def separate(x: Inputs) -> dict:
+        parts = []
+        for n, (q, k) in enumerate(_spans(case)):
+            if q[1] > q[0] and k[1] > k[0]:
+                parts.append(t.call(_piece(x, name, q, k, n)))
+            else:
+                parts.append(_empty_piece(t, x, q, n))
+        return _join(parts, dims)
+    alone = t.composite(inputs, separate, t.cotangents(packed))
+    t.compare("packed sequences against each sequence run alone", packed, alone, sums=True)
+
+
+def _empty_piece(t: Trial, x: Inputs, q: tuple[int, int], n: int) -> dict:
+    """What the contract says a sequence without tokens (or, in attention, without keys) returns."""
+    d, length = t.case.dim, q[1] - q[0]
+    ref = x.tensors["q"]
+    if t.case.op == "attention":
+        out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=verify.output_dtype(t.case, "o"))}
+        if "lse" in t.impl.provides:
+            out["lse"] = torch.full((1, d["H"], length), -math.inf, device=ref.device)
+        return out
+    out = {"o": ref.new_zeros(1, 0, d["H"], d["V"])}
+    if t.case.opts.get("output_final_state"):
+        h0 = x.tensors.get("initial_state")
+        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(
+            1, d["H"], d["K"], d["V"], device=ref.device)
+    return out
+
+
+def batch_invariance(t: Trial) -> None:
+    """Law 3: each row of a batch gets (outputs, final state, gradients) what it gets run alone."""
+    inputs = t.inputs()
+    batched = t.evaluate(inputs)
+
+    def rows(x: Inputs) -> dict:
+        return _join([t.call(_row(x, b)) for b in range(t.case.dim["B"])], {})
+    alone = t.composite(inputs, rows, t.cotangents(batched))
+    t.compare("batch rows against each row run alone", batched, alone, sums=True)
+
+
+def state_chaining(t: Trial, *, split: int) -> None:
+    """Law 4: running tokens [0, split) with output_final_state, then [split, T) from the carried
+    final state, equals one run over [0, T): outputs, final state and gradients (the gradient flows
+    back through the carried state). Packed sequences are cut at the same position: cu_seqlens
+    clipped to each part, sequences that end before (start after) the cut pass their state through
+    an empty span."""
+    case, name = t.case, t.case.op
+    inputs = t.inputs()
+    whole = t.evaluate(inputs)
+    total = case.dim["T"]
+    cu = inputs.tensors.get("cu_seqlens")
+
+    def chained(x: Inputs) -> dict:
+        first = _piece(x, name, (0, split), cu=None if cu is None else cu.clamp(max=split))
+        a = t.call(first, output_final_state=True)
+        if "final_state" not in a:
+            t.fail("returned no final state with output_final_state=True")
+        second = _piece(x, name, (split, total), cu=None if cu is None else cu.clamp(min=split) - split)
+        second.tensors["initial_state"] = a["final_state"]
+        b = t.call(second)
+        return {"o": torch.cat([a["o"], b["o"]], 1), "final_state": b.get("final_state")}
+    parts = t.composite(inputs, chained, t.cotangents(whole))
+    t.compare(f"one run against two runs split at {split} with the state carried", whole, parts, sums=True)
+
+
+def determinism(t: Trial) -> None:
+    """Law 5: two runs on the same inputs give bitwise identical outputs and gradients."""
+    first, second = t.evaluate(t.inputs()), t.evaluate(t.inputs())
+    differ = {n: (max_abs_diff(first[n], second[n]) if n in second else math.inf) for n in first
+              if n not in second or not bitwise_equal(first[n], second[n])}
+    if differ:
+        t.fail("two runs on the same inputs differ: max abs diff "
+               + ", ".join(f"{n} {d:.2e}" for n, d in differ.items()))
+
+
+@contextmanager
+def poisoned_allocations():
+    """Inside the block ``torch.empty`` and friends return NaN-filled memory (PyTorch's
+    ``fill_uninitialized_memory``, active under deterministic algorithms), so an output element an
+    implementation never writes shows up as NaN."""
+    import torch.utils.deterministic as det
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)
+
+
+def no_side_effects(t: Trial) -> None:
+    """Law 6: after the forward and backward call every input (cu_seqlens, initial state and
+    parameters included) is bitwise unchanged, and every output and gradient is finite wherever the
+    float64 truth is. The contract's implementations take no preallocated output buffers, so instead
+    of poisoning given buffers, fresh allocations are poisoned with NaN (``poisoned_allocations``):
+    an element never written is NaN and fails the finiteness check."""
+    inputs = t.inputs()
+    before = {n: x.clone() for n, x in inputs.tensors.items()}
+    with poisoned_allocations():
+        out = t.composite(inputs, t.call, fresh_leaves=False)
+    changed = [n for n, x in inputs.tensors.items() if not bitwise_equal(x.detach(), before[n])]
+    if changed:
+        t.fail("modified its inputs in place: " + ", ".join(
+            f"{n} (max abs change {max_abs_diff(inputs.tensors[n].detach(), before[n]):.2e})" for n in changed))
+    ref = verify.truth(t.case, t.device, t.grads, verify.cotangent_names(t.op, t.impl.provides))
+    bad = [n for n in ref if n in out and math.isinf(rel_rms(out[n], ref[n], budgets_mod.DEFAULT_FLOOR))]
+    if bad:
+        t.fail("NaN/Inf (or an unwritten, NaN-poisoned element) where the float64 truth is finite: "
+               + ", ".join(f"{n} ({int((~torch.isfinite(out[n]) & torch.isfinite(ref[n].to(out[n].device))).sum())} elements)"
+                           for n in bad))
+
+
+def path_knobs(impl: registry.Implementation) -> list[dict]:
+    """Every combination of the implementation's non-precision knobs, the declared defaults first."""
+    names = [n for n in impl.knobs if n != "precision"]
+    return [dict(zip(names, values)) for values in itertools.product(*(impl.knobs[n] for n in names))]
+
+
+def autotuned_kernels(impl: registry.Implementation) -> dict[str, object]:
+    """The interpreted ``@triton.autotune`` kernels with more than one config in the package of a
+    Triton implementation, by ``module.name`` (empty when not interpreted: configs are pinned through
+    the faithful interpreter, ``refcheck.interpreter.pin_config``)."""
+    if not impl.triton or os.environ.get("TRITON_INTERPRET") != "1":
+        return {}
+    from . import interpreter
+    if not interpreter.is_enabled():
+        return {}
+    impl.fn  # imports the package
+    package = impl.target.partition(":")[0].split(".")[0]
+    found, seen = {}, set()
+    for module_name, module in sorted(sys.modules.items()):
+        if module is None or not (module_name == package or module_name.startswith(package + ".")):
+            continue
+        for attr, obj in sorted(vars(module).items()):
+            if id(obj) in seen:
+                continue
+            try:
+                if len(interpreter.configs(obj)) > 1 and interpreter.is_interpreted(obj):
+                    found[f"{module_name}.{attr}"] = obj
+                    seen.add(id(obj))
+            except (ValueError, TypeError, AttributeError):
+                continue
+    return found
+
+
+def path_agreement(t: Trial, *, config: tuple[str, int] | None = None) -> None:
+    """Law 7: every combination of the implementation's knobs (gather or not, recompute or not,
+    chunk size, ...) computes what the default combination computes, within budget (bitwise
+    reported); with ``config = (kernel, index)``, pinning that autotune config of that kernel
+    (interpreted runs) computes what the default config computes."""
+    inputs = t.inputs()
+    combos = path_knobs(t.impl)
+    base = t.evaluate(inputs, knobs=combos[0])
+    for knobs in combos[1:]:
+        t.compare(f"knobs {knobs} against {combos[0]}", t.evaluate(t.inputs(), knobs=knobs), base)
+    if config is not None:
+        from . import interpreter
+        kernel_name, index = config
+        kernel = autotuned_kernels(t.impl)[kernel_name]
+        with interpreter.pin_config(kernel, index):
+            pinned = t.evaluate(t.inputs(), knobs=combos[0])
+        t.compare(f"autotune config {index} of {kernel_name} against the default config", pinned, base)
+
+
+PRECISION_SLACK = 4.0
+"""error(ieee) <= SLACK * error(tf32x3) + NOISE and error(tf32x3) <= SLACK * error(tf32) + NOISE."""
+PRECISION_NOISE = 2e-6
+"""Absolute allowance for the order: ~16 fp32 ulps of relative error, below which modes are equal."""
+TF32_GAIN = 8.0
+"""tf32 must be at least this many times worse than ieee and tf32x3 (its operands keep 10 of 23
+mantissa bits: ~1000x in practice) ..."""
+TF32_MIN_ERROR = 1e-5
+"""... and at least this bad (2^-11 operand rounding shows as >= 1e-4 on random data)."""
+
+
+def precision_modes(t: Trial) -> None:
+    """Law 8: on fp32 inputs the precision modes are honoured: per output, error(ieee) <=
+    error(tf32x3) <= error(tf32) up to ``PRECISION_SLACK`` and ``PRECISION_NOISE``, and tf32 is
+    measurably worse than both ieee and tf32x3 (``TF32_GAIN``, ``TF32_MIN_ERROR``): a kernel that
+    ignores its mode, or runs tf32 where tf32x3 was asked, fails."""
+    errors = {}
+    for mode in ("ieee", "tf32x3", "tf32"):
+        with t.running():
+            verdict = verify.verify(t.impl, t.case, mode=mode, device=t.device, grads=t.grads, **t.knobs)
+        errors[mode] = {m.output: m.error for m in verdict.measurements}
+    table = "\n".join(f"{n:<12} ieee {errors['ieee'][n]:9.2e}  tf32x3 {errors['tf32x3'][n]:9.2e}  "
+                      f"tf32 {errors['tf32'][n]:9.2e}" for n in errors["ieee"])
+    for name in errors["ieee"]:
+        e = {m: errors[m][name] for m in errors}
+        if e["ieee"] > PRECISION_SLACK * e["tf32x3"] + PRECISION_NOISE or \
+                e["tf32x3"] > PRECISION_SLACK * e["tf32"] + PRECISION_NOISE:
+            t.fail(f"{name}: errors not ordered ieee <= tf32x3 <= tf32 (slack {PRECISION_SLACK}x + "
+                   f"{PRECISION_NOISE:g})\n{table}")
+    worst = {m: max(errors[m].values(), default=0.0) for m in errors}
+    if worst["tf32"] < TF32_MIN_ERROR or worst["tf32"] < TF32_GAIN * max(worst["ieee"], worst["tf32x3"]):
+        t.fail(f"tf32 is not measurably worse than ieee and tf32x3 (needs >= {TF32_GAIN}x and >= "
+               f"{TF32_MIN_ERROR:g}): the precision mode is not honoured\n{table}")
+
+
+def fp16_gates(t: Trial) -> None:
+    """Law 9: given fp16 gates, the implementation computes what it computes on ``g.float()`` of the
+    same values (the gradient dg compared after rounding the fp32 run's to fp16)."""
+    inputs = t.inputs()
+    half = t.evaluate(inputs)
+    full = t.evaluate(inputs.map(lambda n, x: x.float() if n == "g" else x), t.cotangents(half))
+    full = {n: (x.to(half[n].dtype) if n in half and x.dtype != half[n].dtype else x) for n, x in full.items()}
+    t.compare("fp16 gates against the same values as fp32", half, full)
+
+
+def gate_bounds(t: Trial) -> None:
+    """Law 10: the lower-bound gate lies in [lower_bound, 0] (the open interval of the math, closed
+    by rounding: sigmoid saturates), the softplus gate in (-inf, 0]; both finite."""
+    gate = t.evaluate(t.inputs())["gate"]
+    low = t.case.opts.get("lower_bound")
+    bad = ~torch.isfinite(gate) | (gate > 0)
+    if low is not None:
+        bad |= gate < low
+    if bool(bad.any()):
+        where = f"[{low}, 0]" if low is not None else "(-inf, 0]"
+        t.fail(f"{int(bad.sum())} gate values outside {where}: e.g. {gate[bad][:4].tolist()}")
+
+
+def gate_monotone(t: Trial) -> None:
+    """Law 10: both gates are non-increasing in g: raising g (by a seeded non-negative amount,
+    rounded in g's dtype so it never goes down) never raises the gate by more than the budget's
+    relative error."""
+    inputs = t.inputs()
+    g = inputs.tensors["g"]
+    gen = torch.Generator().manual_seed(t.case.seed + 2)
+    step = torch.randn(g.shape, generator=gen).abs().to(g.device) * float(t.case.drawn.get("input_scale", 1.0))
+    higher = inputs.map(lambda n, x: (x.double() + step).to(x.dtype) if n == "g" else x)
+    low, high = t.evaluate(inputs)["gate"], t.evaluate(higher)["gate"]
+    budget = budgets_mod.load().get("kda_gate", "gate", t.case.dtype, t.mode, t.impl.name)
+    if budget.metric != "rel_rms":
+        raise ValueError(f"{budget.key}: gate_monotone reads a rel_rms budget, got {budget.metric}")
+    rise = (high.double() - low.double()) - budget.value * low.double().abs()
+    if bool((rise > 0).any()):
+        i = int(rise.flatten().argmax())
+        t.fail(f"gate rises with g at {int((rise > 0).sum())} elements beyond the relative budget "
+               f"{budget.value:g}: e.g. g {g.flatten()[i].item():.4g} -> {higher.tensors['g'].flatten()[i].item():.4g} "
+               f"moves the gate {low.flatten()[i].item():.6g} -> {high.flatten()[i].item():.6g}")
+
+
+def key_permutation(t: Trial) -> None:
+    """Law 11: non-causal attention is invariant to permuting keys together with values (within
+    each packed sequence): o and lse unchanged, dq unchanged, dk and dv permuted alike (compared
+    after autograd maps them back)."""
+    case = t.case
+    inputs = t.inputs()
+    base = t.evaluate(inputs)
+    gen = torch.Generator().manual_seed(case.seed + 3)
+    spans = [k for _, k in _spans(case)] if case.seqlens is not None else [(0, case.dim["S"])]
+    perm = torch.arange(case.dim["S"])
+    for ks, ke in spans:
+        perm[ks:ke] = ks + torch.randperm(ke - ks, generator=gen)
+    perm = perm.to(t.device)
+
+    def shuffled(x: Inputs) -> dict:
+        return t.call(x.map(lambda n, v: v[:, perm] if n in ("k", "v") else v))
+    t.compare("keys and values permuted together", t.composite(inputs, shuffled, t.cotangents(base)), base)
+
+
+def rows_without_keys(t: Trial) -> None:
+    """Law 11: lse matches the float64 truth within budget, and a query row that sees no key
+    (causal with S < T, an empty key span) gets exactly o = 0 and lse = -inf, as the contract says."""
+    ref = verify.truth(t.case, t.device, False)
+    out = t.evaluate(t.inputs())
+    empty = torch.isneginf(ref["lse"]).to(out["o"].device)             # [B, H, T]
+    rows = empty.transpose(1, 2)                                        # [B, T, H]
+    if bool((out["o"][rows] != 0).any()):
+        t.fail(f"o is not 0 on {int(rows.sum())} (row, head) pairs that see no key: e.g. "
+               f"{out['o'][rows][:2].flatten()[:6].tolist()}")
+    if "lse" not in t.impl.provides:
+        return
+    if not bool(torch.isneginf(out["lse"][empty]).all()):
+        t.fail(f"lse is not -inf on rows that see no key: e.g. {out['lse'][empty][:6].tolist()}")
+    verdict = verify.measure(t.impl, t.case, {"lse": out["lse"]}, {"lse": ref["lse"]}, mode=t.mode,
+                             device=t.device, grads=False, knobs=t.knob_args())
+    if not verdict.passed:
+        t.fail("lse not within budget of the float64 truth\n" + verdict.table())
+
+
+# --- the registry of laws ------------------------------------------------------------------------
+
+def _always(impl: registry.Implementation) -> str | None:
+    return None
+
+
+def _has_paths(impl: registry.Implementation) -> str | None:
+    if len(path_knobs(impl)) > 1 or impl.triton:
+        return None
+    return "declares no path knobs (gather, recompute, chunk size) and no autotuned kernels"
+
+
+def _has_precision(impl: registry.Implementation) -> str | None:
+    if not set(PRECISION_MODES) <= set(impl.knobs.get("precision", ())):
+        return "has no precision knob with ieee, tf32 and tf32x3"
+    if "fp32" not in impl.dtypes:
+        return "does not take fp32 inputs"
+    return None
+
+
+def _cut(impl, case: Case) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({"cut": st.integers(0, case.dim["T"] - 2)})
+
+
+def _split(impl, case: Case) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({"split": st.integers(1, case.dim["T"] - 1)})
+
+
+def _config(impl, case: Case) -> st.SearchStrategy[dict]:
+    kernels = autotuned_kernels(impl)
+    choices = [(name, i) for name, k in kernels.items() for i in range(len(_configs(k)))]
+    if not choices:
+        return st.just({})
+    return st.fixed_dictionaries({"config": st.sampled_from(choices)})
+
+
+def _configs(kernel) -> list:
+    from . import interpreter
+    return interpreter.configs(kernel)
+
+
+@dataclass(frozen=True)
+class Law:
+    """A law: its function ``fn(trial, **params)``, the ops it applies to, the requirements its
+    cases meet (keyword arguments of ``strategies.cases``), whether it applies to an implementation
+    (``applies(impl)`` -> None or why not), its own parameters (``params(impl, case)`` -> a strategy
+    of dicts) and its cost in implementation runs per example (the ci profile divides its example
+    count by it)."""
+
+    name: str
+    number: str
+    fn: Callable
+    ops: tuple[str, ...]
+    requires: Mapping = field(default_factory=dict)
+    applies: Callable[[registry.Implementation], str | None] = _always
+    params: Callable | None = None
+    cost: float = 1.0
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip()
+
+    def why_not(self, impl: registry.Implementation) -> str | None:
+        """None when the law applies to ``impl``, else why not."""
+        if impl.op not in self.ops:
+            return f"law {self.name} does not concern {impl.op}"
+        return self.applies(impl)
+
+
+LAWS: dict[str, Law] = {law.name: law for law in (
+    Law("agreement", "1", agreement, ALL_OPS),
+    Law("causality", "2, 11", causality, (*LINEAR_OPS, "attention"), {"min_len": 2, "causal": True},
+        params=_cut, cost=2),
+    Law("varlen_equals_separate", "3", varlen_equals_separate, (*LINEAR_OPS, "attention"),
+        {"varlen": True, "min_seqs": 2}, cost=3),
+    Law("batch_invariance", "3", batch_invariance, ALL_OPS, {"min_batch": 2}, cost=3),
+    Law("state_chaining", "4", state_chaining, LINEAR_OPS, {"min_len": 2}, params=_split, cost=3),
+    Law("determinism", "5", determinism, ALL_OPS, cost=2),
+    Law("no_side_effects", "6", no_side_effects, ALL_OPS, cost=2),
+    Law("path_agreement", "7", path_agreement, ALL_OPS, applies=_has_paths, params=_config, cost=5),
+    Law("precision_modes", "8", precision_modes, (*LINEAR_OPS, "attention"), {"dtype": "fp32"},
+        applies=_has_precision, cost=4),
+    Law("fp16_gates", "9", fp16_gates, LINEAR_OPS, {"gate_dtype": "fp16"}, cost=2),
+    Law("gate_bounds", "10", gate_bounds, ("kda_gate",)),
+    Law("gate_monotone", "10", gate_monotone, ("kda_gate",), cost=2),
+    Law("key_permutation", "11", key_permutation, ("attention",), {"causal": False, "min_keys": 2}, cost=2),
+    Law("rows_without_keys", "11", rows_without_keys, ("attention",), {"rows_without_keys": True}),
+)}
+
+
+def law(name: str) -> Law:
+    try:
+        return LAWS[name]
+    except KeyError:
+        raise ValueError(f"unknown law {name!r}; known laws: {', '.join(LAWS)}") from None
+
+
+# --- running laws --------------------------------------------------------------------------------
+
+def check(law_: Law | str, impl: registry.Implementation, example: Example, *, device: str = "cpu",
+          strict: bool | None = None) -> Outcome:
+    """Run one law on one example; raises ``LawViolation``, else returns the bitwise notes."""
+    law_ = law(law_) if isinstance(law_, str) else law_
+    trial = Trial(law_, impl, example.case, example.mode, dict(example.knobs), dict(example.params), device,
+                  strict_default() if strict is None else strict)
+    law_.fn(trial, **example.params)
+    return Outcome(law_.name, trial.notes)
+
+
+def examples_for(law_: Law, base: hsettings | None = None) -> int:
+    """The example count of a law under a profile: the profile's ``max_examples`` divided by the
+    law's cost, at least 3."""
+    base = base or hsettings()
+    return max(3, math.ceil(base.max_examples / law_.cost))
+
+
+def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings: hsettings | None = None,
+                     limits: Limits = SMALL, mode: str | None = None, device: str = "cpu",
+                     strict: bool | None = None, max_examples: int | None = None) -> list[str]:
+    """Search for a counterexample to a law with Hypothesis (the current profile unless
+    ``settings``); raise the shrunk example's ``LawViolation``, else return the bitwise notes
+    (one line per distinct check, with how many examples it concerned)."""
+    law_ = law(law_) if isinstance(law_, str) else law_
+    why = law_.why_not(impl)
+    if why:
+        raise ValueError(f"{impl.op}/{impl.name}: {why}")
+    base = settings or hsettings()
+    notes: dict[str, int] = {}
+
+    def run(example: Example) -> None:
+        for line in check(law_, impl, example, device=device, strict=strict).notes:
+            key = line.split(" (max abs diff")[0]
+            notes[key] = notes.get(key, 0) + 1
+
+    # Separate database entries (and derandomized seeds) per law and implementation.
+    run._hypothesis_internal_add_digest = f"{law_.name}/{impl.op}/{impl.name}".encode()
+    test = hsettings(base, max_examples=max_examples or examples_for(law_, base),
+                     report_multiple_bugs=False)(given(examples(law_, impl, limits, mode))(run))
+    test()
+    return [f"{line} in {count} example(s)" for line, count in notes.items()]
+
+
+def resolve(op: str, impl: str) -> registry.Implementation:
+    """An implementation by registered name, ``module:attr`` naming an ``Implementation`` record,
+    or ``module:callable`` (registered for ``op`` on the fly)."""
+    try:
+        return registry.get(op, impl)
+    except ValueError:
+        if ":" not in impl:
+            raise
+    module, _, attr = impl.partition(":")
+    obj = getattr(importlib.import_module(module), attr)
+    if isinstance(obj, registry.Implementation):
+        return obj
+    return registry.register(f"{op}={impl}")
+
+
+def reproduce(law_name: str, impl: str, case: Case, *, mode: str | None = None, knobs: dict | None = None,
+              params: dict | None = None, device: str | None = None, strict: bool = False) -> Outcome:
+    """Rerun one law on one example, as a failure message prints it: configures the backend first
+    (the Triton interpreter on the CPU), raises ``LawViolation`` again if it still fails."""
+    from .backend import configure_backend
+    device = configure_backend(device)
+    implementation = resolve(case.op, impl)
+    example = Example(case, mode or implementation.modes[0], dict(knobs or {}), dict(params or {}))
+    outcome = check(law_name, implementation, example, device=device, strict=strict)
+    print(f"law {law_name} holds for {case.op}/{impl} on this example"
+          + "".join(f"\n  note: {n}" for n in outcome.notes))
+    return outcome

@@ -1,0 +1,51 @@
+"""Hypothesis profiles of refcheck, registered in one place: pytest (``--hypothesis-profile``, default
+``ci``) and ``refcheck fuzz`` load them by name.
+
+* ``ci``: bounded and reproducible: 10 examples per law (divided by the law's cost, at least 3),
+  derandomized (the same examples every run), no example database, no deadline (interpreted Triton
+  kernels take seconds per example). The default, in CI and elsewhere.
+* ``dev``: 30 examples, random, failures saved in the local database and replayed first.
+* ``fuzz``: 500 examples, random, database: hunting for bugs in a new kernel.
+* ``gpu``: 60 examples on the GPU with ``LARGE`` sizes (several chunks per sequence).
+
+``limits(profile)`` gives the case sizes that go with each profile.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+
+from .strategies import LARGE, SMALL, Limits
+
+DEFAULT = "ci"
+
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+PROFILES: dict[str, dict] = {
+    "ci": dict(max_examples=10, derandomize=True, database=None, **_COMMON),
+    "dev": dict(max_examples=30, **_COMMON),
+    "fuzz": dict(max_examples=500, **_COMMON),
+    "gpu": dict(max_examples=60, **_COMMON),
+}
+
+SIZES: dict[str, Limits] = {"ci": SMALL, "dev": SMALL, "fuzz": SMALL, "gpu": LARGE}
+
+
+def register() -> None:
+    """Register every profile with Hypothesis (idempotent)."""
+    for name, options in PROFILES.items():
+        settings.register_profile(name, **options)
+
+
+def load(name: str = DEFAULT) -> settings:
+    """Make ``name`` the active profile; returns its settings."""
+    if name not in PROFILES:
+        raise ValueError(f"profile: expected one of {', '.join(PROFILES)}, got {name!r}")
+    register()
+    settings.load_profile(name)
+    return settings.get_profile(name)
+
+
+def limits(name: str) -> Limits:
+    """The case sizes of a profile (``SMALL`` unless it is ``gpu``); unknown names get ``SMALL``."""
+    return SIZES.get(name, SMALL)

@@ -1,0 +1,339 @@
+"""Hypothesis strategies for refcheck: shapes, packed sequences, gates, options, dtypes and knobs.
+
+Every strategy draws a small description (a ``Case``, a knob dict), never tensor entries: the
+tensors are made from the case's seed by its op card (``refcheck.ops``), so Hypothesis shrinks
+shapes, lengths and options, and a failure prints a case that rebuilds the same bits. Inputs are
+constructed valid (lengths summed into cu_seqlens, H built as Hk * group, gates clamped by
+construction), not filtered with ``assume``.
+
+Entry points: ``cases(op, impl, limits, **require)`` draws a ``Case`` of ``op`` that ``impl`` can
+run (its dtypes), ``knob_settings(impl)`` every knob it declares, ``modes(impl)`` its precision modes
+and ``examples(law, impl, limits)`` all of that plus a law's own parameters. ``Limits`` bounds the
+sizes: ``SMALL`` keeps CPU and interpreted runs fast, ``LARGE`` is for the GPU.
+
+Requirements (keyword arguments of ``cases``; each ignored where it does not apply to the op):
+    min_len:   at least this many tokens (T; for packed cases the total)
+    varlen:    True packed (B == 1 with cu_seqlens), False not packed, None either
+    min_seqs:  packed cases get at least this many sequences
+    min_batch: at least this many batch rows (implies varlen=False)
+    dtype:     this input dtype only
+    gate_dtype: gates of this dtype (linear ops; the raw gate with use_gate_in_kernel)
+    causal:    attention with this causal flag
+    min_keys:  attention: some sequence has at least this many keys
+    rows_without_keys: attention: some query row sees no key (causal with S < T, or an empty key span)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from .case import Case
+from .ops import card
+from .registry import Implementation
+
+CHUNK = 64
+"""The chunk length of chunked kernels: lengths one short of, at and one past its multiples matter."""
+
+SPECIAL_LENGTHS = (1, 2, 3, 5, 7, 13, 16, 17, 31, 63, 64, 65, 97, 127, 128, 129, 191, 192, 193, 257, 509, 1021, 1024, 1025)
+"""T = 1, primes, and one short of / at / one past multiples of 16 (sub-chunk) and 64 (chunk)."""
+
+SPECIAL_DIMS = (16, 32, 64, 8, 60, 100, 128, 192, 256, 4, 1)
+"""Head dims: powers of two, the non powers of two seen in models (60, 100, 192), and tiny ones."""
+
+MLA_DIMS = (192, 128)
+"""Dqk, Dv of multi-head latent attention."""
+
+GQA_GROUPS = (1, 2, 4, 3)
+"""Query heads per key head."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size bounds of drawn cases.
+
+    max_len:      tokens per case (T; for packed cases the total); attention uses it for S too
+    max_elements: bound on B * T * H * (K + V) (attention: B * max(T, S) * H * (Dqk + Dv)); long
+                  sequences come with small heads and wide heads with short sequences
+    """
+
+    max_batch: int = 3
+    max_len: int = 130
+    max_heads: int = 3
+    max_dim: int = 256
+    max_elements: int = 12_000
+    max_seqs: int = 5
+
+    def __post_init__(self):
+        for name in ("max_batch", "max_len", "max_heads", "max_dim", "max_elements", "max_seqs"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive int, got {getattr(self, name)!r}")
+
+
+SMALL = Limits()
+"""Default: fast on the CPU and in the Triton interpreter (a kernel case costs seconds there)."""
+
+LARGE = Limits(max_batch=4, max_len=1100, max_heads=8, max_elements=2_000_000, max_seqs=12)
+"""For GPU runs: several chunks per sequence, realistic head counts."""
+
+
+# --- sizes ---------------------------------------------------------------------------------------
+
+def lengths(low: int, high: int) -> st.SearchStrategy[int]:
+    """A sequence length in ``[low, high]``: mostly the special lengths (1, primes, chunk and
+    sub-chunk multiples +-1) that fit, else any; shrinks towards ``low``."""
+    high = max(high, low)
+    special = [n for n in SPECIAL_LENGTHS if low <= n <= high]
+    uniform = st.integers(low, high)
+    return st.one_of(uniform, st.sampled_from(special)) if special else uniform
+
+
+def head_dims(max_dim: int) -> st.SearchStrategy[int]:
+    """A head dimension up to ``max_dim``: the special dims (16, 60, 100, 192, 256, ...) or any."""
+    special = [d for d in SPECIAL_DIMS if d <= max_dim]
+    return st.one_of(st.sampled_from(special), st.integers(1, max_dim))
+
+
+def _fit(limits: Limits, rows: int, heads: int, width: int, low: int) -> int:
+    """The longest T with ``rows * T * heads * width <= max_elements`` (at least ``low``)."""
+    return max(low, min(limits.max_len, limits.max_elements // max(1, rows * heads * width)))
+
+
+@st.composite
+def seqlens(draw, total_max: int, max_seqs: int, *, min_seqs: int = 1, min_total: int = 1,
+            min_nonempty: int = 1) -> tuple[int, ...]:
+    """Lengths of packed sequences (the differences of cu_seqlens): ``min_seqs..max_seqs`` of them,
+    empty and length-1 sequences included, lengths that straddle chunk boundaries (63, 64, 65 and
+    running offsets that cross multiples of 64), total in ``[min_total, total_max]``, at least
+    ``min_nonempty`` sequences not empty."""
+    n = draw(st.integers(max(min_seqs, min_nonempty), max(min_seqs, min_nonempty, max_seqs)))
+    lens, left = [], total_max
+    for _ in range(n):
+        piece = draw(st.one_of(st.integers(0, left), st.sampled_from([0, 1, 63, 64, 65, 17, 15])))
+        piece = min(piece, left)
+        lens.append(piece)
+        left -= piece
+    # construct, don't filter: top up empty sequences (last ones first) to reach the minimums
+    for i in reversed(range(n)):
+        if sum(1 for x in lens if x) >= min_nonempty and sum(lens) >= min_total:
+            break
+        if lens[i] == 0 and left > 0:
+            lens[i], left = 1, left - 1
+    return tuple(lens)
+
+
+def dtypes(op: str, impl: Implementation | None = None, only: str | None = None) -> st.SearchStrategy[str]:
+    """An input dtype the op's card and the implementation both support (``only`` narrows it).
+    fp8 is drawn only for an implementation that declares it (attention forward)."""
+    allowed = [d for d in card(op).dtypes if impl is None or d in impl.dtypes]
+    if impl is None:
+        allowed = [d for d in allowed if d != "fp8"]
+    if only is not None:
+        allowed = [d for d in allowed if d == only]
+    if not allowed:
+        who = f"{impl.op}/{impl.name}" if impl else op
+        raise ValueError(f"dtype: {who} supports none of the requested dtypes ({only or 'any'})")
+    return st.sampled_from(allowed)
+
+
+def seeds() -> st.SearchStrategy[int]:
+    """The seed of a case's tensors (shrinks to 0)."""
+    return st.integers(0, 2**31 - 1)
+
+
+def scales() -> st.SearchStrategy[float | None]:
+    """The readout/softmax scale: default (``None``, i.e. head_dim ** -0.5) or an explicit one."""
+    return st.one_of(st.none(), st.sampled_from([1.0, 0.25, 0.1, 2.0]))
+
+
+# --- gates ---------------------------------------------------------------------------------------
+
+def lower_bounds() -> st.SearchStrategy[float]:
+    """``lower_bound`` in [-5, 0): multiples of 1/16 and powers of two near 0, all exactly
+    representable in bf16/fp16/fp32, so a gate clamped to it stays at or above it in every dtype."""
+    return st.one_of(st.integers(1, 80).map(lambda k: -k / 16), st.sampled_from([-2.0**-6, -2.0**-10]))
+
+
+@st.composite
+def log_decays(draw, *, clamp: float | None = None, gate_dtype: str | None = None) -> dict:
+    """The ``draw`` parameters of ``ops.draw_log_decay``: ``logsigmoid(N(0,1)) / normalizer`` with
+    the normalizer in [0.1, 10], zeroed with probability ``mask_p``, a fraction ``spike_p`` pushed
+    down to ``-U(0, spike)`` (spike up to 1000), clamped to ``[clamp, 0]`` for safe_gate, and the
+    gate tensor's dtype."""
+    params = {"normalizer": draw(st.one_of(st.sampled_from([1.0, 0.1, 10.0]),
+                                           st.floats(0.1, 10.0).map(lambda x: float(f"{x:.3g}")))),
+              "mask_p": draw(st.sampled_from([0.0, 0.2, 1.0])),
+              "spike_p": draw(st.sampled_from([0.0, 0.05, 0.5]))}
+    if params["spike_p"]:
+        params["spike"] = draw(st.sampled_from([1000.0, 20.0, 5.0]))
+    if clamp is not None:
+        params["clamp"] = clamp
+    params["gate_dtype"] = gate_dtype or draw(st.sampled_from(["fp32", "bf16", "fp16"]))
+    return params
+
+
+# --- knobs ---------------------------------------------------------------------------------------
+
+def knob_settings(impl: Implementation) -> st.SearchStrategy[dict]:
+    """A value for every knob ``impl`` declares except ``precision`` (drawn by ``modes``): the
+    gather and non-gather paths, recompute or not, chunk sizes, ... are all exercised."""
+    return st.fixed_dictionaries({name: st.sampled_from(list(values))
+                                  for name, values in impl.knobs.items() if name != "precision"})
+
+
+def modes(impl: Implementation, only: str | None = None) -> st.SearchStrategy[str]:
+    """A precision mode ``impl`` offers (``only`` fixes it, e.g. from ``--precision``)."""
+    if only is not None:
+        if only not in impl.modes:
+            raise ValueError(f"precision: {impl.op}/{impl.name} offers {impl.modes}, not {only!r}")
+        return st.just(only)
+    return st.sampled_from(list(impl.modes))
+
+
+# --- cases ---------------------------------------------------------------------------------------
+
+@st.composite
+def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limits = SMALL, *,
+                 min_len: int = 1, varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1,
+                 dtype: str | None = None, gate_dtype: str | None = None) -> Case:
+    """A case of kda, gla or simple_gla: B, T (or packed lengths), H, K, V; initial state or not;
+    the op's options; gates from ``log_decays`` (or raw gates with A_log / dt_bias for kda's
+    ``use_gate_in_kernel``)."""
+    dt = draw(dtypes(op, impl, dtype))
+    h = draw(st.integers(1, limits.max_heads))
+    k, v = draw(head_dims(limits.max_dim)), draw(head_dims(limits.max_dim))
+    if min_batch > 1:
+        varlen = False
+    packed = draw(st.booleans()) if varlen is None else varlen
+    seqs = None
+    if packed:
+        b = 1
+        seqs = draw(seqlens(_fit(limits, 1, h, k + v, min_len), limits.max_seqs, min_seqs=min_seqs,
+                            min_total=min_len, min_nonempty=min(min_seqs, 2)))
+        t = sum(seqs)
+    else:
+        b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
+        t = draw(lengths(min_len, _fit(limits, b, h, k + v, min_len)))
+    options = {"scale": draw(scales()), "output_final_state": draw(st.booleans())}
+    drawn = {"initial_state": draw(st.booleans())}
+    if seqs is not None:
+        drawn["cu_dtype"] = draw(st.sampled_from(["int32", "int64"]))
+    clamp = None
+    if op == "kda":
+        options["use_qk_l2norm"] = draw(st.booleans())
+        options["use_gate_in_kernel"] = gate_in_kernel = draw(st.booleans())
+        options["safe_gate"] = safe = draw(st.booleans())
+        options["lower_bound"] = None
+        if safe or (gate_in_kernel and draw(st.booleans())):
+            options["lower_bound"] = draw(lower_bounds())
+        if gate_in_kernel:
+            drawn["dt_bias"] = draw(st.booleans())
+            drawn["gate_dtype"] = gate_dtype or draw(st.sampled_from(["fp32", "bf16", "fp16"]))
+        elif safe:
+            clamp = options["lower_bound"]
+    if "gate_dtype" not in drawn:
+        drawn.update(draw(log_decays(clamp=clamp, gate_dtype=gate_dtype)))
+    dims = {"B": b, "T": t, "H": h, "K": k, "V": v}
+    return Case.make(op, dims, dt, draw(seeds()), seqlens=seqs, options=options, draw=drawn)
+
+
+@st.composite
+def gate_cases(draw, impl: Implementation | None = None, limits: Limits = SMALL, *, min_len: int = 1,
+               min_batch: int = 1, dtype: str | None = None, **_) -> Case:
+    """A case of kda_gate: g ``[B, T, H, K]`` at scale 1, 10 or 30 (softplus beyond 20, saturated
+    sigmoids), A_log, dt_bias or not, the softplus form or the lower-bound form."""
+    dt = draw(dtypes("kda_gate", impl, dtype))
+    h, k = draw(st.integers(1, limits.max_heads)), draw(head_dims(limits.max_dim))
+    b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
+    t = draw(lengths(min_len, _fit(limits, b, h, k, min_len)))
+    options = {"lower_bound": draw(st.one_of(st.none(), lower_bounds()))}
+    drawn = {"input_scale": draw(st.sampled_from([1.0, 10.0, 30.0])), "dt_bias": draw(st.booleans())}
+    return Case.make("kda_gate", {"B": b, "T": t, "H": h, "K": k}, dt, draw(seeds()), options=options, draw=drawn)
+
+
+@st.composite
+def attention_cases(draw, impl: Implementation | None = None, limits: Limits = SMALL, *, min_len: int = 1,
+                    varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
+                    causal: bool | None = None, min_keys: int = 1, rows_without_keys: bool = False, **_) -> Case:
+    """A case of attention: GQA (H = Hk * group), Dqk != Dv (MLA's 192/128 included), T != S,
+    causal or not, batched or packed with separate query and key lengths (empty spans included)."""
+    dt = draw(dtypes("attention", impl, dtype))
+    hk = draw(st.integers(1, limits.max_heads))
+    h = hk * draw(st.sampled_from(GQA_GROUPS))
+    pairs = st.tuples(head_dims(limits.max_dim), head_dims(limits.max_dim))
+    if max(MLA_DIMS) <= limits.max_dim:
+        pairs = st.one_of(pairs, st.just(MLA_DIMS))
+    dqk, dv = draw(pairs)
+    if rows_without_keys:
+        causal, min_len = True, max(min_len, 2)
+    is_causal = draw(st.booleans()) if causal is None else causal
+    if min_batch > 1:
+        varlen = False
+    packed = draw(st.booleans()) if varlen is None else varlen
+    seqs = seqs_k = None
+    if packed:
+        b = 1
+        cap = _fit(limits, 1, h, dqk + dv, max(min_len, min_keys))
+        seqs = draw(seqlens(cap, limits.max_seqs, min_seqs=min_seqs, min_total=min_len, min_nonempty=min(min_seqs, 2)))
+        n = len(seqs)
+        seqs_k = draw(st.lists(st.integers(0, max(min_keys, cap // n)), min_size=n, max_size=n))
+        if max(seqs_k) < min_keys:                          # construct: one span with enough keys
+            seqs_k[draw(st.integers(0, n - 1))] = min_keys
+        if rows_without_keys:                               # a query span longer than its key span
+            i = max(range(n), key=lambda j: seqs[j])
+            seqs_k[i] = draw(st.integers(0, seqs[i] - 1))
+            if sum(seqs_k) == 0:                            # keep S >= 1 (seqs[i] >= 2 when n == 1)
+                seqs_k[(i + 1) % n if n > 1 else i] = 1
+        t, s, seqs_k = sum(seqs), sum(seqs_k), tuple(seqs_k)
+    else:
+        b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
+        cap = _fit(limits, b, h, dqk + dv, max(min_len, min_keys))
+        t = draw(lengths(min_len, cap))
+        if rows_without_keys:                               # causal is bottom-right: S < T
+            s = draw(st.integers(max(1, min(min_keys, t - 1)), t - 1))
+        elif draw(st.booleans()) and t >= min_keys:
+            s = t
+        else:
+            s = draw(lengths(min_keys, cap))
+    options = {"causal": is_causal, "scale": draw(scales())}
+    drawn = {"cu_dtype": draw(st.sampled_from(["int32", "int64"]))} if packed else {}
+    dims = {"B": b, "T": t, "S": s, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}
+    return Case.make("attention", dims, dt, draw(seeds()), seqlens=seqs, seqlens_k=seqs_k, options=options, draw=drawn)
+
+
+def cases(op: str, impl: Implementation | None = None, limits: Limits = SMALL, **require) -> st.SearchStrategy[Case]:
+    """Cases of ``op`` that ``impl`` can run, within ``limits``, meeting ``require`` (see the module
+    docstring; requirements that do not concern ``op`` are ignored)."""
+    if op in ("kda", "gla", "simple_gla"):
+        keys = ("min_len", "varlen", "min_seqs", "min_batch", "dtype", "gate_dtype")
+        return linear_cases(op, impl, limits, **{k: v for k, v in require.items() if k in keys})
+    if op == "kda_gate":
+        return gate_cases(impl, limits, **{k: v for k, v in require.items() if k not in ("varlen", "gate_dtype")})
+    if op == "attention":
+        return attention_cases(impl, limits, **{k: v for k, v in require.items() if k != "gate_dtype"})
+    card(op)
+    raise ValueError(f"op: no case strategy for {op!r}")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One drawn input of a law: a case, the precision mode, the implementation's knobs and the
+    law's own parameters (a cut position, ...)."""
+
+    case: Case
+    mode: str
+    knobs: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in (*self.knobs.items(), *self.params.items()))
+        return f"Example({self.case.to_python()}, mode={self.mode!r}{extra})"
+
+
+@st.composite
+def examples(draw, law, impl: Implementation, limits: Limits = SMALL, mode: str | None = None) -> Example:
+    """An input of ``law`` (a ``refcheck.laws.Law``) for ``impl``: a case meeting the law's
+    requirements, a mode, every knob, and the law's parameters drawn for that case."""
+    case = draw(cases(impl.op, impl, limits, **law.requires))
+    params = draw(law.params(impl, case)) if law.params else {}
+    return Example(case, draw(modes(impl, mode)), draw(knob_settings(impl)), params)

@@ -1,0 +1,166 @@
+"""The refcheck ops evaluated with mpmath at 50 significant digits, straight from their math.
+
+Used to certify the float64 references on tiny shapes. Inputs are float64 torch tensors, converted
+exactly to ``mpf``; results are numpy object arrays of ``mpf`` with the shapes of the op's outputs.
+Nothing here is clever: loops over sequences, heads and steps, the formulas of issue 2 as written.
+"""
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import torch
+
+DPS = 50
+mp = mpmath.mp
+L2NORM_EPS = mpmath.mpf("1e-6")
+
+_exp = np.frompyfunc(lambda x: mp.exp(x), 1, 1)
+_sqrt = np.frompyfunc(lambda x: mp.sqrt(x), 1, 1)
+
+
+def to_mp(x: torch.Tensor) -> np.ndarray:
+    """A float64 tensor as an object array of ``mpf`` (exact: every float64 is an mpf)."""
+    flat = [mpmath.mpf(v) for v in x.detach().to(torch.float64).reshape(-1).tolist()]
+    return np.array(flat + [None], dtype=object)[:-1].reshape(tuple(x.shape))
+
+
+def mp_zeros(*shape: int) -> np.ndarray:
+    out = np.empty(shape, dtype=object)
+    out.fill(mpmath.mpf(0))
+    return out
+
+
+def softplus(x):
+    """``log(1 + exp(x))``; log1p keeps the relative precision where exp(x) is tiny."""
+    return mp.log1p(mp.exp(x))
+
+
+def sigmoid(x):
+    return 1 / (1 + mp.exp(-x))
+
+
+def kda_gate(g, A_log, dt_bias=None, lower_bound=None) -> np.ndarray:
+    """g ``[B, T, H, K]``, A_log ``[H]``, dt_bias ``[H*K]`` -> gate ``[B, T, H, K]``."""
+    with mp.workdps(DPS):
+        g, A_log = to_mp(g), to_mp(A_log)
+        h, k = g.shape[2:]
+        x = g + (to_mp(dt_bias).reshape(h, k) if dt_bias is not None else 0)
+        rate = _exp(A_log).reshape(h, 1)
+        if lower_bound is None:
+            return -rate * np.frompyfunc(softplus, 1, 1)(x)
+        return mpmath.mpf(lower_bound) * np.frompyfunc(sigmoid, 1, 1)(rate * x)
+
+
+def gate_condition(g, A_log, dt_bias=None, lower_bound=None) -> np.ndarray:
+    """Relative condition number of each gate entry under relative perturbations of ``x = g + dt_bias``
+    and of ``exp(A_log)``: the error float64 cannot avoid is about ``eps * (1 + condition)``.
+
+    softplus form: ``1 + x sigmoid(x) / softplus(x)``; sigmoid form: ``|z| (1 - sigmoid(z))`` twice
+    (once for x, once for the rate), ``z = exp(A_log) x``.
+    """
+    with mp.workdps(DPS):
+        g, A_log = to_mp(g), to_mp(A_log)
+        h, k = g.shape[2:]
+        x = g + (to_mp(dt_bias).reshape(h, k) if dt_bias is not None else 0)
+        if lower_bound is None:
+            return np.frompyfunc(lambda v: 1 + abs(v * sigmoid(v) / softplus(v)), 1, 1)(x)
+        z = _exp(A_log).reshape(h, 1) * x
+        return np.frompyfunc(lambda v: 2 * abs(v) * (1 - sigmoid(v)), 1, 1)(z)
+
+
+def _spans(cu_seqlens, batch: int, length: int) -> list[tuple[int, int, int]]:
+    if cu_seqlens is None:
+        return [(b, 0, length) for b in range(batch)]
+    bounds = cu_seqlens.tolist()
+    return [(0, s, e) for s, e in zip(bounds[:-1], bounds[1:])]
+
+
+def _l2norm(x: np.ndarray) -> np.ndarray:
+    return x / _sqrt((x * x).sum(-1, keepdims=True) + L2NORM_EPS)
+
+
+def _linear_attention(q, k, v, g, beta, *, scale, initial_state, cu_seqlens):
+    """``S' = Diag(exp(g_t)) S``; ``S = S' + beta_t k_t (v_t - S'^T k_t)^T`` (or ``S' + k_t v_t^T``
+    when beta is None); ``o_t = scale S^T q_t``. Returns ``(o [B, T, H, V], final [N, H, K, V])``."""
+    b, t, h, kd = q.shape
+    vd = v.shape[-1]
+    o, finals = mp_zeros(b, t, h, vd), []
+    for n, (row, start, end) in enumerate(_spans(cu_seqlens, b, t)):
+        state = [initial_state[n, i].copy() if initial_state is not None else mp_zeros(kd, vd) for i in range(h)]
+        for step in range(start, end):
+            for i in range(h):
+                s = _exp(g[row, step, i]).reshape(kd, 1) * state[i]
+                kt, vt = k[row, step, i], v[row, step, i]
+                if beta is None:
+                    s = s + np.outer(kt, vt)
+                else:
+                    s = s + beta[row, step, i] * np.outer(kt, vt - s.T @ kt)
+                state[i] = s
+                o[row, step, i] = scale * (s.T @ q[row, step, i])
+        finals.append(np.stack(state))
+    return o, np.stack(finals)
+
+
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
+        lower_bound=None, use_gate_in_kernel=False, A_log=None, dt_bias=None):
+    """The kda contract at 50 digits; returns ``(o, final_state)`` as object arrays."""
+    gate = kda_gate(g, A_log, dt_bias, lower_bound) if use_gate_in_kernel else None
+    with mp.workdps(DPS):
+        q, k, v, beta = to_mp(q), to_mp(k), to_mp(v), to_mp(beta)
+        if use_qk_l2norm:
+            q, k = _l2norm(q), _l2norm(k)
+        scale = mpmath.mpf(q.shape[-1]) ** -0.5 if scale is None else mpmath.mpf(scale)
+        h0 = to_mp(initial_state) if initial_state is not None else None
+        return _linear_attention(q, k, v, gate if gate is not None else to_mp(g), beta, scale=scale,
+                                 initial_state=h0, cu_seqlens=cu_seqlens)
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
+    """The gla contract at 50 digits (g ``[B, T, H, K]``); returns ``(o, final_state)``."""
+    with mp.workdps(DPS):
+        q, k, v, g = to_mp(q), to_mp(k), to_mp(v), to_mp(g)
+        scale = mpmath.mpf(q.shape[-1]) ** -0.5 if scale is None else mpmath.mpf(scale)
+        h0 = to_mp(initial_state) if initial_state is not None else None
+        return _linear_attention(q, k, v, g, None, scale=scale, initial_state=h0, cu_seqlens=cu_seqlens)
+
+
+def simple_gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
+    """The simple_gla contract at 50 digits (g ``[B, T, H]``, one decay per head and step)."""
+    return gla(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
+               cu_seqlens=cu_seqlens)
+
+
+def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """The attention contract at 50 digits; returns ``(o [B, T, H, Dv], lse [B, H, T])``.
+
+    A row that sees no key gets ``o = 0`` and ``lse = -inf``.
+    """
+    with mp.workdps(DPS):
+        b, t, h, dqk = q.shape
+        s_len, hk, dv = k.shape[1], k.shape[2], v.shape[-1]
+        q, k, v = to_mp(q), to_mp(k), to_mp(v)
+        scale = mpmath.mpf(dqk) ** -0.5 if scale is None else mpmath.mpf(scale)
+        o, lse = mp_zeros(b, t, h, dv), mp_zeros(b, h, t)
+        for (row, qs, qe), (_, ks, ke) in zip(_spans(cu_seqlens_q, b, t), _spans(cu_seqlens_k, b, s_len)):
+            for i in range(qs, qe):
+                last = ke - 1 - ((qe - 1) - i) if causal else ke - 1   # bottom-right aligned
+                keys = range(ks, min(last, ke - 1) + 1)
+                for head in range(h):
+                    kv = head // (h // hk)
+                    scores = [scale * (q[row, i, head] @ k[row, j, kv]) for j in keys]
+                    if not scores:
+                        lse[row, head, i] = mpmath.mpf("-inf")
+                        continue
+                    total = mp.log(mp.fsum(mp.exp(s) for s in scores))
+                    lse[row, head, i] = total
+                    o[row, i, head] = sum(mp.exp(s - total) * v[row, j, kv] for s, j in zip(scores, keys))
+        return o, lse
+
+
+def relative_error(x: torch.Tensor, truth: np.ndarray) -> float:
+    """``||x - truth|| / ||truth||`` (Frobenius), evaluated at 50 digits; 0 when both are 0."""
+    with mp.workdps(DPS):
+        x = to_mp(x)
+        num = mp.sqrt(mp.fsum(d * d for d in (x - truth).reshape(-1)))
+        den = mp.sqrt(mp.fsum(d * d for d in truth.reshape(-1)))
+        return float(num / den) if den else float(num)

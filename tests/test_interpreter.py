@@ -1,0 +1,456 @@
+"""refcheck.interpreter: interpreted tl.dot and casts bit for bit against independent emulations.
+
+The emulations share no code with the module: tl.dot is replayed in exact rational arithmetic
+(``fractions.Fraction``) with an explicit rounding after every step, operand values come from
+torch's own conversions, and casts are compared with ``torch.Tensor.to``. Kernels are built as
+``InterpretedFunction`` directly, so the tests do not depend on ``TRITON_INTERPRET``.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from refcheck import interpreter
+
+pytestmark = pytest.mark.skipif(not triton.__version__.startswith(interpreter.SUPPORTED_VERSIONS),
+                                reason=f"refcheck.interpreter patches triton {interpreter.SUPPORTED_VERSIONS}")
+
+
+def interpreted(fn):
+    """Like ``@triton.jit`` under ``TRITON_INTERPRET=1``, whatever the environment says."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return InterpretedFunction(fn)
+
+
+@pytest.fixture(autouse=True)
+def faithful():
+    """Every test starts with the patches installed; the process's state is restored after."""
+    was_enabled = interpreter.is_enabled()
+    interpreter.enable()
+    yield
+    (interpreter.enable if was_enabled else interpreter.disable)()
+
+
+# ---------------------------------------------------------------------------------------------
+# tl.dot
+# ---------------------------------------------------------------------------------------------
+
+@interpreted
+def _dot_kernel(a_ptr, b_ptr, c_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                PRECISION: tl.constexpr):
+    m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    a = tl.load(a_ptr + m[:, None] * K + k[None, :])
+    b = tl.load(b_ptr + k[:, None] * N + n[None, :])
+    c = tl.load(c_ptr + m[:, None] * N + n[None, :])
+    d = tl.dot(a, b, c, input_precision=PRECISION, out_dtype=c.dtype)
+    tl.store(out_ptr + m[:, None] * N + n[None, :], d)
+
+
+def _exponent(x: Fraction, minimum: int = -(1 << 30)) -> int:
+    """floor(log2|x|) of a non-zero ``x``, at least ``minimum`` (a format's subnormal exponent)."""
+    magnitude = abs(x)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if Fraction(2) ** exponent > magnitude:
+        exponent -= 1
+    return max(exponent, minimum)
+
+
+def _round(x: Fraction, mantissa: int, min_exponent: int, mode: str) -> Fraction:
+    """``x`` rounded to ``mantissa`` fraction bits (subnormal below 2**min_exponent); mode "rne"
+    (ties to even), "rna" (ties away from zero) or "rtz". No overflow: the tests stay in range."""
+    if x == 0:
+        return x
+    quantum = Fraction(2) ** (_exponent(x, min_exponent) - mantissa)
+    steps = abs(x) / quantum
+    whole = math.floor(steps)
+    rest = steps - whole
+    if mode == "rna":
+        whole += rest >= Fraction(1, 2)
+    elif mode == "rne":
+        whole += rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2 == 1)
+    return (whole if x > 0 else -whole) * quantum
+
+
+def _exact(matrix):
+    """Exact values of a 2-D tensor or array as nested lists of Fractions."""
+    return [[Fraction(float(v)) for v in row] for row in np.asarray(matrix, dtype=np.float64)]
+
+
+def _fma_dot(a, b, acc):
+    """acc + a @ b as float32 fused multiply-adds, k = 0, 1, ... (an fp32 "ieee" dot on the GPU)."""
+    acc = [row[:] for row in acc]
+    for i, j in np.ndindex(len(a), len(b[0])):
+        for k in range(len(b)):
+            acc[i][j] = _round(acc[i][j] + a[i][k] * b[k][j], 23, -126, "rne")
+    return acc
+
+
+# Hopper tensor core per operand format: k per instruction, alignment bits, result mantissa bits,
+# smallest exponent field. fp8 through wgmma (M >= 64) keeps 13 bits; fp8 via mma.sync is approximate.
+MMA = {"tf32": (8, 25, 23, -126), "bf16": (16, 25, 23, -126), "fp16": (16, 25, 23, -14),
+       "e4m3": (32, 13, 13, -6), "e5m2": (32, 13, 13, -14)}
+
+
+def _mma_dot(a, b, acc, formats, fp16_accumulator=False):
+    """acc + a @ b as the tensor core does it (measured bit for bit on an H200): per instruction,
+    every product (exponent = sum of the operands' exponent fields) and the accumulator are truncated
+    to ``align`` bits below the largest exponent, added exactly, and the sum truncated to ``bits``
+    (rounded to nearest float16 for a float16 accumulator)."""
+    step, align, bits, min_a = MMA[formats[0]]
+    min_b = MMA[formats[1]][3]
+    if formats[0] in ("e4m3", "e5m2") and len(a) < 64:
+        align, bits = 25, 23
+    acc = [row[:] for row in acc]
+    for i, j in np.ndindex(len(a), len(b[0])):
+        for k0 in range(0, len(b), step):
+            ks = [k for k in range(k0, k0 + step) if a[i][k] and b[k][j]]
+            exponents = [_exponent(a[i][k], min_a) + _exponent(b[k][j], min_b) for k in ks]
+            exponents += [_exponent(acc[i][j], -126)] if acc[i][j] else []
+            if not exponents:
+                continue
+            quantum = Fraction(2) ** (max(exponents) - align)
+            total = sum(math.trunc(a[i][k] * b[k][j] / quantum) for k in ks) + math.trunc(acc[i][j] / quantum)
+            if fp16_accumulator:
+                acc[i][j] = _round(total * quantum, 10, -14, "rne")
+            else:
+                acc[i][j] = _round(total * quantum, bits, -126, "rtz")
+    return acc
+
+
+def _emulated_fp32_dot(a, b, acc, precision):
+    """Triton's tl.dot of fp32 operands on Hopper: ieee = FMA loop; tf32 = truncated operands on the
+    tensor core; tf32x3 = Triton's F32DotTC split (hi rounded to nearest, ties away; lo = x - hi)."""
+    def each(matrix, f):
+        return [[f(x) for x in row] for row in matrix]
+
+    def tf32(x, mode):
+        return _round(x, 10, -126, mode)
+
+    if precision == "ieee":
+        return _fma_dot(a, b, acc)
+    if precision == "tf32":
+        return _mma_dot(each(a, lambda x: tf32(x, "rtz")), each(b, lambda x: tf32(x, "rtz")), acc, ("tf32", "tf32"))
+    a_hi, b_hi = each(a, lambda x: tf32(x, "rna")), each(b, lambda x: tf32(x, "rna"))
+    a_lo = [[tf32(x - h, "rtz") for x, h in zip(row, hrow)] for row, hrow in zip(a, a_hi)]
+    b_lo = [[tf32(x - h, "rtz") for x, h in zip(row, hrow)] for row, hrow in zip(b, b_hi)]
+    small = _mma_dot(a_lo, b_hi, _exact(np.zeros((len(a), len(b[0])))), ("tf32", "tf32"))
+    small = _mma_dot(a_hi, b_lo, small, ("tf32", "tf32"))
+    big = _mma_dot(a_hi, b_hi, small, ("tf32", "tf32"))
+    return [[_round(x + c, 23, -126, "rne") for x, c in zip(row, crow)] for row, crow in zip(big, acc)]
+
+
+def _operands(dtype, M=8, N=8, K=32, seed=0, exponents=(-8, 8)):
+    """a [M,K], b [K,N] in ``dtype`` with magnitudes 2**exponents[0] .. 2**exponents[1], and c [M,N];
+    fp32 operands also get exact tf32 ties (low 13 bits 0x1000), where round-away and round-to-even
+    differ."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        scale = torch.exp2(torch.randint(exponents[0], exponents[1] + 1, shape, generator=g).float())
+        return torch.randn(*shape, generator=g) * scale
+
+    a, b, c = draw(M, K), draw(K, N), draw(M, N)
+    if dtype == torch.float32:
+        for x in (a, b):
+            bits = x.view(torch.int32)
+            bits[::3] = (bits[::3] & ~0x1FFF) | 0x1000
+    return a.to(dtype), b.to(dtype), c
+
+
+FORMAT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+DOT_CASES = [  # operand dtype, accumulator dtype, input_precision, M (fp8: 64 goes through wgmma)
+    (torch.float32, torch.float32, "ieee", 8),
+    (torch.float32, torch.float32, "tf32", 8),
+    (torch.float32, torch.float32, "tf32x3", 8),
+    (torch.bfloat16, torch.float32, "tf32", 8),
+    (torch.float16, torch.float32, "tf32", 8),
+    (torch.float16, torch.float16, "tf32", 8),
+    (torch.float8_e4m3fn, torch.float32, "tf32", 64),
+    (torch.float8_e5m2, torch.float32, "tf32", 64),
+    (torch.float8_e4m3fn, torch.float32, "tf32", 16),
+]
+
+
+@pytest.mark.parametrize("dtype, acc_dtype, precision, M", DOT_CASES,
+                         ids=[f"{d}-{a}-{p}-M{m}".replace("torch.", "") for d, a, p, m in DOT_CASES])
+def test_dot_equals_exact_emulation(dtype, acc_dtype, precision, M):
+    K = 64 if M == 64 else 32
+    a, b, c = _operands(dtype, M=M, K=K)
+    c = c.to(acc_dtype)
+    out = torch.empty_like(c)
+    _dot_kernel[(1, )](a, b, c, out, M, 8, K, precision)
+    a, b, acc = _exact(a.float()), _exact(b.float()), _exact(c.float())
+    if dtype == torch.float32:
+        expected = _emulated_fp32_dot(a, b, acc, precision)
+    else:
+        expected = _mma_dot(a, b, acc, (FORMAT[dtype], FORMAT[dtype]), fp16_accumulator=acc_dtype == torch.float16)
+    expected = torch.tensor([[float(x) for x in row] for row in expected]).to(acc_dtype)
+    width = torch.int16 if acc_dtype == torch.float16 else torch.int32
+    assert torch.equal(out.view(width), expected.view(width))
+
+
+def test_dot_mixed_fp8_operands():
+    a, _, c = _operands(torch.float8_e4m3fn, M=64, K=64, seed=1)
+    _, b, _ = _operands(torch.float8_e5m2, M=64, K=64, seed=2)
+    out = torch.empty_like(c)
+    _dot_kernel[(1, )](a, b, c, out, 64, 8, 64, "tf32")
+    expected = _mma_dot(_exact(a.float()), _exact(b.float()), _exact(c), ("e4m3", "e5m2"))
+    assert torch.equal(out, torch.tensor([[float(x) for x in row] for row in expected]).float())
+
+
+def test_dot_fp8_subnormal_operands():
+    """A subnormal operand's exponent field is the format's smallest (e4m3: -6), not log2 of it."""
+    a, b, c = _operands(torch.float8_e4m3fn, M=64, K=64, exponents=(-10, -3))
+    assert (a.float().abs() < 2 ** -6).float().mean() > 0.3
+    out = torch.empty_like(c)
+    _dot_kernel[(1, )](a, b, c, out, 64, 8, 64, "tf32")
+    expected = _mma_dot(_exact(a.float()), _exact(b.float()), _exact(c), ("e4m3", "e4m3"))
+    assert torch.equal(out, torch.tensor([[float(x) for x in row] for row in expected]).float())
+
+
+def test_dot_default_precision_follows_triton(monkeypatch):
+    """No input_precision: tf32 (Triton's default), or TRITON_F32_DEFAULT when set."""
+    a, b, c = _operands(torch.float32)
+    results = {}
+    for precision in ("tf32", "ieee", None):
+        results[precision] = torch.empty_like(c)
+        _dot_kernel[(1, )](a, b, c, results[precision], 8, 8, 32, precision)
+    assert torch.equal(results[None], results["tf32"]) and not torch.equal(results["tf32"], results["ieee"])
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "ieee")
+    _dot_kernel[(1, )](a, b, c, results[None], 8, 8, 32, None)
+    assert torch.equal(results[None], results["ieee"])
+
+
+def test_stock_interpreter_is_what_enable_fixes():
+    """The stock interpreter ignores input_precision and multiplies bf16 bit patterns."""
+    a, b, c = _operands(torch.float32)
+    x, y, z = _operands(torch.bfloat16)
+
+    def run():
+        tf32, ieee, bf16 = torch.empty_like(c), torch.empty_like(c), torch.empty_like(c)
+        _dot_kernel[(1, )](a, b, c, tf32, 8, 8, 32, "tf32")
+        _dot_kernel[(1, )](a, b, c, ieee, 8, 8, 32, "ieee")
+        _dot_kernel[(1, )](x, y, z, bf16, 8, 8, 32, "tf32")
+        truth = x.double() @ y.double() + z.double()
+        return torch.equal(tf32, ieee), float((bf16 - truth).norm() / truth.norm())
+
+    interpreter.disable()
+    stock_same, stock_error = run()
+    interpreter.enable()
+    same, error = run()
+    assert stock_same and stock_error > 1e3
+    assert not same and error < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# casts
+# ---------------------------------------------------------------------------------------------
+
+@interpreted
+def _cast_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr, RTZ: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n)
+    if RTZ:
+        y = x.to(y_ptr.dtype.element_ty, fp_downcast_rounding="rtz")
+    else:
+        y = x.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + i, y, mask=i < n)
+
+
+def _cast(x, dtype, rtz=False):
+    y = torch.empty(x.shape, dtype=dtype)
+    _cast_kernel[(1, )](x, y, x.numel(), triton.next_power_of_2(x.numel()), rtz)
+    return y
+
+
+def _all_values(dtype):
+    """Every code of a <= 16-bit float dtype, as that dtype."""
+    bits = 8 * dtype.itemsize
+    codes = torch.arange(2 ** bits, dtype=torch.int32).to(torch.int16 if bits == 16 else torch.uint8)
+    return codes.view(dtype)
+
+
+def _cast_inputs(dtype, n=100_000, seed=0):
+    """fp32 inputs: exact midpoints between neighbouring ``dtype`` values (ties), log-uniform values
+    over its whole range down to below half its smallest subnormal, random fp32 bit patterns
+    (subnormals, huge values, NaN payloads) and the special values."""
+    g = torch.Generator().manual_seed(seed)
+    grid = _all_values(dtype).double()
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].unique()
+    ties = ((grid[:-1] + grid[1:]) / 2).float()
+    tiny, huge = float(grid[1]), float(grid[-1])
+    quarter = n // 4
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    midpoints = ties[torch.randint(0, ties.numel(), (quarter, ), generator=g)]
+    spread = torch.exp2(torch.empty(quarter).uniform_(math.log2(tiny) - 3, math.log2(huge) + 1, generator=g))
+    raw = torch.randint(-2 ** 31, 2 ** 31, (quarter, ), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, huge, -huge, tiny, tiny / 2, -tiny / 2,
+                             3 * tiny / 2, huge * (1 + 2 ** -4), 2 * huge, 1.0, -1.0])
+    x = torch.cat([midpoints, spread, raw, specials])
+    x[: 2 * quarter] *= sign[: 2 * quarter]
+    return torch.cat([x, torch.randn(n - x.numel(), generator=g)])
+
+
+def _assert_same_bits(got, expected):
+    width = torch.int16 if got.element_size() == 2 else (torch.uint8 if got.element_size() == 1 else torch.int32)
+    nan = expected.float().isnan()
+    assert torch.equal(got.float().isnan(), nan), "NaN where torch has none, or the reverse"
+    mismatches = int((got.view(width) != expected.view(width))[~nan].sum())
+    assert mismatches == 0, f"{mismatches} of {got.numel()} values differ from torch's rounding"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_cast_rounds_like_torch(dtype):
+    x = _cast_inputs(dtype)
+    _assert_same_bits(_cast(x, dtype), x.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_cast_to_fp8_rounds_and_saturates(dtype):
+    """Hopper's cvt.rn.satfinite: torch's rounding of the value clamped to the finite range."""
+    x = _cast_inputs(dtype)
+    largest = float(torch.finfo(dtype).max)
+    _assert_same_bits(_cast(x, dtype), x.clamp(-largest, largest).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_upcast_is_exact(dtype):
+    values = _all_values(dtype)
+    _assert_same_bits(_cast(values, torch.float32), values.float())
+
+
+def test_cast_rtz_truncates():
+    x = _cast_inputs(torch.bfloat16)
+    finite = torch.isfinite(x)
+    expected = torch.where(finite, (x.view(torch.int32) & ~0xFFFF).view(torch.float32), x).to(torch.bfloat16)
+    _assert_same_bits(_cast(x, torch.bfloat16, rtz=True)[finite], expected[finite])
+
+
+def test_stock_cast_truncates():
+    x = _cast_inputs(torch.bfloat16, n=4096)
+    interpreter.disable()
+    stock = _cast(x, torch.bfloat16)
+    interpreter.enable()
+    assert int((stock.view(torch.int16) != x.to(torch.bfloat16).view(torch.int16)).sum()) > 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# autotune
+# ---------------------------------------------------------------------------------------------
+
+BLOCKS = (16, 32, 64)
+
+
+def _tuned():
+    """A fresh autotuned kernel (fresh config cache) whose result does not depend on BLOCK."""
+    @triton.autotune(configs=[triton.Config({"BLOCK": b}) for b in BLOCKS], key=["n"])
+    @interpreted
+    def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, 2 * tl.load(x_ptr + i, mask=i < n), mask=i < n)
+
+    return double
+
+
+def _launch(kernel, x):
+    y = torch.full_like(x, math.nan)
+    kernel[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]), )](x, y, x.numel())
+    return y
+
+
+def test_autotune_runs_first_config_by_default():
+    kernel, x = _tuned(), torch.randn(100)
+    assert torch.equal(_launch(kernel, x), 2 * x)
+    assert kernel.best_config is interpreter.configs(kernel)[0]
+
+
+def test_autotune_each_config_runs_every_config():
+    kernel, x = _tuned(), torch.randn(100)
+    _launch(kernel, x)
+    cached = dict(kernel.cache)
+    used = []
+    for config in interpreter.each_config(kernel):
+        assert torch.equal(_launch(kernel, x), 2 * x)
+        used.append(kernel.best_config.kwargs["BLOCK"])
+        assert kernel.best_config is config
+    assert used == list(BLOCKS)
+    assert kernel.cache == cached
+    with interpreter.pin_config(kernel, 2):
+        _launch(kernel, x)
+        assert kernel.best_config.kwargs["BLOCK"] == 64
+
+
+def test_pin_config_rejects_bad_arguments():
+    kernel = _tuned()
+    with pytest.raises(ValueError, match="config"):
+        with interpreter.pin_config(kernel, 3):
+            pass
+    with pytest.raises(ValueError, match="config"):
+        with interpreter.pin_config(kernel, triton.Config({"BLOCK": 16})):
+            pass
+    with pytest.raises(ValueError, match="kernel"):
+        interpreter.configs(_cast_kernel)
+
+
+def test_stock_autotune_needs_a_driver():
+    interpreter.disable()
+    with pytest.raises(RuntimeError, match="driver"):
+        _launch(_tuned(), torch.randn(100))
+
+
+# ---------------------------------------------------------------------------------------------
+# enable / disable / version
+# ---------------------------------------------------------------------------------------------
+
+def test_enable_is_idempotent_and_disable_restores():
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    interpreter.enable()
+    patched = (InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl, Autotuner.prune_configs)
+    interpreter.enable()
+    assert (InterpreterBuilder.create_dot, InterpreterBuilder.cast_impl, Autotuner.prune_configs) == patched
+    interpreter.disable()
+    interpreter.disable()
+    assert not interpreter.is_enabled()
+    assert InterpreterBuilder.create_dot is not patched[0] and Autotuner.prune_configs is not patched[2]
+    a, b, c = _operands(torch.float32)
+    tf32, ieee = torch.empty_like(c), torch.empty_like(c)
+    _dot_kernel[(1, )](a, b, c, tf32, 8, 8, 32, "tf32")
+    _dot_kernel[(1, )](a, b, c, ieee, 8, 8, 32, "ieee")
+    assert torch.equal(tf32, ieee)      # stock behaviour is back
+
+
+def test_unknown_version_raises(monkeypatch):
+    interpreter.disable()
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    with pytest.raises(interpreter.UnsupportedTritonError, match="3.7.0"):
+        interpreter.enable()
+    assert not interpreter.is_enabled()
+
+
+def test_changed_internals_raise(monkeypatch):
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    interpreter.disable()
+    monkeypatch.setattr(InterpreterBuilder, "create_dot", lambda self, a, b, d, input_precision: None)
+    with pytest.raises(interpreter.UnsupportedTritonError, match="create_dot"):
+        interpreter.enable()
+    assert not interpreter.is_enabled()
+
+
+def test_is_interpreted():
+    from triton.runtime.jit import JITFunction
+
+    def body(x_ptr):
+        pass
+
+    assert interpreter.is_interpreted(_dot_kernel) and interpreter.is_interpreted(_tuned())
+    assert not interpreter.is_interpreted(JITFunction(body))
