@@ -21,6 +21,9 @@ triton was already imported compiled. This module imports triton only inside its
 
 Public API
 ----------
+``SUPPORTED_VERSIONS``       triton version prefixes :func:`enable` accepts (("3.9.",)).
+``UnsupportedTritonError``   raised by :func:`enable` (a RuntimeError) for any other triton, or when
+                             an internal it replaces is missing or has another signature.
 ``enable()``                 install the faithful patches (idempotent); raises
                              :class:`UnsupportedTritonError` on a triton this module was not checked on.
 ``disable()``                restore the stock interpreter (idempotent).
@@ -411,9 +414,10 @@ def _stock(name: str):
 
 
 def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-    # GPU: tensor cores multiply exactly and accumulate in fp32; fp32 operands by input_precision
-    # (tf32: truncated operands, measured on an H200; tf32x3: the F32DotTC split; ieee: FMA loop).
-    # Stock: np.matmul of the stored bits (bf16 bit patterns multiplied as integers), precision ignored.
+    # GPU (sm_90): fp32 "ieee" is an FMA loop over k, everything else runs on the tensor core (_mma;
+    # tf32x3 split by Triton's F32DotTC pass): bitwise equal on an H200 and an H100, see
+    # benchmarks/interpreter_calibration_h200.json. Stock: np.matmul of the stored values, so bf16
+    # bit patterns are multiplied as integers, and input_precision is ignored.
     names = (a.dtype.name, b.dtype.name)
     if not all(n in _HANDLED and n != "fp64" for n in names) or d.dtype.name not in ("fp32", "fp16"):
         return _stock("create_dot")(self, a, b, d, input_precision, max_num_imprecise_acc)
@@ -429,8 +433,9 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
 
 
 def _cast_impl(self, src, dst_type):
-    # GPU: arith.truncf/extf/sitofp/fptosi lower to cvt.rn (round to nearest even) on values.
-    # Stock: fp32->bf16 truncates, fp64<->bf16 and int<->bf16/fp8 reinterpret stored bits as numbers.
+    # GPU: arith.truncf/extf/sitofp/fptosi lower to cvt.rn (round to nearest even) on values; fp32 ->
+    # bf16/fp16 measured bitwise equal on an H200 (cast probes). Stock: fp32->bf16 truncates, and
+    # fp64<->bf16 and int<->bf16/fp8 take the stored bit patterns for numbers.
     stock = _stock("cast_impl")
     s, d = src.dtype.scalar, dst_type.scalar
     if s.name not in _HANDLED and d.name not in _HANDLED:
@@ -453,8 +458,9 @@ def _float64():
 
 def _create_fp_to_fp(self, src, dst_type, rounding_mode):
     # GPU (sm_90, ElementwiseOpToLLVM.cpp): fp32/fp16/bf16 -> fp8 is cvt.rn.satfinite (nearest even,
-    # saturating), fp8 -> wider is exact, rtz requests truncate. Stock: rounds half up without
-    # ties-to-even or carry, no saturation, and decodes e4m3 NaN as a number.
+    # saturating; measured bitwise equal on an H200, specials included), fp8 -> wider is exact, rtz
+    # truncates. Stock: rounds half up without ties-to-even or carry into the exponent, does not
+    # saturate, and decodes the e4m3 NaN as a number.
     s, d = src.dtype.scalar, dst_type.scalar
     if s.name not in _HANDLED or d.name not in _HANDLED:
         return _stock("create_fp_to_fp")(self, src, dst_type, rounding_mode)

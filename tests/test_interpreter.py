@@ -1,14 +1,22 @@
 """refcheck.interpreter: interpreted tl.dot and casts bit for bit against independent emulations.
 
 The emulations share no code with the module: tl.dot is replayed in exact rational arithmetic
-(``fractions.Fraction``) with an explicit rounding after every step, operand values come from
-torch's own conversions, and casts are compared with ``torch.Tensor.to``. Kernels are built as
-``InterpretedFunction`` directly, so the tests do not depend on ``TRITON_INTERPRET``.
+(``fractions.Fraction``) following the GPU's arithmetic as ``refcheck.interpreter`` documents it
+(an FMA loop for fp32 "ieee", the Hopper tensor-core rule for the rest), operand values come from
+torch's own conversions, and casts are compared with ``torch.Tensor.to``. The calibration probes
+are also checked against the bits an H200 produced. Kernels are built as ``InterpretedFunction``
+directly, so the tests do not depend on ``TRITON_INTERPRET``.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import os
+import subprocess
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,6 +257,22 @@ def test_stock_interpreter_is_what_enable_fixes():
     assert not same and error < 1e-6
 
 
+def test_calibration_probes_bitwise_equal_to_h200():
+    """The dot and cast probes of benchmarks/interpreter_calibration.py give the bits an H200
+    (triton 3.6) gave, as recorded in benchmarks/interpreter_calibration_h200.json."""
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location("interpreter_calibration", benchmarks / "interpreter_calibration.py")
+    calibration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibration)
+    recorded = json.loads((benchmarks / "interpreter_calibration_h200.json").read_text())["probes"]
+    dot_probe, cast_probe = calibration.define_kernels(interpreted)
+    measured = {**calibration.dot_probes(dot_probe, "cpu"), **calibration.cast_probes(cast_probe, "cpu")}
+    fields = ("digest", "bits")
+    differ = [key for key, entry in measured.items()
+              if [entry.get(f) for f in fields] != [recorded[key].get(f) for f in fields]]
+    assert not differ, f"not bitwise equal to the H200: {differ}"
+
+
 # ---------------------------------------------------------------------------------------------
 # casts
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +314,8 @@ def _cast_inputs(dtype, n=100_000, seed=0):
     sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
     midpoints = ties[torch.randint(0, ties.numel(), (quarter, ), generator=g)]
     spread = torch.exp2(torch.empty(quarter).uniform_(math.log2(tiny) - 3, math.log2(huge) + 1, generator=g))
-    raw = torch.randint(-2 ** 31, 2 ** 31, (quarter, ), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    raw = torch.randint(-2 ** 31, 2 ** 31, (quarter, ), generator=g, dtype=torch.int64)
+    raw = raw.to(torch.int32).view(torch.float32)
     specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, huge, -huge, tiny, tiny / 2, -tiny / 2,
                              3 * tiny / 2, huge * (1 + 2 ** -4), 2 * huge, 1.0, -1.0])
     x = torch.cat([midpoints, spread, raw, specials])
@@ -444,6 +469,21 @@ def test_changed_internals_raise(monkeypatch):
     with pytest.raises(interpreter.UnsupportedTritonError, match="create_dot"):
         interpreter.enable()
     assert not interpreter.is_enabled()
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env
+    return subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          env=environment, capture_output=True, text=True, timeout=120)
+
+
+def test_interpretation_must_precede_import_of_triton():
+    late = _python("import triton\nfrom refcheck import interpreter\ninterpreter.interpret_new_kernels()")
+    assert late.returncode != 0 and "before the first `import triton`" in late.stderr
+    early = _python("from refcheck import interpreter\ninterpreter.interpret_new_kernels()\n"
+                    "import triton.language as tl\ninterpreter.enable()\n"
+                    "assert interpreter.is_interpreted(tl.zeros) and interpreter.is_interpreted()")
+    assert early.returncode == 0, early.stderr
 
 
 def test_is_interpreted():
