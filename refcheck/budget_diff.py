@@ -49,19 +49,24 @@ class Change:
         return None
 
 
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    except OSError as err:
+        raise UsageError(f"cannot run git: {err}") from None
+
+
 def read(repo: Path, rev: str | None, path: str = FILE) -> tuple[str, str]:
-    """The text of ``path`` at git revision ``rev`` of ``repo`` (``None``: the working tree), and a
-    name for messages."""
+    """The text of ``path`` (relative to the repository's top folder) at git revision ``rev`` of
+    ``repo``, or in the working tree for ``None``; and a name for messages."""
     if rev is None:
-        target = repo / path
+        top = _git(repo, "rev-parse", "--show-toplevel")
+        target = (Path(top.stdout.strip()) if top.returncode == 0 else repo) / path
         try:
             return target.read_text(), f"{target} (working tree)"
         except OSError as err:
             raise UsageError(f"cannot read {target}: {err}") from None
-    try:
-        done = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{path}"], capture_output=True, text=True)
-    except OSError as err:
-        raise UsageError(f"cannot run git: {err}") from None
+    done = _git(repo, "show", f"{rev}:{path}")
     if done.returncode != 0:
         raise UsageError(f"git show {rev}:{path} failed in {repo}: {done.stderr.strip()}")
     return done.stdout, f"{path} at {rev}"
@@ -85,15 +90,16 @@ def diff(before: Budgets, after: Budgets) -> list[Change]:
     changes = []
     for key in sorted(set(a) & set(b)):
         old, new = a[key], b[key]
-        if old["metric"] != new["metric"]:
-            changes.append(Change("loosened", key, old, new, [("metric", old["metric"], new["metric"])]))
+        numbers = [(name, old.get(name, DEFAULTS.get(name)), new.get(name, DEFAULTS.get(name)))
+                   for name in (*PRECISION_MODES, "floor", "slack")]
+        numbers = [(name, x, y) for name, x, y in numbers if x != y]
+        if old["metric"] != new["metric"]:   # numbers of different metrics do not order
+            changes.append(Change("loosened", key, old, new, [("metric", old["metric"], new["metric"]), *numbers]))
             continue
-        moved = {"loosened": [], "tightened": []}
-        for name in (*PRECISION_MODES, "floor", "slack"):
-            x, y = old.get(name, DEFAULTS.get(name)), new.get(name, DEFAULTS.get(name))
-            if x != y:
-                moved["loosened" if y > x else "tightened"].append((name, x, y))
-        changes += [Change(kind, key, old, new, fields) for kind, fields in moved.items() if fields]
+        for kind, looser in (("loosened", True), ("tightened", False)):
+            fields = [(name, x, y) for name, x, y in numbers if (y > x) == looser]
+            if fields:
+                changes.append(Change(kind, key, old, new, fields))
     changes += [Change("added", key, None, b[key]) for key in sorted(set(b) - set(a))]
     changes += [Change("removed", key, a[key], None) for key in sorted(set(a) - set(b))]
     return sorted(changes, key=lambda c: KINDS.index(c.kind))

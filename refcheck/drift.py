@@ -14,13 +14,15 @@ from __future__ import annotations
 import functools
 import json
 import math
+import multiprocessing
 import os
 import platform
 import subprocess
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from . import __version__, grid
+from . import __version__, grid, registry
 from .backend import configure_backend
 from .cli import UsageError
 from .verify import Verdict, verify
@@ -45,9 +47,10 @@ def encode_float(x: float) -> float | str:
 
 
 def decode_float(x) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, str)):
-        raise TypeError(f"expected a number, got {x!r}")
-    return float(x)
+    """The inverse of ``encode_float``; ``TypeError`` for anything that is not a number."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) or x in ("inf", "-inf", "nan"):
+        return float(x)
+    raise TypeError(f"expected a number, got {x!r}")
 
 
 # --- recording -------------------------------------------------------------------------------------
@@ -81,43 +84,86 @@ def environment(device: str) -> dict:
             "interpreted": device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"}
 
 
-def measure(point: grid.Point, device: str) -> dict:
+def record_point(point: grid.Point, device: str) -> dict:
     """One point of a record: each output's error and bound, contract problems, or the exception
     the implementation raised (a broken implementation is a finding, not a crash of the record)."""
-    entry = {"id": point.id, "op": point.case.op, "impl": point.impl.name, "dtype": point.case.dtype,
-             "mode": point.mode, "label": point.entry.label, "sweep": point.entry.sweep, "T": point.entry.length,
-             "case": point.case.to_python(), "outputs": {}, "problems": [], "crash": None}
+    crash = None
     try:
         verdict = verify(point.impl, point.case, mode=point.mode, device=device)
     except Exception as err:  # recorded, compared, and shown with its reproducer
-        entry["crash"] = f"{type(err).__name__}: {err}".splitlines()[0]
+        lines = [line.strip() for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
+        crash = " ... ".join(dict.fromkeys([lines[0], lines[-1]]))   # a compiler's message ends with its cause
         verdict = Verdict(point.case.op, point.impl.name, point.case, point.mode, {})
-    entry["reproduce"] = verdict.reproducer()
-    entry["problems"] = list(verdict.problems)
-    entry["outputs"] = {m.output: {"error": encode_float(m.error), "bound": encode_float(m.bound),
+    return {"id": point.id, "op": point.case.op, "impl": point.impl.name, "dtype": point.case.dtype,
+            "mode": point.mode, "label": point.entry.label, "sweep": point.entry.sweep, "T": point.entry.length,
+            "case": point.case.to_python(), "reproduce": verdict.reproducer(), "crash": crash,
+            "problems": list(verdict.problems),
+            "outputs": {m.output: {"error": encode_float(m.error), "bound": encode_float(m.bound),
                                    "budget": m.budget.key, "metric": m.budget.metric}
-                        for m in verdict.measurements}
-    return entry
+                        for m in verdict.measurements}}
 
 
-def record(the_grid: grid.Grid, device: str, *, console=None) -> dict:
-    """Run every point of ``the_grid`` on ``device`` (with a progress bar on ``console``)."""
+def _runtime_specs() -> list[str]:
+    """The implementations joined at run time (``--impl OP=module:callable``), for worker processes."""
+    builtin = {(i.op, i.name) for i in registry.BUILTIN}
+    return [f"{i.op}={i.target}" for i in registry.implementations() if (i.op, i.name) not in builtin]
+
+
+_worker: dict = {}
+"""A worker process's device and grid points by id (set by ``_start_worker``)."""
+
+
+def _start_worker(device: str, specs: list[str], identity: dict) -> None:
+    """Initializer of a worker process: the parent's backend, run-time implementations and grid."""
+    configure_backend(device)
+    for spec in specs:
+        registry.register(spec)
+    the_grid = grid.build(device, ops=identity["ops"], impls=identity["impls"], quick=identity["quick"])
+    _worker.update(device=device, points={p.id: p for p in the_grid.points})
+
+
+def _record_ids(ids: list[str]) -> list[dict]:
+    missing = [i for i in ids if i not in _worker["points"]]
+    if missing:
+        raise RuntimeError(f"a worker process sees another grid: it lacks {', '.join(missing)}")
+    with grid.threads(_worker["device"]):
+        return [record_point(_worker["points"][i], _worker["device"]) for i in ids]
+
+
+def record(the_grid: grid.Grid, device: str, *, jobs: int = 1, console=None) -> dict:
+    """Run every point of ``the_grid`` on ``device`` in ``jobs`` processes, with a progress bar on
+    ``console``. The points of one case stay together (they share its float64 truth); each point is
+    computed alone in one thread, so the record does not depend on ``jobs``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    points = []
+    groups: dict = {}
+    for point in the_grid.points:
+        groups.setdefault(point.case, []).append(point)
+    results = {}
     with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress, grid.threads(device):
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("drift record", total=len(the_grid.points))
-        for point in the_grid.points:
-            progress.update(task, description=point.id)
-            points.append(measure(point, device))
-            progress.advance(task)
+
+        def done(group: list[grid.Point], entries: list[dict]) -> None:
+            results.update((p.id, e) for p, e in zip(group, entries))
+            progress.update(task, advance=len(group), description=group[-1].id)
+
+        if jobs == 1:
+            with grid.threads(device):
+                for group in groups.values():
+                    done(group, [record_point(p, device) for p in group])
+        else:
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                                     initargs=(device, _runtime_specs(), the_grid.identity)) as pool:
+                futures = {pool.submit(_record_ids, [p.id for p in g]): g for g in groups.values()}
+                for future in as_completed(futures):
+                    done(futures[future], future.result())
         progress.update(task, description="drift record: done")
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},
             "environment": environment(device),
             "unavailable": [{"op": op, "impl": impl, "why": why} for op, impl, why in the_grid.unavailable],
-            "points": points}
+            "points": [results[p.id] for p in the_grid.points]}
 
 
 def dumps(rec: dict) -> str:
@@ -174,7 +220,8 @@ def load(path: str | Path) -> dict:
     try:
         rec = json.loads(text)
     except json.JSONDecodeError as err:
-        what = ("truncated: the JSON ends early" if err.pos >= len(text.rstrip()) - 1
+        # A record ends with its closing brace: a file that does not was cut short.
+        what = ("truncated: the JSON ends early" if not text.rstrip().endswith("}")
                 else f"corrupt JSON at line {err.lineno}, column {err.colno}")
         raise RecordError(f"{path}: not a readable drift record ({what}: {err.msg}); record it again") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
@@ -188,6 +235,11 @@ def load(path: str | Path) -> dict:
                 raise TypeError(f"{key!r} missing or not a {kind.__name__}")
         if not isinstance(rec["grid"].get("hash"), str):
             raise TypeError("grid hash missing")
+        if not isinstance(rec["environment"].get("device"), str) or \
+                not isinstance(rec["environment"].get("interpreted"), bool):
+            raise TypeError("environment lacks device/interpreted")
+        if not all(isinstance(u, dict) and {"op", "impl", "why"} <= set(u) for u in rec["unavailable"]):
+            raise TypeError("an 'unavailable' entry lacks op/impl/why")
         for i, p in enumerate(rec["points"]):
             _check_point(i, p)
     except TypeError as err:
@@ -233,6 +285,8 @@ def add_parser(subparsers) -> None:
     rec.add_argument("--impls", action="append", metavar="NAME[,NAME]",
                      help="only these implementations (default: every available one)")
     rec.add_argument("--quick", action="store_true", help="the small grid: one base case per op, short sweep")
+    rec.add_argument("--jobs", type=int, default=None,
+                     help="worker processes (default: the usable CPU cores, at most 4, on the CPU; 1 on cuda)")
     rec.set_defaults(run=run_record)
 
     cmp = sub.add_parser("compare", help="per case and output: error before and after, ratio, budget, headroom")
@@ -260,14 +314,17 @@ def run_record(args) -> int:
         raise UsageError(str(err)) from None
     if not args.out.parent.is_dir():
         raise UsageError(f"--out: folder {args.out.parent} does not exist")
+    jobs = args.jobs if args.jobs is not None else min(4, len(os.sched_getaffinity(0))) if device == "cpu" else 1
+    if jobs < 1:
+        raise UsageError(f"--jobs: expected a positive number, got {jobs}")
     started = time.perf_counter()
-    rec = record(the_grid, device, console=console)
+    rec = record(the_grid, device, jobs=jobs, console=console)
     write_atomic(args.out, dumps(rec))
     outputs = sum(len(p["outputs"]) for p in rec["points"])
     crashed = sum(p["crash"] is not None for p in rec["points"])
     say = functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)
     say(f"recorded {len(rec['points'])} points ({outputs} outputs, {crashed} crashed) of grid "
-                  f"{the_grid.hash[:12]} on {device} in {time.perf_counter() - started:.1f} s -> {args.out}")
+        f"{the_grid.hash[:12]} on {device} in {time.perf_counter() - started:.1f} s ({jobs} processes) -> {args.out}")
     for op, impl, why in the_grid.unavailable:
         say(f"  not run: {op} [{impl}]: {why}")
     return 0

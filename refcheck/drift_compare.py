@@ -7,7 +7,8 @@ Rows are (point, output) pairs, matched by the point id ``op/impl/dtype/mode/lab
     over budget      head error > b, base error was within its bound
     regressed        ratio > threshold, or an output no longer returned
     gone             measured in base, missing in head (its implementation stopped running)
-    still failing    over its bound, or broken, in both (not a change, but listed with the regressions)
+    still failing    over its bound, or broken, in both, not worse past the threshold (not a change of
+                     this pull request, but listed with the regressions)
     improved         ratio < 1 / threshold (or the base was broken / over budget and the head is fine)
     changed          any other ratio != 1
     unchanged        the same error
@@ -105,10 +106,12 @@ def _classify(row: Row, threshold: float) -> None:
         row.status = "new"
     elif head is None:
         row.status, row.note = "regressed", "no longer returned"
-    elif _over(head):
-        row.status = "still failing" if _over(base) else "over budget"
+    elif _over(head) and not _over(base):
+        row.status = "over budget"
     elif not row.ratio <= threshold:
         row.status = "regressed"
+    elif _over(head):
+        row.status = "still failing"
     elif _over(base) or row.ratio < 1 / threshold:
         row.status = "improved"
     else:
@@ -194,7 +197,7 @@ def _header(c: Comparison) -> list[str]:
              f"device {eh['device']} {eh.get('device_name', '')}{' (Triton interpreted)' if eh['interpreted'] else ''}"
              f", grid {c.head['grid']['hash'][:12]}{' (quick)' if c.head['grid'].get('quick') else ''}"
              f", threshold {c.threshold:g}x"]
-    changed = [f"{k} {eb.get(k)} -> {eh.get(k)}" for k in ("python", "torch", "triton", "refcheck")
+    changed = [f"{k} {eb.get(k)} -> {eh.get(k)}" for k in ("device_name", "python", "torch", "triton", "refcheck")
                if eb.get(k) != eh.get(k)]
     if changed:
         lines.append("environment changed: " + ", ".join(changed))
@@ -222,7 +225,10 @@ def print_text(c: Comparison, plots: list[tuple[str, str, str]], *, show_all: bo
     from rich.table import Table
     from rich.text import Text
 
-    console = console or Console(width=None if Console().is_terminal else 180)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console.width = 180     # logs and pipes: wide rows rather than folded cells
     say = functools.partial(console.print, markup=False, highlight=False, soft_wrap=True)
     for line in _header(c):
         say(line)
@@ -266,8 +272,10 @@ def markdown(c: Comparison, plots: list[tuple[str, str, str]]) -> str:
     out = [f"### refcheck drift: {mark} {summary(c)}", ""]
     out += [line + "  " for line in _header(c)]
     if regressions:
-        out += ["", f"#### Regressions ({len(c.regressions)})", ""] + _md_table(regressions)
-        repro = sorted({r.point["reproduce"] for r in c.regressions})[:MAX_MARKDOWN_ROWS]
+        failing = len(regressions) - len(c.regressions)
+        title = f"Regressions ({len(c.regressions)})" + (f", still failing ({failing})" if failing else "")
+        out += ["", f"#### {title}", ""] + _md_table(regressions)
+        repro = sorted({r.point["reproduce"] for r in regressions})[:MAX_MARKDOWN_ROWS]
         out += ["", "<details><summary>reproduce</summary>", "", "```"] + repro + ["```", "", "</details>"]
     for title, status in (("improved", "improved"), ("changed within threshold", "changed"), ("new", "new")):
         rows = c.by_status(status)

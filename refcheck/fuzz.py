@@ -1,5 +1,489 @@
-"""PLACEHOLDER by the drift agent (to be replaced by the real module; delete if still here)."""
+"""``refcheck fuzz OP --impl module:callable``: hunt for a counterexample to every law, for a new kernel.
 
+For every law of ``refcheck.laws.LAWS`` that concerns OP and applies to the implementation,
+Hypothesis draws examples (a case, a precision mode, every knob the implementation declares and the
+law's own parameters: ``strategies.examples``) under the ``fuzz`` profile (``refcheck.profiles``)
+and runs the law on each through ``laws.check``, the path every law and error of refcheck takes.
+A falsified law is shrunk to a minimal example, printed with what broke (the measured error against
+its budget, or the traceback of an implementation that raised on valid input), and written out as
+a self-contained Python reproducer that raises while the bug is there. Failing examples are kept in
+a Hypothesis example database (``.hypothesis/refcheck-fuzz``) and replayed first by the next run.
+
+The callable must have the op's contract signature: that of its float64 reference
+(``ops.card(OP).reference``), whose required arguments are passed by position and the rest by
+keyword; a ``precision`` keyword, if it takes one, makes the precision mode a drawn knob.
+Exit status: 0 nothing falsified, 1 a law falsified, 2 usage error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import math
+import os
+import shlex
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cli import UsageError
+
+DATABASE = Path(".hypothesis") / "refcheck-fuzz"
+"""Where failing examples are kept (relative to the working directory unless ``--database``)."""
+
+MIN_SHRINK_SECONDS = 30.0
+"""With ``--seconds``, shrinking a counterexample found in time may take this long at least."""
+
+
+# --- the implementation under test -----------------------------------------------------------------
+
+def contract_problems(fn, op: str, knobs=()) -> list[str]:
+    """What keeps ``fn`` from being called as the op's contract calls it (empty when it fits).
+
+    The contract is the signature of the op's float64 reference: its required parameters are passed
+    by position, in order, the others (and the implementation's ``knobs``) by keyword. ``fn`` must
+    take every one of them (``*args``/``**kwargs`` count), must not take a contract argument at
+    another position (a swapped ``g``/``beta`` is a bug, not a style), and must not require more."""
+    from .ops import card
+
+    contract = inspect.signature(card(op).reference).parameters.values()
+    by_position = [p.name for p in contract if p.default is p.empty]
+    by_keyword = [p.name for p in contract if p.default is not p.empty] + [k for k in knobs if k not in
+                                                                              [p.name for p in contract]]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check before calling
+        return []
+    kinds = {p.kind for p in params}
+    slots = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    problems = []
+    for i, name in enumerate(by_position):
+        if i < len(slots):
+            got = slots[i].name
+            if got != name and got in by_position + by_keyword:
+                problems.append(f"argument {i + 1} is {got!r} where the contract passes {name!r} "
+                                f"(positional order: {', '.join(by_position)})")
+        elif inspect.Parameter.VAR_POSITIONAL not in kinds:
+            problems.append(f"missing argument {name!r} (the contract passes {', '.join(by_position)} by position)")
+    named = {p.name: p for p in params}
+    for name in by_keyword:
+        p = named.get(name)
+        if p is None and inspect.Parameter.VAR_KEYWORD not in kinds:
+            problems.append(f"missing argument {name!r} (the contract passes it by keyword)")
+        elif p is not None and p.kind is p.POSITIONAL_ONLY:
+            problems.append(f"argument {name!r} is positional-only; the contract passes it by keyword")
+        elif p is not None and p in slots[:len(by_position)]:
+            problems.append(f"argument {name!r} takes a positional slot the contract fills with "
+                            f"{by_position[slots.index(p)]!r}")
+    for i, p in enumerate(params):
+        required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        passed = p.name in by_keyword or (p in slots and slots.index(p) < len(by_position))
+        if required and not passed:
+            problems.append(f"extra required argument {p.name!r}: the contract never passes it")
+    return problems
+
+
+def import_root(target: str) -> str:
+    """The ``sys.path`` entry that ``target``'s module (``"pkg.mod:attr"``) was imported from."""
+    name = target.partition(":")[0]
+    module = sys.modules[name]
+    path = Path(module.__file__).resolve()
+    if path.name == "__init__.py":
+        path = path.parent
+    for _ in name.split("."):
+        path = path.parent
+    return str(path)
+
+
+def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forward_only: bool = False):
+    """The implementation ``spec`` names for ``op``: a registered name (``triton``, ``naive``), a
+    ``module:attr`` naming a ``registry.Implementation`` record, or a ``module:callable`` with the
+    contract signature (modules are imported with the working directory on ``sys.path``, as
+    ``python -m`` does). ``dtypes`` and ``forward_only`` describe a plain callable. A spec that
+    cannot be used raises ``UsageError`` saying why."""
+    from . import laws, registry
+    from .case import PRECISION_MODES
+    from .ops import card
+
+    try:
+        card(op)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if ":" not in spec:
+        try:
+            impl = registry.get(op, spec)
+        except ValueError as err:
+            raise UsageError(f"--impl {spec!r}: not module:callable, and {err}") from None
+    else:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise UsageError(f"--impl {spec!r}: expected module:callable (e.g. mykernels.kda:chunk_kda)")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as err:  # not found, or the module itself fails to import
+            raise UsageError(f"--impl {spec!r}: cannot import module {module_name!r}: "
+                             f"{type(err).__name__}: {err}") from None
+        obj = getattr(module, attr, None)
+        if obj is None:
+            raise UsageError(f"--impl {spec!r}: module {module_name!r} ({module.__file__}) has no attribute {attr!r}")
+        if isinstance(obj, registry.Implementation):
+            if obj.op != op:
+                raise UsageError(f"--impl {spec!r}: that is an implementation of {obj.op}, not of {op}")
+            impl = obj
+        elif callable(obj):
+            takes_precision = "precision" in inspect.signature(obj).parameters
+            impl = registry.Implementation(op, spec, spec, dtypes=dtypes or registry.ALL_DTYPES,
+                                           knobs={"precision": PRECISION_MODES} if takes_precision else {},
+                                           backward=not forward_only, description="given to refcheck fuzz")
+            # a Triton package with autotuned kernels gets its configs pinned by path_agreement
+            if laws.autotuned_kernels(dataclasses.replace(impl, triton=True)):
+                impl = dataclasses.replace(impl, triton=True)
+        else:
+            raise UsageError(f"--impl {spec!r}: {attr!r} is a {type(obj).__name__}, not a callable")
+    fn = impl.fn
+    problems = contract_problems(fn, op, [k for k in impl.knobs])
+    if problems:
+        contract = inspect.signature(card(op).reference)
+        raise UsageError(f"--impl {spec!r}: signature {inspect.signature(fn)} does not fit the {op} contract "
+                         f"{contract}:\n  " + "\n  ".join(problems))
+    return impl
+
+
+# --- searching one law -----------------------------------------------------------------------------
+
+@dataclass
+class Failure:
+    """A failing example and what it raised (a ``LawViolation``, or an exception of the check)."""
+
+    example: object
+    error: BaseException
+
+    def text(self) -> str:
+        from .laws import LawViolation
+        if isinstance(self.error, LawViolation):
+            return str(self.error)
+        tb = "".join(traceback.format_exception(type(self.error), self.error, self.error.__traceback__))
+        return f"the check raised {type(self.error).__name__}: {self.error}\n{tb.rstrip()}"
+
+
+@dataclass
+class LawResult:
+    """The outcome of searching one law: examples run, the minimal failure (if any), bitwise notes."""
+
+    law: object
+    examples: int = 0
+    shrink_runs: int = 0
+    failure: Failure | None = None
+    flaky: bool = False
+    notes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        if self.failure is not None:
+            return "FALSIFIED" + (" (flaky: passed on replay)" if self.flaky else "")
+        return "holds" if self.examples else "not run (no time left)"
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Wall-clock limits (``time.monotonic``) of one law: new examples until ``search``, shrinking a
+    found counterexample until ``shrink``; ``inf`` without ``--seconds``."""
+
+    search: float = math.inf
+    shrink: float = math.inf
+
+
+def search(law, impl, settings, *, limits, mode: str | None, device: str, strict: bool,
+           deadlines: Deadlines = Deadlines(), seed: int | None = None, on_run=None) -> LawResult:
+    """Search for a counterexample to ``law`` on ``impl`` with Hypothesis under ``settings``.
+
+    Every example goes through ``laws.check``; an exception of any kind is a failure of the law
+    (the implementation raising on valid input arrives as a ``LawViolation`` with its traceback).
+    Past ``deadlines.search`` no new example is run (rejected before it is drawn), past
+    ``deadlines.shrink`` no shrink candidate either; failing examples are always replayed.
+    ``on_run(result)`` is called after every run."""
+    from hypothesis import given, reject
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+    from hypothesis.errors import Unsatisfiable
+
+    from . import laws
+    from .strategies import examples
+
+    result = LawResult(law)
+    failures: dict[str, Failure] = {}
+    drawn = examples(law, impl, limits, mode)
+    started = time.monotonic()
+
+    def attempt(data):
+        if not failures and time.monotonic() > deadlines.search:
+            reject()
+        example = data.draw(drawn)
+        known = failures.get(repr((example.case, example.mode, example.knobs, example.params)))
+        if failures and known is None and time.monotonic() > deadlines.shrink:
+            reject()
+        if failures:
+            result.shrink_runs += 1
+        else:
+            result.examples += 1
+        try:
+            outcome = laws.check(law, impl, example, device=device, strict=strict)
+        except Exception as err:
+            failure = Failure(example, err)
+            failures[repr((example.case, example.mode, example.knobs, example.params))] = failure
+            result.failure = failure
+            raise
+        finally:
+            if on_run:
+                on_run(result)
+        for line in outcome.notes:
+            key = line.split(" (max abs diff")[0]
+            result.notes[key] = result.notes.get(key, 0) + 1
+
+    # one database entry per law and implementation (the source of ``attempt`` is the same for all)
+    attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()
+    test = given(st.data())(attempt)
+    test = settings(test)
+    if seed is not None:
+        test = hseed(seed)(test)
+    try:
+        test()
+    except Unsatisfiable:  # every example was rejected: no time left for this law
+        pass
+    except Exception as err:
+        if not failures:
+            raise
+        # the final replay of the minimal example raised ``err``; Flaky wraps one that did not
+        found = [f for f in failures.values() if f.error is err]
+        result.failure = found[-1] if found else result.failure
+        result.flaky = not found
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# --- the reproducer --------------------------------------------------------------------------------
+
+def reproducer_name(op: str, law_name: str) -> str:
+    return f"refcheck-repro-{op}-{law_name}.py"
+
+
+def implementation_expr(impl) -> str:
+    """A Python expression rebuilding ``impl`` (every field that differs from its default)."""
+    from .registry import Implementation
+
+    parts = [repr(impl.op), repr(impl.name), repr(impl.target)]
+    for f in dataclasses.fields(Implementation)[3:]:
+        value = getattr(impl, f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if value != default:
+            parts.append(f"{f.name}={dict(value) if f.name == 'knobs' else value!r}")
+    return f"Implementation({', '.join(parts)})"
+
+
+def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: str) -> str:
+    """The text of a standalone script that reruns the minimal failing example of ``result``: it
+    raises (exit status 1) while the law is still broken and prints that it holds once fixed."""
+    example, law = result.failure.example, result.law
+    header = [f"refcheck fuzz reproducer: law {law.name} ({law.number}) falsified for {impl.op} by {impl.target}",
+              f"found by: {command}", "", "run it alone:  python <this file>  (raises while the bug is there)", "",
+              *result.failure.text().splitlines()]
+    return "\n".join([
+        "#!/usr/bin/env python",
+        *(f"# {line}".rstrip() for line in header),
+        "import sys",
+        "",
+        f"sys.path.insert(0, {import_root(impl.target)!r})  # where {impl.target.partition(':')[0]} was imported from",
+        "",
+        "from refcheck.backend import configure_backend",
+        "",
+        f"DEVICE = configure_backend({device!r})  # before any Triton kernel is defined",
+        "",
+        "from refcheck.case import Case  # noqa: E402",
+        "from refcheck.laws import check  # noqa: E402",
+        "from refcheck.registry import Implementation  # noqa: E402",
+        "from refcheck.strategies import Example  # noqa: E402",
+        "",
+        f"impl = {implementation_expr(impl)}",
+        f"example = Example({example.case.to_python()},",
+        f"                  mode={example.mode!r}, knobs={dict(example.knobs)!r}, params={dict(example.params)!r})",
+        f"outcome = check({law.name!r}, impl, example, device=DEVICE, strict={strict!r})  # raises LawViolation",
+        f"print(f\"law {law.name} holds for {impl.op}/{impl.name} on this example\"",
+        "      + \"\".join(f\"\\n  note: {n}\" for n in outcome.notes))",
+        ""])
+
+
+# --- command line ----------------------------------------------------------------------------------
 
 def add_parser(subparsers) -> None:
-    pass
+    p = subparsers.add_parser("fuzz", help="search for a counterexample to every law of an op, for one implementation",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("op", help="the op: kda_gate, kda, gla, simple_gla or attention")
+    p.add_argument("--impl", dest="target", required=True, metavar="module:callable",
+                   help="the implementation: module:callable with the op's contract signature, module:attr naming "
+                        "a refcheck.registry.Implementation, or a registered name (triton, naive, ...)")
+    p.add_argument("--max-examples", type=int, default=None, metavar="N",
+                   help="examples per law, divided by the law's cost (default: the fuzz profile's, 500)")
+    p.add_argument("--seconds", type=float, default=None, metavar="S",
+                   help="stop searching after S seconds of wall time (shared out among the laws; "
+                        f"shrinking a counterexample found by then may take up to max(S, {MIN_SHRINK_SECONDS:g}) more)")
+    p.add_argument("--precision", default=None, metavar="MODE", help="only this precision mode: ieee, tf32, tf32x3")
+    p.add_argument("--device", default=None, help="cpu (the faithful Triton interpreter) or cuda (default: cuda if available)")
+    p.add_argument("--laws", default=None, metavar="NAME[,NAME]", help="only these laws (default: every applicable one)")
+    p.add_argument("--dtypes", default=None, metavar="DT[,DT]",
+                   help="input dtypes a plain callable supports (default: fp32,bf16,fp16)")
+    p.add_argument("--forward-only", action="store_true", help="a plain callable without a backward: no gradients")
+    p.add_argument("--strict-bitwise", action="store_true",
+                   help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
+    p.add_argument("--seed", type=int, default=None, help="seed of the search (default: random)")
+    p.add_argument("--out-dir", type=Path, default=Path("."), help="where reproducers are written (default: .)")
+    p.add_argument("--database", type=Path, default=None, metavar="DIR",
+                   help=f"Hypothesis example database (default: {DATABASE} in the working directory)")
+    p.set_defaults(run=run)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def command_line(args) -> str:
+    """The ``refcheck fuzz`` command line of ``args`` (for the reproducer's header)."""
+    words = ["refcheck", "fuzz", args.op, "--impl", args.target]
+    for name in ("max_examples", "seconds", "precision", "device", "laws", "dtypes", "seed"):
+        if getattr(args, name) is not None:
+            words += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    words += [f"--{name.replace('_', '-')}" for name in ("forward_only", "strict_bitwise") if getattr(args, name)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _laws_for(impl, names: str | None):
+    """The laws to search, and the skipped ones with the reason."""
+    from .laws import LAWS, law as get_law
+
+    chosen = list(LAWS.values())
+    if names:
+        try:
+            chosen = [get_law(n.strip()) for n in names.split(",") if n.strip()]
+        except ValueError as err:
+            raise UsageError(f"--laws: {err}") from None
+    run_, skipped = [], []
+    for law in chosen:
+        why = law.why_not(impl)
+        (skipped.append((law, why)) if why else run_.append(law))
+    if not run_:
+        raise UsageError(f"no law to search for {impl.op}/{impl.name}: "
+                         + "; ".join(f"{law.name}: {why}" for law, why in skipped))
+    return run_, skipped
+
+
+def run(args) -> int:
+    from hypothesis import settings as hsettings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from . import laws as laws_mod
+    from . import profiles
+    from .backend import configure_backend
+    from .case import DTYPES, PRECISION_MODES
+    from .strategies import LARGE, SMALL
+
+    if args.max_examples is not None and args.max_examples < 1:
+        raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
+    if args.seconds is not None and not args.seconds > 0:
+        raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
+    if args.precision is not None and args.precision not in PRECISION_MODES:
+        raise UsageError(f"--precision: expected one of {', '.join(PRECISION_MODES)}, got {args.precision!r}")
+    dtypes = None
+    if args.dtypes:
+        dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+        bad = [d for d in dtypes if d not in DTYPES]
+        if bad:
+            raise UsageError(f"--dtypes: unknown {', '.join(bad)}; expected some of {', '.join(DTYPES)}")
+    try:
+        device = configure_backend(args.device)    # before the implementation's kernels are defined
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    impl = resolve(args.op, args.target, dtypes=dtypes, forward_only=args.forward_only)
+    why = impl.unavailable(device)
+    if why:
+        raise UsageError(f"{impl.op}/{impl.name} cannot run on {device}: {why}")
+    if args.precision is not None and args.precision not in impl.modes:
+        raise UsageError(f"--precision {args.precision}: {impl.target} offers {', '.join(impl.modes)} "
+                         "(a callable gets the mode as a `precision` keyword argument)")
+    to_search, skipped = _laws_for(impl, args.laws)
+    if not args.out_dir.is_dir():
+        raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
+
+    profiles.register()
+    base = hsettings.get_profile("fuzz")
+    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
+                         database=DirectoryBasedExampleDatabase(str(args.database or DATABASE)))
+    limits = LARGE if device == "cuda" else SMALL
+    strict = args.strict_bitwise or laws_mod.strict_default()
+    command = command_line(args)
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"fuzzing {impl.op} {escape(f'[{impl.target}]')} on {device}: {len(to_search)} laws, "
+              f"up to {settings.max_examples} examples each (divided by the law's cost)"
+              + (f", {args.seconds:g} s" if args.seconds else "") + (f", seed {args.seed}" if args.seed is not None else ""))
+    for law, why in skipped:
+        out.print(f"  not searched: {law.name}: {escape(why)}")
+
+    started = time.monotonic()
+    results: list[LawResult] = []
+    progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=Console(stderr=True))
+    with progress:
+        for i, law in enumerate(to_search):
+            count = laws_mod.examples_for(law, settings)
+            deadlines = Deadlines()
+            if args.seconds:
+                share = (args.seconds - (time.monotonic() - started)) / (len(to_search) - i)
+                now = time.monotonic()
+                deadlines = Deadlines(now + share, now + share + max(share, MIN_SHRINK_SECONDS))
+            task = progress.add_task(f"{law.name} ({law.number})", total=count, status="")
+
+            def on_run(result, task=task):
+                status = f"shrinking: {result.shrink_runs} runs" if result.failure else ""
+                progress.update(task, completed=result.examples, status=status)
+
+            result = search(law, impl, hsettings(settings, max_examples=count), limits=limits, mode=args.precision,
+                            device=device, strict=strict, deadlines=deadlines, seed=args.seed, on_run=on_run)
+            progress.update(task, completed=result.examples, status=result.status)
+            results.append(result)
+
+    table = Table(title=f"refcheck fuzz {impl.op} {escape(f'[{impl.target}]')}")
+    for col in ("law", "examples", "result", "seconds"):
+        table.add_column(col, justify="right" if col in ("examples", "seconds") else "left")
+    for r in results:
+        status = r.status if r.failure is None else f"[bold red]{r.status}[/]"
+        table.add_row(f"{r.law.name} ({r.law.number})", str(r.examples), status, f"{r.seconds:.1f}")
+    out.print(table)
+    for r in results:
+        for line, n in r.notes.items():
+            out.print(f"  note: {escape(line)} in {n} example(s)")
+
+    falsified = [r for r in results if r.failure is not None]
+    total = sum(r.examples for r in results)
+    for r in falsified:
+        path = args.out_dir / reproducer_name(impl.op, r.law.name)
+        path.write_text(reproducer(r, impl, device=device, strict=strict, command=command))
+        out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
+                  f"(minimal example after {_count(r.shrink_runs, 'shrink run')}){' - flaky: it passed when replayed' if r.flaky else ''}:")
+        out.print(r.failure.text(), markup=False)
+        out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
+    elapsed = time.monotonic() - started
+    if falsified:
+        out.print(f"\n{len(falsified)} of {len(results)} laws falsified ({total} examples, {elapsed:.0f} s): "
+                  + ", ".join(r.law.name for r in falsified))
+        return 1
+    not_run = [r.law.name for r in results if not r.examples]
+    out.print(f"\nno counterexample in {total} examples ({len(results)} laws, {elapsed:.0f} s)"
+              + (f"; not run for lack of time: {', '.join(not_run)}" if not_run else ""))
+    return 0

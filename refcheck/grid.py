@@ -27,7 +27,7 @@ import torch
 
 from . import registry
 from .case import Case
-from .ops import card
+from .ops import OPS, card
 
 GRID_VERSION = 1
 """Bump when a case of the grid changes: records of another version are refused by ``compare``."""
@@ -36,6 +36,7 @@ SWEEP_T = (32, 128, 512)
 QUICK_SWEEP_T = (16, 64)
 """Sequence lengths of the error-growth sweep (full and ``quick`` grid). Interpreted Triton costs
 ~0.5 s per program and chunk of 64 with the backward, so T = 512 is what fits the CPU budget."""
+
 
 @dataclass(frozen=True)
 class GridCase:
@@ -89,8 +90,9 @@ def _seed(op: str, label: str) -> int:
 
 
 # Templates: each returns (base, sweep), lists of (label, dims, keyword arguments of Case.make other
-# than dtype and seed). Dimensions follow the measurements behind tolerances.toml; packed cases
-# include an empty sequence; the sweep is one sequence per length.
+# than dtype and seed). Sizes are small (the CPU runs Triton interpreted) but cover what kernels get
+# wrong: several batch rows and heads, GQA, a partial chunk, a sequence across a chunk boundary, an
+# empty packed sequence. The sweep is one sequence per length.
 Templates = tuple[list[tuple[str, dict, dict]], list[tuple[str, dict, dict]]]
 
 
@@ -179,9 +181,10 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
     Implementations that cannot run on ``device`` are listed in ``unavailable`` with the reason.
     Points are ordered case by case, so that the float64 truth of a case is computed once.
     """
-    from .ops import OPS
-
-    ops = list(OPS) if ops is None else [card(op).name for op in ops]
+    if ops is not None:
+        for op in ops:
+            card(op)
+    ops = [op for op in OPS if ops is None or op in ops]   # op-card order: the same grid, the same hash
     if impls is not None:
         known = {i.name for op in ops for i in registry.implementations(op)}
         unknown = sorted(set(impls) - known)

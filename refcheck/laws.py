@@ -522,9 +522,10 @@ TF32_MIN_ERROR = 1e-5
 
 def precision_modes(t: Trial) -> None:
     """Law 8: on fp32 inputs the precision modes are honoured: per output, error(ieee) <=
-    error(tf32x3) <= error(tf32) up to ``PRECISION_SLACK`` and ``PRECISION_NOISE``, and tf32 is
-    measurably worse than both ieee and tf32x3 (``TF32_GAIN``, ``TF32_MIN_ERROR``): a kernel that
-    ignores its mode, or runs tf32 where tf32x3 was asked, fails."""
+    error(tf32x3) <= error(tf32) up to ``PRECISION_SLACK`` and ``PRECISION_NOISE``, and on some
+    output tf32 is measurably worse than both ieee and tf32x3 (``TF32_GAIN``, ``TF32_MIN_ERROR``;
+    an output dominated by something else, dg stored in bf16, cannot show it): a kernel that ignores
+    its mode, or runs tf32 where tf32x3 was asked, fails."""
     errors = {}
     for mode in ("ieee", "tf32x3", "tf32"):
         with t.running():
@@ -538,10 +539,10 @@ def precision_modes(t: Trial) -> None:
                 e["tf32x3"] > PRECISION_SLACK * e["tf32"] + PRECISION_NOISE:
             t.fail(f"{name}: errors not ordered ieee <= tf32x3 <= tf32 (slack {PRECISION_SLACK}x + "
                    f"{PRECISION_NOISE:g})\n{table}")
-    worst = {m: max(errors[m].values(), default=0.0) for m in errors}
-    if worst["tf32"] < TF32_MIN_ERROR or worst["tf32"] < TF32_GAIN * max(worst["ieee"], worst["tf32x3"]):
-        t.fail(f"tf32 is not measurably worse than ieee and tf32x3 (needs >= {TF32_GAIN}x and >= "
-               f"{TF32_MIN_ERROR:g}): the precision mode is not honoured\n{table}")
+    if not any(errors["tf32"][n] >= max(TF32_MIN_ERROR, TF32_GAIN * max(errors["ieee"][n], errors["tf32x3"][n]))
+               for n in errors["tf32"]):
+        t.fail(f"tf32 is not measurably worse than ieee and tf32x3 on any output (needs >= {TF32_GAIN}x "
+               f"and >= {TF32_MIN_ERROR:g}): the precision mode is not honoured\n{table}")
 
 
 def fp16_gates(t: Trial) -> None:

@@ -2,8 +2,8 @@
 
 One PNG per op and precision mode, ``{op}-{mode}.png``, with one panel per output (in the op card's
 order). In a panel each implementation and dtype has one colour: the head's errors as a solid line
-with dots, the base's dashed with crosses, the head's bound dotted. An error of exactly 0 cannot sit on a log axis and is left out of its line.
-Drawn with matplotlib's Agg canvas directly (no pyplot, no global backend switch).
+with dots, the base's dashed with crosses, the head's bound dotted. An error of exactly 0 cannot sit
+on a log axis and is left out of its line. Drawn with matplotlib's Agg canvas directly (no pyplot, no global backend switch).
 """
 from __future__ import annotations
 

@@ -1,5 +1,481 @@
-"""PLACEHOLDER by the drift agent (to be replaced by the real module; delete if still here)."""
+"""``refcheck report``: the verification report, the main job.
 
+Two parts, both run on the default device (the GPU, else the CPU with the faithful Triton
+interpreter), both through the one pipeline (``refcheck.verify``; the laws through ``laws.check``):
+
+* the *error table*: every base case of the seeded grid (``refcheck.grid``; the error-growth sweep
+  is ``drift``'s) for every op x available implementation x dtype x precision mode, each output's
+  relative RMS error against the float64 truth, its budget (``tolerances.toml``) and the headroom
+  ``budget / error``. One row per (implementation, dtype, mode, output) shows its worst case
+  (least headroom) and how many cases passed; every failing case is listed below with a reproducer.
+* the *law summary*: every law of ``refcheck.laws.LAWS`` that applies to an implementation, run on
+  the first base case of the grid that meets the law's requirements (no Hypothesis: the same fixed
+  cases every time), one law parameter value per case (``FIXED_PARAMS``).
+
+Units of work (the points of one case, or one law on one case) run in worker processes on the CPU
+(``--jobs``, default up to 4; interpreted kernels are single-threaded). Implementations that cannot
+run here are listed with the reason, not failed. Exit status 1 when an output is over budget, an
+implementation broke its contract or a law, else 0; 2 for usage errors.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cli import UsageError
+
+FORMAT = "refcheck-report"
+FORMAT_VERSION = 1
+
+MAX_JOBS = 4
+"""Default worker processes on the CPU (capped by the cores available): beyond this the longest
+single unit (a law on an interpreted kernel) bounds the wall time anyway."""
+
+FIXED_PARAMS = {
+    "cut": lambda case: (case.dim["T"] - 1) // 2,     # causality: change everything after mid-sequence
+    "split": lambda case: case.dim["T"] // 2,         # state chaining: carry the state across mid-sequence
+}
+"""A fixed value for each required parameter of a law (a keyword-only argument of its function
+without a default), chosen from the case: mid-sequence, inside a chunk of a chunked kernel."""
+
+
+# --- which grid case a law runs on ----------------------------------------------------------------
+
+def _rows_without_keys(case) -> bool:
+    """Attention: some query row sees no key (causal is bottom-right aligned: a span with more
+    queries than keys; any span with queries but no keys)."""
+    d = case.dim
+    spans = list(zip(case.seqlens, case.seqlens_k)) if case.seqlens is not None else [(d["T"], d["S"])]
+    causal = bool(case.opts.get("causal"))
+    return any(q > 0 and (k == 0 or (causal and q > k)) for q, k in spans)
+
+
+def meets(case, require: dict) -> bool:
+    """Whether a fixed ``case`` meets a law's requirements (``Law.requires``: the keyword arguments
+    of ``strategies.cases``, with the same meaning; a requirement that does not concern the op is met)."""
+    d, op = case.dim, case.op
+    attention, linear = op == "attention", op in ("kda", "gla", "simple_gla")
+    packed = case.seqlens is not None
+    checks = {
+        "min_len": lambda n: d["T"] >= n,
+        "varlen": lambda want: want is None or op == "kda_gate" or packed == want,
+        "min_seqs": lambda n: not packed or len(case.seqlens) >= n,
+        "min_batch": lambda n: not packed and d["B"] >= n,
+        "dtype": lambda want: case.dtype == want,
+        "gate_dtype": lambda want: not linear or case.drawn.get("gate_dtype", case.dtype) == want,
+        "causal": lambda want: not attention or bool(case.opts.get("causal")) == want,
+        "min_keys": lambda n: not attention or max(case.seqlens_k or (d["S"],), default=0) >= n,
+        "rows_without_keys": lambda want: not attention or not want or _rows_without_keys(case),
+    }
+    unknown = set(require) - set(checks)
+    if unknown:
+        raise ValueError(f"requirements {sorted(unknown)} unknown to refcheck.report.meets")
+    return all(checks[key](want) for key, want in require.items())
+
+
+def fixed_params(law, case) -> dict:
+    """The law's required parameters, fixed for ``case`` (``FIXED_PARAMS``)."""
+    params = {}
+    for p in inspect.signature(law.fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            if p.name not in FIXED_PARAMS:
+                raise ValueError(f"law {law.name}: no fixed value for its parameter {p.name!r} "
+                                 "(add one to refcheck.report.FIXED_PARAMS)")
+            params[p.name] = FIXED_PARAMS[p.name](case)
+    return params
+
+
+# --- units of work --------------------------------------------------------------------------------
+
+@dataclass
+class PointResult:
+    """One grid point: its verdict, or the exception the implementation (or the check) raised."""
+
+    point: object
+    verdict: object = None
+    crash: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.crash is None and self.verdict.passed
+
+
+@dataclass
+class LawResult:
+    """One law on one implementation: ``holds`` (``notes``: bitwise differences within budget),
+    ``FAILS`` (``detail``: the violation and its reproducer), ``n/a`` or ``no case`` (``detail``: why)."""
+
+    law: object
+    impl: object
+    status: str
+    case: object = None
+    example: object = None
+    detail: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAILS"
+
+
+def run_points(points: list, device: str) -> list[PointResult]:
+    """Verify every point (all of one case: the float64 truth is computed once, then cached)."""
+    from .verify import verify
+
+    results = []
+    for point in points:
+        try:
+            results.append(PointResult(point, verify(point.impl, point.case, mode=point.mode, device=device)))
+        except Exception as err:  # a crash of the implementation is a finding, not a crash of the report
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-4))
+            results.append(PointResult(point, crash=f"{type(err).__name__}: {err}\n{tb.rstrip()}"))
+    return results
+
+
+def run_law(law_name: str, impl, example, device: str) -> LawResult:
+    """One law on one example (``laws.check``); any exception is a failure of the law."""
+    from .laws import LAWS, LawViolation, check
+
+    law = LAWS[law_name]
+    try:
+        outcome = check(law, impl, example, device=device, strict=False)
+    except LawViolation as err:
+        return LawResult(law, impl, "FAILS", example.case, example, str(err))
+    except Exception as err:
+        tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-6))
+        return LawResult(law, impl, "FAILS", example.case, example,
+                         f"law {law.name} on {impl.op}/{impl.name}: the check raised {type(err).__name__}: {err}\n"
+                         f"  case: {example.case.describe()}\n{tb.rstrip()}")
+    return LawResult(law, impl, "holds", example.case, example, notes=outcome.notes)
+
+
+def _init_worker(device: str) -> None:
+    """A worker process: the backend before any kernel is imported, one intra-op thread."""
+    import torch
+
+    from .backend import configure_backend
+    configure_backend(device)
+    torch.set_num_threads(1)
+
+
+@dataclass
+class Unit:
+    """A unit of work: all points of one case, or one law on one example; ``cost`` orders them
+    (largest first, so that the pool is not left waiting on one long unit at the end)."""
+
+    name: str
+    fn: object
+    args: tuple
+    cost: float
+
+
+def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
+    """For every implementation and law: a unit running the law on its first matching base case
+    (in the implementation's first precision mode and default knobs), or why it is not run."""
+    from . import grid
+    from .laws import LAWS, path_knobs
+    from .strategies import Example
+
+    units, skipped = [], []
+    for impl in impls:
+        entries = [e for e in grid.cases(impl.op, quick) if not e.sweep and e.case.dtype in impl.dtypes]
+        for law in LAWS.values():
+            if law.why_not(impl) is not None:
+                if impl.op in law.ops:
+                    skipped.append(LawResult(law, impl, "n/a", detail=law.why_not(impl)))
+                continue
+            entry = next((e for e in entries if meets(e.case, law.requires)), None)
+            if entry is None:
+                need = ", ".join(f"{k}={v}" for k, v in law.requires.items())
+                skipped.append(LawResult(law, impl, "no case", detail=f"no base case of the grid meets {need}"))
+                continue
+            example = Example(entry.case, impl.modes[0], path_knobs(impl)[0], fixed_params(law, entry.case))
+            units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, impl, example),
+                              law.cost * _weight(impl, entry.case)))
+    return units, skipped
+
+
+def _weight(impl, case) -> float:
+    """Rough cost of one run: interpreted Triton kernels are ~100x the torch references."""
+    size = math.prod(v for _, v in case.dims)
+    return size * (100.0 if impl.triton else 1.0)
+
+
+def point_units(points: list) -> list[Unit]:
+    """The grid points grouped by case (grid order is case by case)."""
+    groups: dict = {}
+    for p in points:
+        groups.setdefault(p.case, []).append(p)
+    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label}", run_points, (ps,), sum(_weight(p.impl, c) for p in ps))
+            for c, ps in groups.items()]
+
+
+def execute(units: list[Unit], device: str, jobs: int, console) -> list:
+    """Run the units (``jobs`` worker processes, or in this process for 1) with a progress bar;
+    results in the order of ``units``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import grid
+
+    results: list = [None] * len(units)
+    columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress, grid.threads(device):
+        task = progress.add_task("report", total=len(units))
+        if jobs <= 1:
+            for i, unit in enumerate(units):
+                progress.update(task, description=unit.name)
+                results[i] = unit.fn(*unit.args, device)
+                progress.advance(task)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            order = sorted(range(len(units)), key=lambda i: -units[i].cost)
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_init_worker, initargs=(device,)) as pool:
+                futures = {pool.submit(units[i].fn, *units[i].args, device): i for i in order}
+                for future in as_completed(futures):
+                    i = futures[future]
+                    results[i] = future.result()
+                    progress.update(task, description=units[i].name)
+                    progress.advance(task)
+        progress.update(task, description="report: done")
+    return results
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+def _num(x: float) -> str:
+    return "inf" if x == math.inf else f"{x:.1e}"
+
+
+def _headroom(x: float) -> str:
+    if x == math.inf:
+        return "exact"
+    return f"{x:.0f}x" if x >= 10 else f"{x:.2f}x"
+
+
+@dataclass
+class Cell:
+    """One output of one (op, implementation, dtype, mode) over the grid's cases: the worst case
+    (least headroom) and how many cases passed."""
+
+    worst: object = None        # verify.Measurement
+    label: str = ""
+    cases: int = 0
+    passed: int = 0
+
+    def add(self, m, label: str) -> None:
+        self.cases += 1
+        self.passed += m.passed
+        if self.worst is None or m.headroom < self.worst.headroom:
+            self.worst, self.label = m, label
+
+    def render(self) -> str:
+        m = self.worst
+        text = f"{_num(m.error)}\n/{_num(m.bound)}\n{_headroom(m.headroom)}"
+        if self.passed == self.cases:
+            return f"[green]{text}[/]"
+        return f"[bold red]{text}\nFAIL {self.cases - self.passed}/{self.cases}[/]"
+
+
+def error_cells(results: list[PointResult]) -> dict:
+    """``{op: {(impl, dtype, mode): {output: Cell}}}`` over the verified points (crashes are listed
+    with the failures)."""
+    cells: dict = {}
+    for r in results:
+        if r.crash is not None:
+            continue
+        p = r.point
+        row = cells.setdefault(p.case.op, {}).setdefault((p.impl.name, p.case.dtype, p.mode), {})
+        for m in r.verdict.measurements:
+            row.setdefault(m.output, Cell()).add(m, p.entry.label)
+    return cells
+
+
+def error_tables(results: list[PointResult]) -> list:
+    """A rich table per op: a row per (implementation, dtype, mode), a column per output; each cell
+    holds the worst error over the cases / its budget, and the headroom (budget / error)."""
+    from rich.table import Table
+
+    from .ops import card
+
+    tables = []
+    for op, rows in error_cells(results).items():
+        outputs = [n for n in card(op).budget_outputs if any(n in row for row in rows.values())]
+        t = Table(title=f"{op}: worst relative RMS error over the grid's cases / its budget, headroom = budget / error",
+                  title_justify="left")
+        for col in ("impl", "dtype", "mode"):
+            t.add_column(col)
+        for name in outputs:
+            t.add_column(name, justify="right")
+        for (impl, dtype, mode), row in rows.items():
+            t.add_row(impl, dtype, mode, *(row[n].render() if n in row else "-" for n in outputs))
+        tables.append(t)
+    return tables
+
+
+LAW_CELLS = {"holds": "[green]holds[/]", "FAILS": "[bold red]FAILS[/]", "n/a": "[dim]n/a[/]",
+             "no case": "[yellow]no case[/]"}
+
+
+def law_table(laws_run: list[LawResult], impls: list):
+    """Laws (rows) by implementation (columns): holds, holds* (within budget, not bitwise), FAILS,
+    n/a (does not apply), no case (no base case meets its requirements); blank: other op."""
+    from rich.table import Table
+
+    from .laws import LAWS
+
+    cells = {(r.law.name, r.impl.op, r.impl.name): r for r in laws_run}
+    t = Table(title="laws (fixed grid cases; holds* = within budget, not bitwise)", title_justify="left")
+    t.add_column("law")
+    for impl in impls:
+        t.add_column(f"{impl.op}\n{impl.name}", justify="center")
+    for law in LAWS.values():
+        row = []
+        for impl in impls:
+            r = cells.get((law.name, impl.op, impl.name))
+            cell = "" if r is None else LAW_CELLS[r.status]
+            row.append(cell.replace("holds", "holds*") if r is not None and r.notes else cell)
+        t.add_row(f"{law.name} ({law.number})", *row)
+    return t
+
+
+def point_json(r: PointResult) -> dict:
+    from .drift import encode_float
+
+    p = r.point
+    entry = {"id": p.id, "op": p.case.op, "impl": p.impl.name, "dtype": p.case.dtype, "mode": p.mode,
+             "label": p.entry.label, "case": p.case.to_python(), "passed": r.passed, "crash": r.crash,
+             "problems": [], "outputs": {}}
+    if r.verdict is not None:
+        entry["problems"] = list(r.verdict.problems)
+        entry["reproduce"] = r.verdict.reproducer()
+        entry["outputs"] = {m.output: {"error": encode_float(m.error), "bound": encode_float(m.bound),
+                                       "headroom": encode_float(m.headroom), "passed": m.passed,
+                                       "budget": m.budget.key, "metric": m.budget.metric}
+                            for m in r.verdict.measurements}
+    return entry
+
+
+def law_json(r: LawResult) -> dict:
+    entry = {"law": r.law.name, "number": r.law.number, "op": r.impl.op, "impl": r.impl.name, "status": r.status,
+             "detail": r.detail, "notes": r.notes, "case": None}
+    if r.example is not None:
+        entry.update(case=r.case.to_python(), mode=r.example.mode, knobs=r.example.knobs, params=r.example.params)
+    return entry
+
+
+# --- command line ---------------------------------------------------------------------------------
 
 def add_parser(subparsers) -> None:
-    pass
+    p = subparsers.add_parser("report", help="the verification report: errors against budgets on the seeded grid, "
+                                             "and which laws hold for which implementation",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", dest="impls", action="extend", nargs="+", default=None, metavar="NAME",
+                   help="only these implementations (registered names, or OP=module:callable to add one); "
+                        "default: every available one")
+    p.add_argument("--ops", action="extend", nargs="+", default=None, metavar="OP", help="only these ops")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else the CPU "
+                                                  "with the faithful Triton interpreter)")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the whole report as JSON")
+    p.add_argument("--quick", action="store_true", help="the small grid (one tiny case per op and dtype)")
+    p.add_argument("--no-laws", dest="laws", action="store_false", help="skip the law summary")
+    p.add_argument("--jobs", type=int, default=None,
+                   help=f"worker processes (default: 1 on cuda, else the cores available, at most {MAX_JOBS})")
+    p.set_defaults(run=run)
+
+
+def default_jobs(device: str) -> int:
+    if device != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_JOBS, cores))
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from . import __version__, grid, registry
+    from .backend import configure_backend
+
+    console = Console(highlight=False, width=max(Console().width, 150))
+    try:
+        device = configure_backend(args.device)
+        names = None
+        if args.impls:
+            names = [registry.register(n).name if "=" in n else n for n in args.impls]
+        the_grid = grid.build(device, ops=args.ops, impls=names, quick=args.quick)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs: expected a positive count, got {args.jobs}")
+    if args.json is not None and not args.json.parent.is_dir():
+        raise UsageError(f"--json: folder {args.json.parent} does not exist")
+    jobs = args.jobs or default_jobs(device)
+    started = time.perf_counter()
+
+    points = [p for p in the_grid.points if not p.entry.sweep]
+    impls = list({(p.impl.op, p.impl.name): p.impl for p in points}.values())
+    units = point_units(points)
+    laws_skipped: list[LawResult] = []
+    if args.laws:
+        law_units, laws_skipped = law_plan(impls, args.quick)
+        units += law_units
+    console.print(f"refcheck {__version__} report on {device}"
+                  + (" (faithful Triton interpreter)" if device == "cpu" else "")
+                  + f": {len(points)} grid points, {len(units) - len(point_units(points))} law checks, {jobs} "
+                  + ("worker" if jobs == 1 else "workers"))
+    done = execute(units, device, jobs, Console(stderr=True))
+    point_results = [r for batch in done if isinstance(batch, list) for r in batch]
+    laws_run = [r for r in done if isinstance(r, LawResult)] + laws_skipped
+    elapsed = time.perf_counter() - started
+
+    for table in error_tables(point_results):
+        console.print(table)
+    for op, impl, why in the_grid.unavailable:
+        console.print(f"not run: {op} {escape(f'[{impl}]')}: {escape(why)}")
+    if args.laws:
+        console.print(law_table(laws_run, impls))
+        for r in laws_run:
+            for note in r.notes:
+                console.print(f"  holds*: {escape(note)}", soft_wrap=True)
+            if r.status == "no case":
+                console.print(f"  no case: {r.law.name} on {r.impl.op}/{r.impl.name}: {escape(r.detail)}", soft_wrap=True)
+
+    failed_points = [r for r in point_results if not r.passed]
+    failed_laws = [r for r in laws_run if r.failed]
+    for r in failed_points:
+        console.print(f"\n[bold red]FAIL[/] {escape(r.point.id)}")
+        console.print(r.verdict.failure_message() if r.crash is None else
+                      f"  raised {r.crash}\n  case: {r.point.case.describe()}", markup=False)
+    for r in failed_laws:
+        console.print(f"\n[bold red]law {r.law.name} FAILS[/] for {r.impl.op}/{escape(r.impl.name)}")
+        console.print(r.detail, markup=False)
+
+    outputs = sum(len(r.verdict.measurements) for r in point_results if r.verdict is not None)
+    summary = {"points": len(point_results), "points_failed": len(failed_points), "outputs": outputs,
+               "law_checks": len([r for r in laws_run if r.example is not None]), "laws_failed": len(failed_laws),
+               "seconds": round(elapsed, 1), "jobs": jobs}
+    passed = not failed_points and not failed_laws
+    if args.json is not None:
+        from .drift import environment, write_atomic
+        report = {"format": FORMAT, "format_version": FORMAT_VERSION, "passed": passed, "summary": summary,
+                  "environment": environment(device),
+                  "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},
+                  "unavailable": [{"op": op, "impl": impl, "why": why} for op, impl, why in the_grid.unavailable],
+                  "points": [point_json(r) for r in point_results], "laws": [law_json(r) for r in laws_run]}
+        write_atomic(args.json, json.dumps(report, indent=1, allow_nan=False) + "\n")
+    verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
+    console.print(f"\n{verdict}: {len(point_results) - len(failed_points)}/{len(point_results)} grid points within "
+                  f"budget ({outputs} outputs), {summary['law_checks'] - len(failed_laws)}/{summary['law_checks']} "
+                  f"law checks hold; {elapsed:.0f} s on {device} with {jobs} "
+                  + ("worker" if jobs == 1 else "workers") + (f"; JSON: {escape(str(args.json))}" if args.json else ""))
+    return 0 if passed else 1

@@ -9,6 +9,7 @@ outputs; corrupt, truncated and mismatched records must be refused with a clear 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 import os
 import re
@@ -32,19 +33,33 @@ def _env(**extra) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), **extra}
 
 
-@pytest.fixture(scope="module")
-def records(tmp_path_factory) -> dict[str, Path]:
-    """base, again (the same code once more) and head (degraded) records of the quick kda grid."""
-    folder = tmp_path_factory.mktemp("drift")
+def _record_all(folder: Path) -> None:
     sides = {"base": {}, "again": {}, "head": {"REFCHECK_TEST_DEGRADE": "1"}}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "refcheck.cli", *RECORD_ARGS, "--out", str(folder / f"{name}.json")],
-                                    cwd=ROOT, env=_env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = {name: subprocess.Popen([sys.executable, "-m", "refcheck.cli", *RECORD_ARGS, "--out",
+                                     str(folder / f"{name}.json")], cwd=ROOT, env=_env(**extra),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, extra in sides.items()}
     for name, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, f"drift record ({name}) failed:\n{out}\n{err}"
         assert "drift record: done" in err and "9/9" in err, err       # the progress bar was shown
-    return {name: folder / f"{name}.json" for name in sides}
+
+
+@pytest.fixture(scope="session")
+def records(tmp_path_factory, worker_id) -> dict[str, Path]:
+    """base, again (the same code once more) and head (degraded) records of the quick kda grid, made
+    once for all xdist workers (the first one to get the lock records, the others wait for it)."""
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    folder = shared / "drift-records"
+    with open(shared / "drift-records.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "done").exists():
+            folder.mkdir(exist_ok=True)
+            _record_all(folder)
+            (folder / "done").touch()
+    return {name: folder / f"{name}.json" for name in ("base", "again", "head")}
 
 
 def compare_cli(capsys, *args) -> tuple[int, str, str]:
@@ -170,9 +185,15 @@ def test_threshold_is_checked(records, capsys):
 def test_every_status(records):
     """Synthetic edits of a record: each kind of change gets its status, regressions sort first."""
     base = drift.load(records["base"])
+    pid = f"kda/{IMPL}/bf16/ieee/"
+    for p in base["points"]:
+        if p["id"] == pid + "dense":
+            for name in ("dv", "dg"):
+                p["outputs"][name]["bound"] = p["outputs"][name]["error"] / 2    # over budget in base
     head = copy.deepcopy(base)
     points = {p["id"]: p for p in head["points"]}
-    pid = f"kda/{IMPL}/bf16/ieee/"
+    points[pid + "dense"]["outputs"]["dv"]["error"] *= 1.1                # still failing, not much worse
+    points[pid + "dense"]["outputs"]["dg"]["error"] *= 2                  # failing and much worse
     points[pid + "dense"]["outputs"]["o"]["error"] *= 1.3                 # regressed at 1.25, changed at 1.5
     points[pid + "dense"]["outputs"]["dq"]["error"] *= 0.5                # improved
     points[pid + "dense"]["outputs"]["dk"]["bound"] *= 2                  # a loosened budget, same error
@@ -189,8 +210,10 @@ def test_every_status(records):
     assert status[(pid + "dense", "dk")] == "unchanged"
     assert status[(pid + "T=16", "*")] == "broken"
     assert status[(pid + "T=64", "*")] == "gone"
+    assert status[(pid + "dense", "dv")] == "still failing"
+    assert status[(pid + "dense", "dg")] == "regressed"
     assert status[(pid + "extra", "o")] == "new"
-    assert [r.status for r in result.rows[:3]] == ["broken", "regressed", "gone"]
+    assert [r.status for r in result.rows[:5]] == ["broken", "regressed", "regressed", "gone", "still failing"]
     dk = next(r for r in result.rows if r.point["id"] == pid + "dense" and r.output == "dk")
     assert "(was " in drift_compare._cells(dk)[6]
     looser = drift_compare.compare(base, head, 1.5)
@@ -229,8 +252,18 @@ fp32 = { metric = "rel_rms", ieee = 1e-5, tf32 = 5e-3, tf32x3 = 1e-5, reason = "
 CHANGED = '''
 [kda.o]
 bf16 = { metric = "rel_rms", ieee = 2e-2, tf32 = 3e-2, tf32x3 = 2e-2, reason = "safe_gate path: tf32 measured 1.2e-2" }
-[gla.o]
-fp32 = { metric = "rel_rms", ieee = 1e-6, tf32 = 5e-3, tf32x3 = 1e-5, reason = "fp32 accumulation", triton = { metric = "rel_rms", ieee = 2e-5, tf32 = 5e-3, tf32x3 = 2e-5, reason = "chunked kernel measured 8e-6" } }
+[gla.o.fp32]
+metric = "rel_rms"
+ieee = 1e-6
+tf32 = 5e-3
+tf32x3 = 1e-5
+reason = "fp32 accumulation"
+[gla.o.fp32.triton]
+metric = "rel_rms"
+ieee = 2e-5
+tf32 = 5e-3
+tf32x3 = 2e-5
+reason = "chunked kernel measured 8e-6"
 '''
 
 
@@ -264,7 +297,8 @@ def test_budgets_diff_between_git_revisions(tmp_path, capsys):
     assert cli.main(["budgets", "diff", "--repo", str(tmp_path)]) == 0          # HEAD -> working tree
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "budgets diff: tolerances.toml HEAD -> working tree"
-    assert out.index("loosened (1):") < out.index("tightened (1):") < out.index("added (1):") < out.index("removed (1):")
+    sections = [out.index(f"{kind} (1):") for kind in ("loosened", "tightened", "added", "removed")]
+    assert sections == sorted(sections)
     assert "  kda.o.bf16: tf32 0.02 -> 0.03 (x1.5)\n      reason: safe_gate path: tf32 measured 1.2e-2\n" in out
 
     _git(tmp_path, "commit", "-q", "-am", "head")

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import Chunks, padded
-from .chunk_fwd import state_blocks, value_block
+from ..common import Chunks, launch, padded
+from .chunk_fwd import serial_launch, single_stage, state_blocks
 from .gate import gate_backward_tile
 from .state import dread_block, dwrite_block, load_state, store_state
 from .subchunk import chunk_colform, chunk_rowform, diag_precision
@@ -108,13 +108,10 @@ def dstate_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr, 
 
 
 @triton.jit
-def grads_kernel(q_ptr, k_ptr, v_ptr, g_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr,
-                 alog_ptr, bias_ptr, dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, da_ptr, ddt_ptr,
-                 cu_ptr, seq_ptr, start_ptr, scale, lower_bound, H, K, V,
-                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SAFE: tl.constexpr,
-                 USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, USE_GATE: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
-    """One chunk and head: dq, dk, dv, dbeta, dg (and the gate's partial sums)."""
+def grads_v_kernel(v_ptr, beta_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr, cu_ptr, seq_ptr,
+                   start_ptr, H, V, C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """One chunk and head, the value side: dv, ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)``
+    (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -123,11 +120,8 @@ def grads_kernel(q_ptr, k_ptr, v_ptr, g_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_
     jj = i[None, :]
     rows = t0 + i
     rmask = i < n
-    grows = t0 + tl.minimum(i, n - 1)
     beta = load_rowvec(beta_ptr, rows, rmask, h, H)
     cv = tl.arange(0, BV)
-    ck = tl.arange(0, BK)
-    # value side: dP, dL and dv need every value column
     dP = tl.zeros((C, C), tl.float32)
     dYU = tl.zeros((C, C), tl.float32)
     dbeta = tl.zeros((C,), tl.float32)
@@ -141,87 +135,108 @@ def grads_kernel(q_ptr, k_ptr, v_ptr, g_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_
         dYU += tl.dot(dY, tl.trans(U), input_precision=PREC)
         dbeta += tl.sum(v * dY, axis=1)
         store_tile(dv_ptr + v0, beta[:, None] * dY, rows, rmask, h, H, V, cv, vmask)
-    dP = tl.where(ii >= jj, dP, 0.0)
-    dL = tl.where(ii > jj, -dYU, 0.0)
-    dA = beta[:, None] * dL
-    # key side, one channel block at a time (every term below is elementwise in the channel)
+    store_tile(dP_ptr, tl.where(ii >= jj, dP, 0.0), rows, rmask, h, H, C, i, i < C)
+    store_tile(dL_ptr, tl.where(ii > jj, -dYU, 0.0), rows, rmask, h, H, C, i, i < C)
+    tl.store(dbeta_ptr + rows.to(tl.int64) * H + h, dbeta, mask=rmask)
+
+
+@triton.jit
+def grads_k_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr, dL_ptr, dP_ptr,
+                   alog_ptr, bias_ptr, dq_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_ptr, ddt_ptr,
+                   cu_ptr, seq_ptr, start_ptr, scale, lower_bound, H, K, V, TOTAL,
+                   C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SAFE: tl.constexpr,
+                   USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, USE_GATE: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
+    """One chunk, head and channel block kb: dq, dk, dg (and the gate's partial sums), and dbeta's
+    share of this block (``dbeta[1 + kb]``; the caller adds the blocks)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    kb = tl.program_id(2)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    ii = i[:, None]
+    rows = t0 + i
+    rmask = i < n
+    grows = t0 + tl.minimum(i, n - 1)
+    beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+    mbase = (t0.to(tl.int64) * H + h) * C
+    dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
+    dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
+    k0 = kb * BK
+    ck = tl.arange(0, BK)
+    kmask = k0 + ck < K
+    cv = tl.arange(0, BV)
     stride = H * K
-    base = (t0.to(tl.int64) * H + h) * K
-    rate = 1.0
+    base = (t0.to(tl.int64) * H + h) * K + k0
+    k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, kmask)
+    q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, kmask)
+    G = load_tile(G_ptr + k0, grows, i < C, h, H, K, ck, kmask)
+    G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * stride + ck, mask=kmask, other=0.0)
+    # state side: dQg = dO h^T, dKd = U dh^T, dYh = dY h^T, dgamma = rowsum(h * dh)
+    dQg = tl.zeros((C, BK), tl.float32)
+    dKd = tl.zeros((C, BK), tl.float32)
+    dYh = tl.zeros((C, BK), tl.float32)
+    dgamma = tl.zeros((BK,), tl.float32)
+    state_base = (c.to(tl.int64) * H + h) * K * V
+    for v0 in range(0, V, BV):
+        vmask = v0 + cv < V
+        s_off = state_base + (k0 + ck[:, None]).to(tl.int64) * V + v0 + cv[None, :]
+        s_mask = kmask[:, None] & vmask[None, :]
+        hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
+        dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
+        do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        dQg += tl.dot(do, tl.trans(hs), input_precision=PREC)
+        dKd += tl.dot(load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(dh), input_precision=PREC)
+        dYh += tl.dot(load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
+        dgamma += tl.sum(hs * dh, axis=1)
+    eG = tl.exp(G)
+    eD = tl.exp(G_last[None, :] - G)
+    dKg = -beta[:, None] * dYh
+    dbeta = -tl.sum(k * eG * dYh, axis=1)
+    R_L, R_P = chunk_rowform(dL, dP, k, G, dL_ptr + mbase, dP_ptr + mbase, H * C, k_ptr + base, G_ptr + base,
+                             stride, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
+    dbeta += tl.sum(k * R_L, axis=1)
+    Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, dL_ptr + mbase, dP_ptr + mbase, H * C,
+                       beta_ptr + t0.to(tl.int64) * H + h, H, scale, k_ptr + base, q_ptr + base, G_ptr + base,
+                       stride, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
+    dq = scale * (eG * dQg + R_P)
+    dk_row = eG * dKg + beta[:, None] * R_L
+    dk = dk_row + Qc + eD * dKd
+    dG = q * dq + k * (dk_row - Qc - eD * dKd)
+    dG += tl.where(ii == n - 1, (tl.sum(k * eD * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+    dgate = tl.cumsum(dG, axis=0, reverse=True)
+    store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
+    store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
     if USE_GATE:
         rate = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
-    da = tl.zeros((BK,), tl.float32)
-    state_base = (c.to(tl.int64) * H + h) * K * V
-    for k0 in range(0, K, BK):
-        kmask = k0 + ck < K
-        k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, kmask)
-        q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, kmask)
-        G = load_tile(G_ptr + k0, grows, i < C, h, H, K, ck, kmask)
-        G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * stride + k0 + ck, mask=kmask, other=0.0)
-        dQg = tl.zeros((C, BK), tl.float32)
-        dKd = tl.zeros((C, BK), tl.float32)
-        dYh = tl.zeros((C, BK), tl.float32)
-        dgamma = tl.zeros((BK,), tl.float32)
-        for v0 in range(0, V, BV):
-            vmask = v0 + cv < V
-            s_off = state_base + (k0 + ck[:, None]).to(tl.int64) * V + v0 + cv[None, :]
-            s_mask = kmask[:, None] & vmask[None, :]
-            hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
-            dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
-            U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-            dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-            do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-            dQg += tl.dot(do, tl.trans(hs), input_precision=PREC)
-            dKd += tl.dot(U, tl.trans(dh), input_precision=PREC)
-            dYh += tl.dot(dY, tl.trans(hs), input_precision=PREC)
-            dgamma += tl.sum(hs * dh, axis=1)
-        eG = tl.exp(G)
-        eD = tl.exp(G_last[None, :] - G)
-        dKg = -beta[:, None] * dYh
-        dbeta -= tl.sum(k * eG * dYh, axis=1)
-        R_L, R_P = chunk_rowform(dL, dP, k, G, k_ptr + base + k0, G_ptr + base + k0, stride, ck, kmask, n, C, BC,
-                                 SAFE, USE_GATHER, PREC, DPREC)
-        dbeta += tl.sum(k * R_L, axis=1)
-        Qc = chunk_colform(dA, k, dP * scale, q, G, k_ptr + base + k0, q_ptr + base + k0, G_ptr + base + k0, stride, ck,
-                           kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
-        dq = scale * (eG * dQg + R_P)
-        dk_row = eG * dKg + beta[:, None] * R_L
-        dk = dk_row + Qc + eD * dKd
-        dG = q * dq + k * (dk_row - Qc - eD * dKd)
-        dG += tl.where(ii == n - 1, (tl.sum(k * eD * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
-        dgate = tl.cumsum(dG, axis=0, reverse=True)
-        store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
-        store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
-        if USE_GATE:
-            da += gate_backward_tile(dgate, g_ptr + k0, bias_ptr + k0, dg_ptr + k0, ddt_ptr + k0, rows, rmask, ck,
-                                     kmask, c, h, H, K, rate, lower_bound, HAS_BIAS, USE_LB)
-        else:
-            store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
-    tl.store(dbeta_ptr + rows.to(tl.int64) * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=rmask)
-    if USE_GATE:
-        tl.store(da_ptr + c * H + h, tl.sum(da, axis=0))
+        da = gate_backward_tile(dgate, g_ptr + k0, bias_ptr + k0, dg_ptr + k0, ddt_ptr + k0, rows, rmask, ck, kmask,
+                                c, h, H, K, rate, lower_bound, HAS_BIAS, USE_LB)
+        tl.store(da_ptr + (c * H + h) * tl.num_programs(2) + kb, tl.sum(da, axis=0))
+    else:
+        store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
+    tl.store(dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h, dbeta, mask=rmask)
 
 
 def dstate(q, k, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str, want_dh0: bool,
            config: dict | None = None):
     """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``, fp32. ``config`` overrides
-    the launch (``bv``, ``num_warps``, ``num_stages``)."""
+    the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     V = do.shape[-1]
     N = chunks.num_seqs
     dev = k.device
     f32 = torch.float32
-    cfg = dict(bv=value_block(V, N * H), num_warps=4, num_stages=2) | (config or {})
+    cfg = serial_launch(V, N * H) | dict(num_stages=2) | (config or {})
     kb, nkb = state_blocks(K)
     dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
     dY = torch.empty(total, H, V, device=dev, dtype=f32)
     dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if want_dh0 else None
     if N and H:
-        dstate_kernel[(triton.cdiv(V, cfg["bv"]), N * H)](
-            q, k, G, beta, T, P, do, dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh,
-            chunks.cu, chunks.offsets, scale, H, K, V, C=chunks.size, KB=kb, NKB=nkb, BV=cfg["bv"],
-            HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision, num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"])
+        launch(dstate_kernel, (triton.cdiv(V, cfg["BV"]), N * H),
+               (q, k, G, beta, T, P, do, dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh,
+                chunks.cu, chunks.offsets, scale, H, K, V),
+               dict(C=chunks.size, KB=kb, NKB=nkb, HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision),
+               single_stage(cfg))
     return dh, dY, dh0
 
 
@@ -231,28 +246,40 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
 
     dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
     raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
-    launch (``bk``, ``bv``, ``num_warps``, ``num_stages``)."""
+    launches (``BK``, ``BV``, ``num_warps`` of the key side; ``value``: ``BV``, ``num_warps`` of the
+    value side)."""
     total, H, K = k.shape
     V = v.shape[-1]
     NC = chunks.num_chunks
+    C = chunks.size
     dev = k.device
+    f32 = torch.float32
     use_gate = A_log is not None
-    cfg = dict(bk=min(padded(K), 32), bv=min(padded(V), 32), num_warps=4, num_stages=1) | (config or {})
+    config = dict(config or {})
+    vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
+    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 32), num_warps=4, num_stages=1) | config
+    nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
     dv = torch.empty_like(v)
     dg = torch.empty_like(g)
-    dbeta = torch.empty_like(beta)
-    da = torch.zeros(NC, H, device=dev, dtype=torch.float32) if use_gate else None
-    ddt = torch.zeros(NC, H, K, device=dev, dtype=torch.float32) if use_gate else None
+    dL = torch.empty(total, H, C, device=dev, dtype=f32)
+    dP = torch.empty_like(dL)
+    dbeta = torch.empty(1 + nkb, total, H, device=dev, dtype=f32)
+    da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
+    ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
     if NC and H:
-        grads_kernel[(NC, H)](
-            q, k, v, g, G, beta, hs, dh, U, dY, do, A_log if use_gate else g,
-            dt_bias if dt_bias is not None else g, dq, dk, dv, dg, dbeta, da if use_gate else g,
-            ddt if use_gate else g, chunks.cu, chunks.seq, chunks.start, scale, float(lower_bound or 0.0), H, K, V,
-            C=chunks.size, BC=16, BK=cfg["bk"], BV=cfg["bv"], SAFE=safe, USE_GATHER=use_gather, PREC=precision,
-            DPREC=diag_precision(precision), USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
-            USE_LB=lower_bound is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        launch(grads_v_kernel, (NC, H), (v, beta, U, dY, do, dv, dL, dP, dbeta, chunks.cu, chunks.seq, chunks.start,
+                                         H, V), dict(C=C, PREC=precision), [vcfg, vcfg | dict(BV=16)])
+        launch(grads_k_kernel, (NC, H, nkb),
+               (q, k, g, G, beta, hs, dh, U, dY, do, dL, dP, A_log if use_gate else g,
+                dt_bias if dt_bias is not None else g, dq, dk, dg, dbeta, da if use_gate else g,
+                ddt if use_gate else g, chunks.cu, chunks.seq, chunks.start, scale, float(lower_bound or 0.0), H, K,
+                V, total),
+               dict(C=C, BC=16, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision),
+                    USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None, USE_LB=lower_bound is not None),
+               [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)])
+    dbeta = dbeta.sum(0).to(beta.dtype)
     if not use_gate:
         return dq, dk, dv, dg, dbeta, None, None
-    return dq, dk, dv, dg, dbeta, da.sum(0), (ddt.sum(0).reshape(H * K) if dt_bias is not None else None)
+    return dq, dk, dv, dg, dbeta, da.sum((0, 2)), (ddt.sum(0).reshape(H * K) if dt_bias is not None else None)

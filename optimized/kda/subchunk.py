@@ -120,9 +120,18 @@ def pairs_level(A, P, k, q, G, G_ptr, stride, cols, cmask, n, S: tl.constexpr, C
 
 
 @triton.jit
+def expand_band(band, C: tl.constexpr, BC: tl.constexpr):
+    """``[C, BC] -> [C, C]``: entry (i, j) is ``band[i, j % BC]`` (mask it to the diagonal blocks)."""
+    return tl.reshape(tl.broadcast_to(band[:, None, :], (C, C // BC, BC)), (C, C))
+
+
+@triton.jit
 def pairs_diag(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
                SAFE: tl.constexpr, USE_GATHER: tl.constexpr, DPREC: tl.constexpr):
-    """Add the diagonal sub-chunk blocks: A strictly lower (j < i), P lower with the diagonal."""
+    """Add the diagonal sub-chunk blocks: A strictly lower (j < i), P lower with the diagonal.
+
+    General path: step r sums the pairs (i, 16*b(i) + r) of every block for every row i at once
+    into column r of a ``[C, BC]`` band, expanded to the blocks at the end."""
     i = tl.arange(0, C)
     ii = i[:, None]
     jj = i[None, :]
@@ -134,14 +143,18 @@ def pairs_diag(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.conste
         P += tl.where(same & (ii >= jj), tl.dot(q * el, right, input_precision=DPREC), 0.0)
     else:
         start = (i // BC) * BC
+        band_r = tl.arange(0, BC)[None, :]
+        band_a = tl.zeros((C, BC), tl.float32)
+        band_p = tl.zeros((C, BC), tl.float32)
         for r in range(BC):
             jr = start + r
             k_r = take_rows(k, k_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
             G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
             ke = k_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
-            hit = jj == jr[:, None]
-            A += tl.where(hit & (ii > jj), tl.sum(k * ke, axis=1)[:, None], 0.0)
-            P += tl.where(hit & (ii >= jj), tl.sum(q * ke, axis=1)[:, None], 0.0)
+            band_a += tl.where(band_r == r, tl.sum(k * ke, axis=1)[:, None], 0.0)
+            band_p += tl.where(band_r == r, tl.sum(q * ke, axis=1)[:, None], 0.0)
+        A += tl.where(same & (ii > jj), expand_band(band_a, C, BC), 0.0)
+        P += tl.where(same & (ii >= jj), expand_band(band_p, C, BC), 0.0)
     return A, P
 
 
@@ -154,13 +167,17 @@ def chunk_pairs(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.const
     return pairs_diag(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C, BC, SAFE, USE_GATHER, DPREC)
 
 
-# ------------------------------------------------------------------------------------- row form
+# ------------------------------------------------------------------------------- row/column forms
+# The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) are both in
+# registers (for the tensor-core levels) and in memory at ``L_ptr``/``P_ptr`` (chunk row 0, row
+# stride ``mstride``), where the general path's diagonal steps read their band entries.
 
 
 @triton.jit
-def chunk_rowform(M1, M2, y, G, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
-                  SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for lower-triangular M1, M2."""
+def chunk_rowform(M1, M2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
+                  BC: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
+                  DPREC: tl.constexpr):
+    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for M1 = dL, M2 = dP."""
     R1 = tl.zeros(y.shape, tl.float32)
     R2 = tl.zeros(y.shape, tl.float32)
     for lvl in tl.static_range(2):
@@ -184,20 +201,19 @@ def chunk_rowform(M1, M2, y, G, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.cons
             y_r = take_rows(y, y_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
             G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
             ye = y_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
-            hit = i[None, :] == jr[:, None]
-            R1 += tl.sum(tl.where(hit, M1, 0.0), axis=1)[:, None] * ye
-            R2 += tl.sum(tl.where(hit, M2, 0.0), axis=1)[:, None] * ye
+            m1 = tl.load(L_ptr + i * mstride + jr, mask=i < n, other=0.0)  # M1[i, jr]
+            m2 = tl.load(P_ptr + i * mstride + jr, mask=i < n, other=0.0)
+            R1 += m1[:, None] * ye
+            R2 += m2[:, None] * ye
     return R1, R2
 
 
-# ---------------------------------------------------------------------------------- column form
-
-
 @triton.jit
-def chunk_colform(M1, x1, M2, x2, G, x1_ptr, x2_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
-                  BC: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
-                  DPREC: tl.constexpr):
-    """``Q_jd = sum_{i >= j} (M1_ij x1_id + M2_ij x2_id) e^{G_id - G_jd}`` for lower-triangular M1, M2."""
+def chunk_colform(M1, x1, M2, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr, G_ptr,
+                  stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, SAFE: tl.constexpr,
+                  USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """``Q_jd = sum_{i >= j} (M1_ij x1_id + M2_ij x2_id) e^{G_id - G_jd}`` for M1 = Diag(beta) dL,
+    M2 = pscale dP (beta at ``beta_ptr``, row stride ``bstride``)."""
     Q = tl.zeros(x1.shape, tl.float32)
     for lvl in tl.static_range(2):
         odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, 32 >> lvl, C, USE_GATHER)
@@ -220,9 +236,10 @@ def chunk_colform(M1, x1, M2, x2, G, x1_ptr, x2_ptr, G_ptr, stride, cols, cmask,
             x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
             G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
             e = tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
-            hit = i[:, None] == ir[None, :]
-            m1 = tl.sum(tl.where(hit, M1, 0.0), axis=0)
-            m2 = tl.sum(tl.where(hit, M2, 0.0), axis=0)
+            valid = ir < n
+            m1 = tl.load(L_ptr + ir * mstride + i, mask=valid, other=0.0)  # dL[ir, i]
+            m1 *= tl.load(beta_ptr + ir * bstride, mask=valid, other=0.0).to(tl.float32)
+            m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=valid, other=0.0)
             Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * e
     return Q
 

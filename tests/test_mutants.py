@@ -1,0 +1,60 @@
+"""Every law can fail: each mutant of ``tests/mutants.py`` is killed by the laws it targets within
+the ci profile's example budget (shrinking off: the kill is what counts), the correct controls
+survive every law that concerns them, and a failure shrinks to a small example whose printed
+reproducer fails on its own."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, settings
+
+from refcheck import profiles
+from refcheck.laws import LAWS, LawViolation, hypothesis_check
+from tests.mutants import CONTROLS, MUTANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+CI = profiles.PROFILES["ci"]
+NO_SHRINK = settings(**{**CI, "phases": (Phase.explicit, Phase.generate)})
+"""The ci profile without shrinking: the same examples the ci run draws, stopped at the first kill."""
+
+
+def test_every_law_has_two_mutants():
+    counts = Counter(law for m in MUTANTS.values() for law in m.kills)
+    assert {law: counts[law] for law in LAWS if counts[law] < 2} == {}
+    assert set(counts) <= set(LAWS)
+
+
+@pytest.mark.parametrize("name, law", [(n, law) for n, m in MUTANTS.items() for law in m.kills],
+                         ids=[f"{n}-{law}" for n, m in MUTANTS.items() for law in m.kills])
+def test_mutant_is_killed(name, law):
+    with pytest.raises(LawViolation, match=f"law {law} .*violated") as caught:
+        hypothesis_check(law, MUTANTS[name].impl, settings=NO_SHRINK)
+    assert "reproduce: python -c" in str(caught.value)
+
+
+@pytest.mark.parametrize("name, law", [(n, law.name) for n, impl in CONTROLS.items()
+                                       for law in LAWS.values() if not law.why_not(impl)],
+                         ids=[f"{n}-{law.name}" for n, impl in CONTROLS.items()
+                              for law in LAWS.values() if not law.why_not(impl)])
+def test_control_survives(name, law):
+    hypothesis_check(law, CONTROLS[name], settings=settings(**CI))
+
+
+def test_failure_shrinks_to_a_reproducer_that_fails_alone():
+    """The off-by-one gate of kda breaks causality: shrunk to the smallest such case (two tokens,
+    cut after the first), and the printed one-line reproducer fails the same way in a new process."""
+    with pytest.raises(LawViolation) as caught:
+        hypothesis_check("causality", MUTANTS["kda_future_gate"].impl, settings=settings(**CI))
+    message = str(caught.value)
+    assert "'T': 2" in message and "params={'cut': 0}" in message, message
+    command = re.search(r'reproduce: python -c "(.*)"$', message, re.M).group(1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0 and "LawViolation" in done.stderr and "law causality" in done.stderr, done.stderr

@@ -1,0 +1,172 @@
+"""Quick checks of ``optimized.kda`` / ``optimized.kda_gate`` on the CPU (faithful Triton interpreter)
+against the float64 references: forward and every gradient, each option once, and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from refcheck import interpreter
+
+interpreter.interpret_new_kernels()  # before the kernel modules are imported
+interpreter.enable()
+
+import optimized  # noqa: E402
+import references  # noqa: E402
+
+# relative RMS error allowed, by (input dtype, precision): fp32 inputs with fp32-accurate dots sit
+# near 1e-6; tf32 truncates operands to 10 bits (~1e-3); bf16/fp16 round inputs/outputs.
+TOL = {("fp32", "ieee"): 2e-5, ("fp32", "tf32x3"): 2e-5, ("fp32", "tf32"): 6e-3, ("bf16", "tf32"): 2e-2,
+       ("fp16", "tf32"): 6e-3}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def rel(x, ref):
+    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def kda_case(B=1, T=70, H=1, K=32, V=32, dtype="fp32", lengths=None, h0=False, gate=False, safe=None, l2=False,
+             seed=0):
+    """Inputs (already rounded to dtype) and contract options of one kda call."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    dt = DTYPES[dtype]
+    cu = None if lengths is None else torch.tensor([0] + lengths).cumsum(0)
+    N = B if lengths is None else len(lengths)
+    k = rnd(B, T, H, K) if l2 else F.normalize(rnd(B, T, H, K), dim=-1)
+    if gate:
+        g = rnd(B, T, H, K)
+    else:
+        g = (safe or -5.0) * torch.rand(B, T, H, K, generator=gen)
+    x = dict(q=rnd(B, T, H, K), k=k, v=rnd(B, T, H, V), g=g, beta=torch.rand(B, T, H, generator=gen))
+    x = {n: t.to(dt) for n, t in x.items()}
+    if h0:
+        x["initial_state"] = rnd(N, H, K, V)
+    if gate:
+        x["A_log"] = 0.5 * rnd(H)
+        x["dt_bias"] = 0.5 * rnd(H * K)
+    opts = dict(cu_seqlens=cu, output_final_state=True, use_qk_l2norm=l2, use_gate_in_kernel=gate,
+                safe_gate=safe is not None, lower_bound=safe)
+    return x, opts
+
+
+def run_kda(fn, x, opts, do, dht, **knobs):
+    leaves = {n: t.detach().clone().requires_grad_() for n, t in x.items()}
+    o, ht = fn(**leaves, **opts, **knobs)
+    grads = torch.autograd.grad((o, ht), list(leaves.values()), (do.to(o.dtype), dht.to(ht.dtype)))
+    return o, ht, dict(zip(leaves, grads))
+
+
+CASES = {
+    "fp32 ieee general": (dict(T=130, H=2), dict(precision="ieee")),
+    "fp32 tf32x3 safe gather": (dict(safe=-5.0), dict(precision="tf32x3", use_gather=True)),
+    "fp32 ieee varlen empty h0 keep": (dict(T=110, lengths=[0, 37, 0, 73], h0=True),
+                                       dict(precision="ieee", disable_recompute=True)),
+    "fp32 ieee l2norm gather": (dict(l2=True), dict(precision="ieee", use_gather=True)),
+    "fp32 ieee softplus gate": (dict(gate=True, h0=True, K=16, V=16), dict(precision="ieee")),
+    "fp32 ieee sigmoid gate safe": (dict(gate=True, safe=-2.0), dict(precision="ieee")),
+    "fp32 ieee K=100 V=40": (dict(T=66, K=100, V=40), dict(precision="ieee")),
+    "fp32 tf32 safe": (dict(safe=-5.0), dict(precision="tf32")),
+    "bf16 tf32 B=2": (dict(B=2, T=40, dtype="bf16", h0=True, K=16, V=16), dict()),
+    "fp16 tf32 safe": (dict(T=67, dtype="fp16", safe=-3.0), dict()),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kda_matches_float64(name):
+    shape, knobs = CASES[name]
+    x, opts = kda_case(**shape)
+    o_shape = (*x["v"].shape,)
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(o_shape, generator=gen, dtype=torch.float64)
+    N = x["q"].shape[0] if opts["cu_seqlens"] is None else len(opts["cu_seqlens"]) - 1
+    dht = torch.randn(N, x["q"].shape[2], x["q"].shape[3], x["v"].shape[3], generator=gen, dtype=torch.float64)
+    o, ht, grads = run_kda(optimized.kda, x, opts, do, dht, **knobs)
+    x64 = {n: t.double() for n, t in x.items()}
+    ro, rht, rgrads = run_kda(references.kda, x64, opts, do, dht)
+    assert o.dtype == x["q"].dtype and o.shape == ro.shape
+    assert ht.dtype == torch.float32
+    tol = TOL[(shape.get("dtype", "fp32"), knobs.get("precision", "tf32"))]
+    errors = {"o": rel(o, ro), "final_state": rel(ht, rht)} | {f"d{n}": rel(grads[n], rgrads[n]) for n in grads}
+    # A_log gets one number per head: a sum over every token with cancellation, so looser
+    limits = {n: (10 * tol if n == "dA_log" else tol) for n in errors}
+    assert all(errors[n] <= limits[n] for n in errors), errors
+
+
+def test_kda_empty_sequences_keep_the_state():
+    x, opts = kda_case(T=0, lengths=[0, 0], h0=True)
+    o, ht = optimized.kda(**x, **opts)
+    assert o.shape == (1, 0, 1, 32)
+    torch.testing.assert_close(ht, x["initial_state"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("lower_bound", [None, -3.0])
+def test_kda_gate_matches_float64(dtype, lower_bound):
+    gen = torch.Generator().manual_seed(2)
+    g = (4 * torch.randn(2, 33, 3, 20, generator=gen)).to(DTYPES[dtype])
+    A_log = torch.randn(3, generator=gen)
+    dt_bias = torch.randn(60, generator=gen)
+    dgate = torch.randn(2, 33, 3, 20, generator=gen, dtype=torch.float64)
+    outs = []
+    for fn, cast in ((optimized.kda_gate, lambda t: t), (references.kda_gate, lambda t: t.double())):
+        leaves = [cast(t).detach().requires_grad_() for t in (g, A_log, dt_bias)]
+        gate = fn(*leaves, lower_bound)
+        outs.append((gate, torch.autograd.grad(gate, leaves, dgate.to(gate.dtype))))
+    (gate, grads), (rgate, rgrads) = outs
+    assert gate.dtype == torch.float32 and grads[0].dtype == g.dtype
+    assert rel(gate, rgate) < 1e-6
+    for a, b in zip(grads, rgrads):
+        assert rel(a, b) < (1e-6 if dtype == "fp32" else 5e-3)
+
+
+def _bad(**change):
+    x, opts = kda_case(T=8)
+    kw = x | opts | change
+    with pytest.raises(ValueError) as err:
+        optimized.kda(**kw)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(q=torch.randn(1, 8, 1, 300), k=torch.randn(1, 8, 1, 300), g=-torch.rand(1, 8, 1, 300)), "q"),
+    (dict(v=torch.randn(1, 8, 1, 257)), "v"),
+    (dict(safe_gate=True, lower_bound=-6.0), "lower_bound"),
+    (dict(safe_gate=True, lower_bound=0.0), "lower_bound"),
+    (dict(safe_gate=True, lower_bound=None), "lower_bound"),
+    (dict(initial_state=torch.zeros(1, 1, 32, 32, dtype=torch.float64)), "initial_state"),
+    (dict(initial_state=torch.zeros(2, 1, 32, 32)), "initial_state"),
+    (dict(q=torch.randn(2, 8, 1, 32), k=torch.randn(2, 8, 1, 32), v=torch.randn(2, 8, 1, 32),
+          g=-torch.rand(2, 8, 1, 32), beta=torch.rand(2, 8, 1), cu_seqlens=torch.tensor([0, 8])), "cu_seqlens"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 3, 8])), "cu_seqlens"),
+    (dict(q=torch.randn(8, 1, 32)), "q"),
+    (dict(k=torch.randn(1, 8, 1, 16)), "k"),
+    (dict(beta=torch.rand(1, 8, 3)), "beta"),
+    (dict(q=torch.randn(1, 8, 1, 32).double()), "q"),
+    (dict(v=torch.ones(1, 8, 1, 32, dtype=torch.int32)), "v"),
+    (dict(precision="fp64"), "precision"),
+    (dict(use_gather=1), "use_gather"),
+    (dict(use_gate_in_kernel=True), "A_log"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(2)), "A_log"),
+    (dict(scale=-1.0), "scale"),
+])
+def test_kda_bad_input_names_the_argument(change, name):
+    assert name in _bad(**change)
+
+
+def test_kda_rejects_unknown_keywords():
+    x, opts = kda_case(T=8)
+    with pytest.raises(TypeError):
+        optimized.kda(**x, **opts, chunk_size=32)
+
+
+@pytest.mark.parametrize("args, name", [
+    ((torch.randn(1, 4, 2, 8), torch.zeros(3)), "A_log"),
+    ((torch.randn(1, 4, 2, 8), torch.zeros(2), torch.zeros(15)), "dt_bias"),
+    ((torch.randn(4, 2, 8), torch.zeros(2)), "g"),
+    ((torch.randn(1, 4, 2, 8), torch.zeros(2), None, 1.0), "lower_bound"),
+])
+def test_kda_gate_bad_input_names_the_argument(args, name):
+    with pytest.raises(ValueError) as err:
+        optimized.kda_gate(*args)
+    assert name in str(err.value)
