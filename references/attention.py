@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .contract import check_cu_seqlens, check_scale, check_shape, check_tensor, sequence_spans
+from .contract import check_scale, check_shape, check_tensor, sequence_spans
 
 
 def check_attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k):
@@ -31,13 +31,10 @@ def check_attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k):
         raise ValueError(f"k: the number of key heads ({hk}) must divide the number of query heads ({h})")
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q/cu_seqlens_k: give both or neither")
-    q_spans = sequence_spans(cu_seqlens_q, b, t)
-    if cu_seqlens_k is not None:
-        k_spans = [(0, *span) for span in check_cu_seqlens(cu_seqlens_k, b, s, "cu_seqlens_k")]
-        if len(k_spans) != len(q_spans):
-            raise ValueError(f"cu_seqlens_k: expected {len(q_spans)} sequences like cu_seqlens_q, got {len(k_spans)}")
-    else:
-        k_spans = sequence_spans(None, b, s)
+    q_spans = sequence_spans(cu_seqlens_q, b, t, "cu_seqlens_q")
+    k_spans = sequence_spans(cu_seqlens_k, b, s, "cu_seqlens_k")
+    if len(k_spans) != len(q_spans):
+        raise ValueError(f"cu_seqlens_k: expected {len(q_spans)} sequences like cu_seqlens_q, got {len(k_spans)}")
     return [(row, (qs, qe), (ks, ke)) for (row, qs, qe), (_, ks, ke) in zip(q_spans, k_spans)]
 
 

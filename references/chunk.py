@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import torch
 
-from .contract import check_state, sequence_spans
+from .recurrence import over_sequences
 
 # Rows of a chunk whose decays are taken pair by pair (see ``pair_decays``): with C-step chunks,
 # ``exp`` is evaluated about C * (SUB_CHUNK + C / SUB_CHUNK) * K times per chunk and head.
@@ -151,25 +151,14 @@ def chunk_scan(inputs: dict[str, torch.Tensor], write: Write, scale: float, k_di
     v ``[B, T, H, V]`` and whatever ``write`` reads. The state starts at ``initial_state[n]``
     (``[N, H, K, V]``) or 0. Returns ``o [B, T, H, V]`` and, if asked, the final states ``[N, H, K, V]``.
     """
-    first = inputs["q"]
-    batch, length, heads = first.shape[:3]
-    spans = sequence_spans(cu_seqlens, batch, length)
-    if initial_state is not None:
-        check_state("initial_state", initial_state, len(spans), heads, k_dim, v_dim)
-    rows, finals = [[] for _ in range(batch)], []
-    for n, (b, start, end) in enumerate(spans):
-        if initial_state is None:
-            state = first.new_zeros(heads, k_dim, v_dim)
-        else:
-            state = initial_state[n].to(first.dtype)
+    def run_sequence(state, seq):
+        length = next(iter(seq.values())).shape[0]
         # unbind, not indexing: its backward assembles the gradient once, not once per chunk.
-        chunks = {name: to_chunks(x[b, start:end], chunk_size).unbind(0) for name, x in inputs.items()}
-        outs = []
+        chunks = {name: to_chunks(x, chunk_size).unbind(0) for name, x in seq.items()}
+        outs = [state.new_zeros(0, state.shape[0], v_dim)]
         for values in zip(*chunks.values()):
             state, o = chunk_step(state, dict(zip(chunks, values)), write, scale)
             outs.append(o.transpose(0, 1))
-        if outs:
-            rows[b].append(torch.cat(outs)[:end - start])
-        finals.append(state)
-    out = torch.stack([torch.cat(r) if r else first.new_zeros(0, heads, v_dim) for r in rows])
-    return out, (torch.stack(finals) if output_final_state else None)
+        return state, torch.cat(outs)[:length]
+
+    return over_sequences(run_sequence, inputs, k_dim, v_dim, initial_state, output_final_state, cu_seqlens)

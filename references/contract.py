@@ -53,11 +53,11 @@ def check_cu_seqlens(cu_seqlens, batch: int, length: int, name: str = "cu_seqlen
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def sequence_spans(cu_seqlens, batch: int, length: int) -> list[tuple[int, int, int]]:
+def sequence_spans(cu_seqlens, batch: int, length: int, name: str = "cu_seqlens") -> list[tuple[int, int, int]]:
     """The sequences of a batch as ``(row, start, end)``: one per batch row, or one per packed span."""
     if cu_seqlens is None:
         return [(b, 0, length) for b in range(batch)]
-    return [(0, s, e) for s, e in check_cu_seqlens(cu_seqlens, batch, length)]
+    return [(0, s, e) for s, e in check_cu_seqlens(cu_seqlens, batch, length, name)]
 
 
 def check_state(name: str, state, n: int, h: int, k: int, v: int) -> torch.Tensor:

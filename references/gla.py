@@ -74,7 +74,8 @@ def write_values(x: dict[str, torch.Tensor], G: torch.Tensor, decays: PairDecays
 
 def gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
                 chunk_size=64):
-    """GLA in chunks of ``chunk_size`` steps: same contract and result as ``gla`` (to rounding).
+    """GLA in chunks of ``chunk_size`` steps (``chunk.chunk_scan`` writing ``u_t = v_t``): same
+    contract and result as ``gla`` (to rounding); ``chunk_size`` is any positive int.
 
     Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
     """

@@ -130,8 +130,9 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
                 use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64):
     """KDA in chunks of ``chunk_size`` steps (``chunk.chunk_scan`` with ``delta_rule_write``).
 
-    Same contract and result as ``kda`` (to rounding), in ``q.dtype``; the state pass is
-    sequential over chunks only. Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``.
+    Same contract and result as ``kda`` (to rounding), in ``q.dtype``; ``chunk_size`` is any positive
+    int (a sequence's last chunk may be partial). Returns ``(o [B, T, H, V], final_state
+    [N, H, K, V] or None)``.
     """
     chunk_size = check_chunk_size(chunk_size)
     q, k, v, g, beta, scale, kd, vd = kda_operands(

@@ -4,7 +4,8 @@ Agreement: ``kda_chunked``, ``gla_chunked``, ``simple_gla_chunked`` against ``kd
 ``simple_gla`` on Hypothesis-drawn cases (T = 0, 1, primes, chunk multiples +-1; packed sequences with
 empty ones and int32/int64 ``cu_seqlens``; initial states; decays down to -1000 per step; the kda
 gate and L2 norm options), to 1e-12 relative RMS on o, the final state and, for some cases, the
-gradients of a random upstream. Measured: below 1e-15 throughout.
+gradients of a random upstream. Measured over 400 drawn cases per op (60 with gradients): at most
+5e-15 on o and the final state, 7.5e-15 on the gradients.
 
 Rejection: every reference raises ``ValueError`` whose message starts with the offending argument.
 """
@@ -82,30 +83,30 @@ def linear_cases(draw, op: str) -> dict:
     return dict(x=x, kw=kw)
 
 
-def run_pair(op: str, case: dict, grads: bool = False):
-    """The recurrent and chunked results (o, final_state and, if asked, the input gradients)."""
-    recurrent, chunked = getattr(references, op), getattr(references, f"{op}_chunked")
+def upstream_gradients(o: torch.Tensor, final: torch.Tensor, wrt: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of ``<o, dO> + <final, dS>`` for a fixed random upstream (dO, dS); 0 where unused."""
+    gen = torch.Generator().manual_seed(7)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=F64)).sum() + \
+        (final * torch.randn(final.shape, generator=gen, dtype=F64)).sum()
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True) if loss.requires_grad else [None] * len(wrt)
+    return [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, grads)]
+
+
+def run_pair(op: str, case: dict, grads: bool = False) -> list[list[torch.Tensor]]:
+    """For the recurrent and the chunked form: ``[o, final_state]`` and, with ``grads``, the upstream
+    gradients with respect to every floating-point input (tensors, initial state, A_log, dt_bias)."""
     kw = dict(case["kw"])
     chunk = kw.pop("chunk_size")
-    leaves = [t for t in [*case["x"].values(), kw.get("initial_state"), kw.get("A_log"), kw.get("dt_bias")]
-              if t is not None]
+
+    def leaf(t):
+        return t.detach().requires_grad_(grads) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
     results = []
-    for fn, extra in ((recurrent, {}), (chunked, {"chunk_size": chunk})):
-        inputs = {name: t.detach().requires_grad_(grads) for name, t in case["x"].items()}
-        options = {name: (t.detach().requires_grad_(grads) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                          else t) for name, t in kw.items()}
+    for fn, extra in ((getattr(references, op), {}), (getattr(references, f"{op}_chunked"), {"chunk_size": chunk})):
+        inputs, options = {n: leaf(t) for n, t in case["x"].items()}, {n: leaf(t) for n, t in kw.items()}
         o, final = fn(*inputs.values(), **options, **extra)
-        out = [o, final]
-        if grads:
-            gen = torch.Generator().manual_seed(7)
-            loss = (o * torch.randn(o.shape, generator=gen, dtype=F64)).sum() + \
-                   (final * torch.randn(final.shape, generator=gen, dtype=F64)).sum()
-            wrt = [t for t in [*inputs.values(), *options.values()]
-                   if isinstance(t, torch.Tensor) and t.requires_grad]
-            assert len(wrt) == len(leaves)
-            grads_ = torch.autograd.grad(loss, wrt, allow_unused=True) if loss.requires_grad else [None] * len(wrt)
-            out += [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, grads_)]
-        results.append(out)
+        wrt = [t for t in [*inputs.values(), *options.values()] if isinstance(t, torch.Tensor) and t.requires_grad]
+        results.append([o, final, *(upstream_gradients(o, final, wrt) if grads else [])])
     return results
 
 
@@ -134,8 +135,8 @@ def test_chunked_matches_at_default_chunk_over_several_chunks():
     gen = torch.Generator().manual_seed(3)
     t, h, kd, vd = 129, 2, 8, 4
     cu = torch.tensor([0, 60, 60, t], dtype=torch.int32)
-    x = dict(q=torch.randn(1, t, h, kd, generator=gen, dtype=F64), k=torch.randn(1, t, h, kd, generator=gen, dtype=F64),
-             v=torch.randn(1, t, h, vd, generator=gen, dtype=F64), g=-torch.rand(1, t, h, kd, generator=gen, dtype=F64))
+    x = {name: torch.randn(1, t, h, d, generator=gen, dtype=F64) for name, d in (("q", kd), ("k", kd), ("v", vd))}
+    x["g"] = -torch.rand(1, t, h, kd, generator=gen, dtype=F64)
     x["g"][0, ::17] = -1000.0
     beta = torch.rand(1, t, h, generator=gen, dtype=F64)
     for op, args, kw in (("kda", (*x.values(), beta), dict(use_qk_l2norm=True)), ("gla", tuple(x.values()), {})):
@@ -237,8 +238,8 @@ ATTENTION_MISTAKES = {
     "k rank": (_with("k", lambda t: t[..., None]), "k"),
     "k head dim": (_with("k", lambda t: t[..., :-1]), "k"),
     "k batch": (_with("k", lambda t: t[:1]), "k"),
-    "H % Hk != 0": (lambda x, kw: ({**x, "k": x["k"].repeat(1, 1, 3, 1)[:, :, :3], "v": x["v"].repeat(1, 1, 3, 1)[:, :, :3]},
-                                   kw), "k"),
+    "H % Hk != 0": (lambda x, kw: ({**x, "k": x["k"][:, :, :1].expand(-1, -1, 3, -1),
+                                    "v": x["v"][:, :, :1].expand(-1, -1, 3, -1)}, kw), "k"),
     "v keys": (_with("v", lambda t: t[:, 1:]), "v"),
     "v heads": (_with("v", lambda t: t[:, :, :1]), "v"),
     "v int": (_with("v", lambda t: t.to(torch.int16)), "v"),
@@ -267,9 +268,6 @@ GATE_MISTAKES = {
 }
 
 
-# attention checks cu_seqlens_q through contract.sequence_spans, which has no name parameter, so its
-# errors say "cu_seqlens". Reported; these turn into failures (strict) once the message is fixed.
-MISNAMED = {"attention-cu_seqlens_q with B > 1", "attention-cu_seqlens_q decreasing"}
 
 
 def _mistakes():
@@ -282,9 +280,7 @@ def _mistakes():
             yield pytest.param(op, mutate, name, id=f"{op}-{label}")
     for op, table in (("attention", ATTENTION_MISTAKES), ("kda_gate", GATE_MISTAKES)):
         for label, (mutate, name) in table.items():
-            marks = [pytest.mark.xfail(strict=True, reason="error names cu_seqlens")] \
-                if f"{op}-{label}" in MISNAMED else []
-            yield pytest.param(op, mutate, name, id=f"{op}-{label}", marks=marks)
+            yield pytest.param(op, mutate, name, id=f"{op}-{label}")
 
 
 @pytest.mark.parametrize("op, mutate, name", list(_mistakes()))
