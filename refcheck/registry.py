@@ -10,6 +10,7 @@ A user's implementation joins with ``register("OP=module:callable")``.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class Implementation:
     knobs:    keyword knobs and the values to exercise (``precision`` -> precision modes)
     backward: it is differentiable (gradients are checked)
     outputs:  the contract outputs it returns (a peer may return fewer, e.g. no lse)
+    requires: the module a peer's adapter imports on call (checked for availability)
     """
 
     op: str
@@ -43,6 +45,7 @@ class Implementation:
     backward: bool = True
     outputs: tuple[str, ...] | None = None
     triton: bool = False
+    requires: str | None = None
     description: str = ""
 
     @cached_property
@@ -68,6 +71,8 @@ class Implementation:
             return "no CUDA device here"
         if self.triton and kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             return "Triton kernel on the CPU needs TRITON_INTERPRET=1 (refcheck sets it)"
+        if self.requires and importlib.util.find_spec(self.requires.partition(".")[0]) is None:
+            return f"{self.requires} is not installed"
         try:
             self.fn
         except Exception as err:  # an uninstalled peer or a broken import: report, don't crash
@@ -82,16 +87,16 @@ BUILTIN: tuple[Implementation, ...] = (
                    description="our Triton gate kernel"),
     Implementation("kda", "triton", "optimized:kda", knobs=TRITON_KNOBS, triton=True,
                    description="our chunked Triton KDA (chunk 64, WY solve)"),
-    Implementation("kda", "fla", "refcheck.peers:fla_kda", devices=("cuda",), dtypes=("bf16", "fp16", "fp32"),
+    Implementation("kda", "fla", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
                    description="flash-linear-attention chunk_kda"),
-    Implementation("gla", "fla", "refcheck.peers:fla_gla", devices=("cuda",),
+    Implementation("gla", "fla", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
                    description="flash-linear-attention chunk_gla"),
-    Implementation("simple_gla", "fla", "refcheck.peers:fla_simple_gla", devices=("cuda",),
+    Implementation("simple_gla", "fla", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
                    description="flash-linear-attention chunk_simple_gla"),
     Implementation("attention", "sdpa", "refcheck.peers:sdpa_attention", outputs=("o",),
                    description="torch scaled_dot_product_attention (no lse)"),
     Implementation("attention", "fa4", "refcheck.peers:fa4_attention", devices=("cuda",), dtypes=("bf16", "fp16"),
-                   description="flash-attn-4 (CUTLASS DSL)"),
+                   requires="flash_attn", description="flash-attn-4 (CUTLASS DSL)"),
 ) + tuple(
     Implementation(op, "naive", f"refcheck.naive:{op}", dtypes=OPS[op].dtypes if op != "attention" else ALL_DTYPES,
                    description="the reference evaluated in the input dtype")
