@@ -22,7 +22,6 @@ import pytest
 from refcheck import profiles
 from refcheck.backend import configure_backend
 from refcheck.case import PRECISION_MODES
-from refcheck.strategies import Limits
 
 profiles.register()   # before Hypothesis' plugin loads --hypothesis-profile
 
@@ -49,7 +48,7 @@ class RefcheckConfig:
     impls: tuple[str, ...]
     precision: str | None
     strict: bool
-    limits: Limits
+    profile: str
 
 
 CONFIG = pytest.StashKey[RefcheckConfig]()
@@ -77,7 +76,7 @@ def pytest_configure(config):
     profiles.load(profile)
     strict = config.getoption("--strict-bitwise") or os.environ.get("REFCHECK_STRICT_BITWISE", "") not in ("", "0")
     config.stash[CONFIG] = RefcheckConfig(device, ops, tuple(names), config.getoption("--precision"), strict,
-                                          profiles.limits(profile))
+                                          profile)
     config.addinivalue_line("markers", "law(name): a property test of the law refcheck.laws.LAWS[name]")
 
 
@@ -114,13 +113,14 @@ def check_law(request):
     """``check_law(impl)``: search for a counterexample to the test's law with Hypothesis (the active
     profile); a falsified law fails with its message and reproducer, bitwise differences of laws that
     held within budget become ``BitwiseDifference`` warnings."""
-    from refcheck.laws import BitwiseDifference, hypothesis_check
+    from refcheck.laws import BitwiseDifference, hypothesis_check, interpreted
 
     cfg = request.config.stash[CONFIG]
     name = request.node.get_closest_marker("law").args[0]
 
     def check(impl) -> None:
         mode = cfg.precision if cfg.precision in impl.modes else None
-        for note in hypothesis_check(name, impl, limits=cfg.limits, mode=mode, device=cfg.device, strict=cfg.strict):
+        limits = profiles.limits(cfg.profile, interpreted(impl, cfg.device))
+        for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict):
             warnings.warn(BitwiseDifference(note))
     return check

@@ -314,7 +314,8 @@ def run_record(args) -> int:
         raise UsageError(str(err)) from None
     if not args.out.parent.is_dir():
         raise UsageError(f"--out: folder {args.out.parent} does not exist")
-    jobs = args.jobs if args.jobs is not None else min(4, len(os.sched_getaffinity(0))) if device == "cpu" else 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    jobs = args.jobs if args.jobs is not None else min(4, cores) if device == "cpu" else 1
     if jobs < 1:
         raise UsageError(f"--jobs: expected a positive number, got {jobs}")
     started = time.perf_counter()

@@ -205,11 +205,11 @@ def _header(c: Comparison) -> list[str]:
 
 
 def _unavailable(c: Comparison) -> list[str]:
-    lines = []
-    for side, rec in (("base", c.base), ("head", c.head)):
-        for u in rec["unavailable"]:
-            lines.append(f"{side}: {u['op']} [{u['impl']}] not run: {u['why']}")
-    return lines
+    """The implementations that did not run: once when both sides skipped them for the same reason."""
+    base, head = ([(u["op"], u["impl"], u["why"]) for u in rec["unavailable"]] for rec in (c.base, c.head))
+    return ([f"{op} [{impl}] not run: {why}" for op, impl, why in base if (op, impl, why) in head]
+            + [f"base only: {op} [{impl}] not run: {why}" for op, impl, why in base if (op, impl, why) not in head]
+            + [f"head only: {op} [{impl}] not run: {why}" for op, impl, why in head if (op, impl, why) not in base])
 
 
 def summary(c: Comparison) -> str:

@@ -85,6 +85,12 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
     return problems
 
 
+def import_from_cwd() -> None:
+    """Let ``module:callable`` name a module of the working directory, as ``python -m`` does."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def import_root(target: str) -> str:
     """The ``sys.path`` entry that ``target``'s module (``"pkg.mod:attr"``) was imported from."""
     name = target.partition(":")[0]
@@ -120,8 +126,7 @@ def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forwar
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
             raise UsageError(f"--impl {spec!r}: expected module:callable (e.g. mykernels.kda:chunk_kda)")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        import_from_cwd()
         try:
             module = importlib.import_module(module_name)
         except Exception as err:  # not found, or the module itself fails to import
@@ -179,14 +184,18 @@ class LawResult:
     shrink_runs: int = 0
     failure: Failure | None = None
     flaky: bool = False
+    out_of_time: bool = False
     notes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    search_seconds: float = 0.0   # until the first failure (the rest is shrinking)
 
     @property
     def status(self) -> str:
         if self.failure is not None:
             return "FALSIFIED" + (" (flaky: passed on replay)" if self.flaky else "")
-        return "holds" if self.examples else "not run (no time left)"
+        if not self.examples:
+            return "not run (no time left)"
+        return "holds" + (" (time limit)" if self.out_of_time else "")
 
 
 @dataclass(frozen=True)
@@ -198,35 +207,35 @@ class Deadlines:
     shrink: float = math.inf
 
 
+class _OutOfTime(BaseException):
+    """Ends a Hypothesis run at a deadline: a ``BaseException``, so Hypothesis lets it through (as it
+    does Ctrl-C) instead of taking it for a failure to shrink."""
+
+
 def search(law, impl, settings, *, limits, mode: str | None, device: str, strict: bool,
            deadlines: Deadlines = Deadlines(), seed: int | None = None, on_run=None) -> LawResult:
     """Search for a counterexample to ``law`` on ``impl`` with Hypothesis under ``settings``.
 
     Every example goes through ``laws.check``; an exception of any kind is a failure of the law
     (the implementation raising on valid input arrives as a ``LawViolation`` with its traceback).
-    Past ``deadlines.search`` no new example is run (rejected before it is drawn), past
-    ``deadlines.shrink`` no shrink candidate either; failing examples are always replayed.
-    ``on_run(result)`` is called after every run."""
-    from hypothesis import given, reject
+    The run ends at ``deadlines.search`` while nothing failed, at ``deadlines.shrink`` while
+    shrinking (keeping the smallest failure so far). ``on_run(result)`` is called after every run."""
+    from hypothesis import given
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
-    from hypothesis.errors import Unsatisfiable
 
     from . import laws
     from .strategies import examples
 
     result = LawResult(law)
-    failures: dict[str, Failure] = {}
+    failures: list[Failure] = []
     drawn = examples(law, impl, limits, mode)
     started = time.monotonic()
 
     def attempt(data):
-        if not failures and time.monotonic() > deadlines.search:
-            reject()
-        example = data.draw(drawn)
-        known = failures.get(repr((example.case, example.mode, example.knobs, example.params)))
-        if failures and known is None and time.monotonic() > deadlines.shrink:
-            reject()
+        example = data.draw(drawn)     # before stopping: Hypothesis checks that every run draws alike
+        if time.monotonic() > (deadlines.shrink if failures else deadlines.search):
+            raise _OutOfTime
         if failures:
             result.shrink_runs += 1
         else:
@@ -234,9 +243,10 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         try:
             outcome = laws.check(law, impl, example, device=device, strict=strict)
         except Exception as err:
-            failure = Failure(example, err)
-            failures[repr((example.case, example.mode, example.knobs, example.params))] = failure
-            result.failure = failure
+            if not failures:
+                result.search_seconds = time.monotonic() - started
+            failures.append(Failure(example, err))
+            result.failure = failures[-1]      # each failure the shrinker keeps is smaller than the last
             raise
         finally:
             if on_run:
@@ -247,22 +257,23 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
 
     # one database entry per law and implementation (the source of ``attempt`` is the same for all)
     attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()
-    test = given(st.data())(attempt)
-    test = settings(test)
+    test = settings(given(st.data())(attempt))
     if seed is not None:
         test = hseed(seed)(test)
     try:
         test()
-    except Unsatisfiable:  # every example was rejected: no time left for this law
-        pass
+    except _OutOfTime:
+        result.out_of_time = True
     except Exception as err:
         if not failures:
             raise
-        # the final replay of the minimal example raised ``err``; Flaky wraps one that did not
-        found = [f for f in failures.values() if f.error is err]
+        # the final replay of the minimal example raised ``err``; Flaky wraps one that did not fail again
+        found = [f for f in failures if f.error is err]
         result.failure = found[-1] if found else result.failure
         result.flaky = not found
     result.seconds = time.monotonic() - started
+    if not failures:
+        result.search_seconds = result.seconds
     return result
 
 
@@ -329,8 +340,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-examples", type=int, default=None, metavar="N",
                    help="examples per law, divided by the law's cost (default: the fuzz profile's, 500)")
     p.add_argument("--seconds", type=float, default=None, metavar="S",
-                   help="stop searching after S seconds of wall time (shared out among the laws; "
-                        f"shrinking a counterexample found by then may take up to max(S, {MIN_SHRINK_SECONDS:g}) more)")
+                   help="search for S seconds of wall time, shared out among the laws (shrinking a counterexample a "
+                        f"law found takes up to max(its share, {MIN_SHRINK_SECONDS:g} s) more)")
     p.add_argument("--precision", default=None, metavar="MODE", help="only this precision mode: ieee, tf32, tf32x3")
     p.add_argument("--device", default=None, help="cpu (the faithful Triton interpreter) or cuda (default: cuda if available)")
     p.add_argument("--laws", default=None, metavar="NAME[,NAME]", help="only these laws (default: every applicable one)")
@@ -392,7 +403,7 @@ def run(args) -> int:
     from . import profiles
     from .backend import configure_backend
     from .case import DTYPES, PRECISION_MODES
-    from .strategies import LARGE, SMALL
+    from .strategies import LARGE
 
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
@@ -425,12 +436,14 @@ def run(args) -> int:
     base = hsettings.get_profile("fuzz")
     settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
                          database=DirectoryBasedExampleDatabase(str(args.database or DATABASE)))
-    limits = LARGE if device == "cuda" else SMALL
+    slow = laws_mod.interpreted(impl, device)
+    limits = LARGE if device == "cuda" else profiles.limits("fuzz", slow)
     strict = args.strict_bitwise or laws_mod.strict_default()
     command = command_line(args)
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"fuzzing {impl.op} {escape(f'[{impl.target}]')} on {device}: {len(to_search)} laws, "
-              f"up to {settings.max_examples} examples each (divided by the law's cost)"
+              f"up to {settings.max_examples} examples each (divided by the law's cost"
+              + (", and shared with the interpreter" if slow else "") + ")"
               + (f", {args.seconds:g} s" if args.seconds else "") + (f", seed {args.seed}" if args.seed is not None else ""))
     for law, why in skipped:
         out.print(f"  not searched: {law.name}: {escape(why)}")
@@ -441,10 +454,10 @@ def run(args) -> int:
                         TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=Console(stderr=True))
     with progress:
         for i, law in enumerate(to_search):
-            count = laws_mod.examples_for(law, settings)
+            count = laws_mod.examples_for(law, settings, interpreted=slow)
             deadlines = Deadlines()
-            if args.seconds:
-                share = (args.seconds - (time.monotonic() - started)) / (len(to_search) - i)
+            if args.seconds:     # the search time left, shared by the laws left; shrinking comes on top
+                share = (args.seconds - sum(r.search_seconds for r in results)) / (len(to_search) - i)
                 now = time.monotonic()
                 deadlines = Deadlines(now + share, now + share + max(share, MIN_SHRINK_SECONDS))
             task = progress.add_task(f"{law.name} ({law.number})", total=count, status="")
@@ -475,15 +488,15 @@ def run(args) -> int:
         path = args.out_dir / reproducer_name(impl.op, r.law.name)
         path.write_text(reproducer(r, impl, device=device, strict=strict, command=command))
         out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
-                  f"(minimal example after {_count(r.shrink_runs, 'shrink run')}){' - flaky: it passed when replayed' if r.flaky else ''}:")
+                  f"({'smallest example when time ran out' if r.out_of_time else 'minimal example'} after {_count(r.shrink_runs, 'shrink run')}){' - flaky: it passed when replayed' if r.flaky else ''}:")
         out.print(r.failure.text(), markup=False)
         out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
     elapsed = time.monotonic() - started
     if falsified:
-        out.print(f"\n{len(falsified)} of {len(results)} laws falsified ({total} examples, {elapsed:.0f} s): "
+        out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({_count(total, 'example')}, {elapsed:.0f} s): "
                   + ", ".join(r.law.name for r in falsified))
         return 1
     not_run = [r.law.name for r in results if not r.examples]
-    out.print(f"\nno counterexample in {total} examples ({len(results)} laws, {elapsed:.0f} s)"
+    out.print(f"\nno counterexample in {_count(total, 'example')} ({_count(len(results), 'law')}, {elapsed:.0f} s)"
               + (f"; not run for lack of time: {', '.join(not_run)}" if not_run else ""))
     return 0

@@ -25,7 +25,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -38,7 +38,7 @@ from . import registry, verify
 from .case import PRECISION_MODES, Case
 from .metrics import bitwise_equal, max_abs_diff, rel_rms
 from .ops import Inputs, card
-from .strategies import SMALL, Example, Limits, examples
+from .strategies import INTERPRETED, SMALL, Example, Limits, examples
 
 STRICT_ENV = "REFCHECK_STRICT_BITWISE"
 LINEAR_OPS = ("kda", "gla", "simple_gla")
@@ -68,6 +68,11 @@ class Outcome:
 def strict_default() -> bool:
     """Strict bitwise mode from the environment (``REFCHECK_STRICT_BITWISE=1``)."""
     return os.environ.get(STRICT_ENV, "") not in ("", "0", "false", "no")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal up to the sign of zero and NaN payloads (same dtype, shape and values)."""
+    return bitwise_equal(a, b) or (a.dtype == b.dtype and a.shape == b.shape and max_abs_diff(a, b) == 0.0)
 
 
 # --- one example of one law ----------------------------------------------------------------------
@@ -172,7 +177,7 @@ class Trial:
             return
         skip = {self.op.grad_name(p) for p in PARAMETERS} if sums else set()
         differ = {n: max_abs_diff(out[n], ref[n]) for n in ref
-                  if n in out and n not in skip and not bitwise_equal(out[n], ref[n])}
+                  if n in out and n not in skip and not same_bits(out[n], ref[n])}
         if differ:
             worst = ", ".join(f"{n} {d:.2e}" for n, d in differ.items())
             line = f"{self.law.name} {self.case.op}/{self.impl.name}: {what}: within budget, not bitwise (max abs diff {worst})"
@@ -412,7 +417,7 @@ def determinism(t: Trial) -> None:
     """Law 5: two runs on the same inputs give bitwise identical outputs and gradients."""
     first, second = t.evaluate(t.inputs()), t.evaluate(t.inputs())
     differ = {n: (max_abs_diff(first[n], second[n]) if n in second else math.inf) for n in first
-              if n not in second or not bitwise_equal(first[n], second[n])}
+              if n not in second or not same_bits(first[n], second[n])}
     if differ:
         t.fail("two runs on the same inputs differ: max abs diff "
                + ", ".join(f"{n} {d:.2e}" for n, d in differ.items()))
@@ -490,23 +495,29 @@ def autotuned_kernels(impl: registry.Implementation) -> dict[str, object]:
     return found
 
 
-def path_agreement(t: Trial, *, config: tuple[str, int] | None = None) -> None:
+def path_agreement(t: Trial) -> None:
     """Law 7: every combination of the implementation's knobs (gather or not, recompute or not,
     chunk size, ...) computes what the default combination computes, within budget (bitwise
-    reported); with ``config = (kernel, index)``, pinning that autotune config of that kernel
-    (interpreted runs) computes what the default config computes."""
+    reported); and, interpreted, so does every autotune config: run i pins each autotuned kernel
+    of the implementation to its config ``i mod (its number of configs)``, so every config of every
+    kernel runs in every example."""
     inputs = t.inputs()
     combos = path_knobs(t.impl)
     base = t.evaluate(inputs, knobs=combos[0])
     for knobs in combos[1:]:
         t.compare(f"knobs {knobs} against {combos[0]}", t.evaluate(t.inputs(), knobs=knobs), base)
-    if config is not None:
-        from . import interpreter
-        kernel_name, index = config
-        kernel = autotuned_kernels(t.impl)[kernel_name]
-        with interpreter.pin_config(kernel, index):
+    kernels = autotuned_kernels(t.impl)
+    if not kernels:
+        return
+    from . import interpreter
+    counts = {name: len(interpreter.configs(k)) for name, k in kernels.items()}
+    for i in range(max(counts.values())):
+        with ExitStack() as pins:
+            for name, kernel in kernels.items():
+                pins.enter_context(interpreter.pin_config(kernel, i % counts[name]))
             pinned = t.evaluate(t.inputs(), knobs=combos[0])
-        t.compare(f"autotune config {index} of {kernel_name} against the default config", pinned, base)
+        chosen = ", ".join(f"{name}[{i % n}]" for name, n in counts.items())
+        t.compare(f"autotune configs {chosen} against the default configs", pinned, base)
 
 
 PRECISION_SLACK = 4.0
@@ -656,19 +667,6 @@ def _split(impl, case: Case) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({"split": st.integers(1, case.dim["T"] - 1)})
 
 
-def _config(impl, case: Case) -> st.SearchStrategy[dict]:
-    kernels = autotuned_kernels(impl)
-    choices = [(name, i) for name, k in kernels.items() for i in range(len(_configs(k)))]
-    if not choices:
-        return st.just({})
-    return st.fixed_dictionaries({"config": st.sampled_from(choices)})
-
-
-def _configs(kernel) -> list:
-    from . import interpreter
-    return interpreter.configs(kernel)
-
-
 @dataclass(frozen=True)
 class Law:
     """A law: its function ``fn(trial, **params)``, the ops it applies to, the requirements its
@@ -707,7 +705,7 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("state_chaining", "4", state_chaining, LINEAR_OPS, {"min_len": 2}, params=_split, cost=3),
     Law("determinism", "5", determinism, ALL_OPS, cost=2),
     Law("no_side_effects", "6", no_side_effects, ALL_OPS, cost=2),
-    Law("path_agreement", "7", path_agreement, ALL_OPS, applies=_has_paths, params=_config, cost=5),
+    Law("path_agreement", "7", path_agreement, ALL_OPS, applies=_has_paths, cost=5),
     Law("precision_modes", "8", precision_modes, (*LINEAR_OPS, "attention"), {"dtype": "fp32"},
         applies=_has_precision, cost=4),
     Law("fp16_gates", "9", fp16_gates, LINEAR_OPS, {"gate_dtype": "fp16"}, cost=2),
@@ -737,19 +735,30 @@ def check(law_: Law | str, impl: registry.Implementation, example: Example, *, d
     return Outcome(law_.name, trial.notes)
 
 
-def examples_for(law_: Law, base: hsettings | None = None) -> int:
+INTERPRETED_SHARE = 0.4
+"""The share of a profile's examples a Triton kernel gets in the CPU interpreter (seconds per call)."""
+
+
+def interpreted(impl: registry.Implementation, device: str) -> bool:
+    """Whether ``impl`` runs in the Triton interpreter on ``device``."""
+    return impl.triton and torch.device(device).type == "cpu"
+
+
+def examples_for(law_: Law, base: hsettings | None = None, *, interpreted: bool = False) -> int:
     """The example count of a law under a profile: the profile's ``max_examples`` divided by the
-    law's cost, at least 3."""
+    law's cost, times ``INTERPRETED_SHARE`` for an interpreted kernel, at least 2."""
     base = base or hsettings()
-    return max(3, math.ceil(base.max_examples / law_.cost))
+    return max(2, math.ceil(base.max_examples / law_.cost * (INTERPRETED_SHARE if interpreted else 1.0)))
 
 
 def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings: hsettings | None = None,
-                     limits: Limits = SMALL, mode: str | None = None, device: str = "cpu",
+                     limits: Limits | None = None, mode: str | None = None, device: str = "cpu",
                      strict: bool | None = None, max_examples: int | None = None) -> list[str]:
     """Search for a counterexample to a law with Hypothesis (the current profile unless
-    ``settings``); raise the shrunk example's ``LawViolation``, else return the bitwise notes
-    (one line per distinct check, with how many examples it concerned)."""
+    ``settings``; ``examples_for`` examples unless ``max_examples``; sizes ``SMALL``, or
+    ``INTERPRETED`` for an interpreted kernel, unless ``limits``); raise the shrunk example's
+    ``LawViolation``, else return the bitwise notes (one line per distinct check, with how many
+    examples it concerned)."""
     law_ = law(law_) if isinstance(law_, str) else law_
     why = law_.why_not(impl)
     if why:
@@ -764,8 +773,10 @@ def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings
 
     # Separate database entries (and derandomized seeds) per law and implementation.
     run._hypothesis_internal_add_digest = f"{law_.name}/{impl.op}/{impl.name}".encode()
-    test = hsettings(base, max_examples=max_examples or examples_for(law_, base),
-                     report_multiple_bugs=False)(given(examples(law_, impl, limits, mode))(run))
+    slow = interpreted(impl, device)
+    limits = limits or (INTERPRETED if slow else SMALL)
+    count = max_examples or examples_for(law_, base, interpreted=slow)
+    test = hsettings(base, max_examples=count, report_multiple_bugs=False)(given(examples(law_, impl, limits, mode))(run))
     test()
     return [f"{line} in {count} example(s)" for line, count in notes.items()]
 

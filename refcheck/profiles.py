@@ -8,13 +8,16 @@
 * ``fuzz``: 500 examples, random, database: hunting for bugs in a new kernel.
 * ``gpu``: 60 examples on the GPU with ``LARGE`` sizes (several chunks per sequence).
 
-``limits(profile)`` gives the case sizes that go with each profile.
+``limits(profile, interpreted)`` gives the case sizes that go with each profile. A law's example
+count is the profile's ``max_examples`` divided by the law's cost (implementation runs per example),
+and for a Triton kernel in the CPU interpreter (seconds per call) multiplied by
+``refcheck.laws.INTERPRETED_SHARE``: at least 2 either way (``refcheck.laws.examples_for``).
 """
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from .strategies import LARGE, SMALL, Limits
+from .strategies import INTERPRETED, LARGE, SMALL, Limits
 
 DEFAULT = "ci"
 
@@ -46,6 +49,9 @@ def load(name: str = DEFAULT) -> settings:
     return settings.get_profile(name)
 
 
-def limits(name: str) -> Limits:
-    """The case sizes of a profile (``SMALL`` unless it is ``gpu``); unknown names get ``SMALL``."""
+def limits(name: str, interpreted: bool = False) -> Limits:
+    """The case sizes of a profile: ``LARGE`` for ``gpu``, else ``SMALL``, or ``INTERPRETED`` for a
+    Triton kernel run by the CPU interpreter; unknown names get ``SMALL``."""
+    if interpreted and name != "gpu":
+        return INTERPRETED
     return SIZES.get(name, SMALL)

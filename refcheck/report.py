@@ -19,12 +19,15 @@ implementation broke its contract or a law, else 0; 2 for usage errors.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import json
 import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,35 +127,43 @@ class LawResult:
         return self.status == "FAILS"
 
 
-def run_points(points: list, device: str) -> list[PointResult]:
-    """Verify every point (all of one case: the float64 truth is computed once, then cached)."""
+def run_points(points: list, device: str) -> list[tuple]:
+    """Verify every point (all of one case: the float64 truth is computed once, then cached); per
+    point ``(verdict, None)`` or ``(None, crash)``: what the implementation (or the check) raised."""
     from .verify import verify
 
     results = []
     for point in points:
         try:
-            results.append(PointResult(point, verify(point.impl, point.case, mode=point.mode, device=device)))
+            results.append((verify(point.impl, point.case, mode=point.mode, device=device), None))
         except Exception as err:  # a crash of the implementation is a finding, not a crash of the report
             tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-4))
-            results.append(PointResult(point, crash=f"{type(err).__name__}: {err}\n{tb.rstrip()}"))
+            results.append((None, f"{type(err).__name__}: {err}\n{tb.rstrip()}"))
     return results
 
 
-def run_law(law_name: str, impl, example, device: str) -> LawResult:
-    """One law on one example (``laws.check``); any exception is a failure of the law."""
+def run_law(law_name: str, impl, example, device: str) -> tuple[str, str, list[str]]:
+    """One law on one example (``laws.check``): ``(status, detail, notes)``; any exception is a
+    failure of the law."""
     from .laws import LAWS, LawViolation, check
 
     law = LAWS[law_name]
     try:
         outcome = check(law, impl, example, device=device, strict=False)
     except LawViolation as err:
-        return LawResult(law, impl, "FAILS", example.case, example, str(err))
+        return "FAILS", str(err), []
     except Exception as err:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-6))
-        return LawResult(law, impl, "FAILS", example.case, example,
-                         f"law {law.name} on {impl.op}/{impl.name}: the check raised {type(err).__name__}: {err}\n"
-                         f"  case: {example.case.describe()}\n{tb.rstrip()}")
-    return LawResult(law, impl, "holds", example.case, example, notes=outcome.notes)
+        return ("FAILS", f"law {law.name} on {impl.op}/{impl.name}: the check raised {type(err).__name__}: {err}\n"
+                         f"  case: {example.case.describe()}\n{tb.rstrip()}", [])
+    return "holds", "", outcome.notes
+
+
+def shipped(impl):
+    """A copy of ``impl`` without its cached callable, to send to a worker process: a callable is
+    pickled by its name, which fails for one reached through another name (a record that took its
+    function's name); the worker imports ``impl.target`` itself."""
+    return dataclasses.replace(impl)
 
 
 def _init_worker(device: str) -> None:
@@ -166,13 +177,15 @@ def _init_worker(device: str) -> None:
 
 @dataclass
 class Unit:
-    """A unit of work: all points of one case, or one law on one example; ``cost`` orders them
+    """A unit of work: all points of one case, or one law on one example. ``fn(*args, device)`` runs
+    in a worker and returns plain data, ``wrap`` turns that into results; ``cost`` orders the units
     (largest first, so that the pool is not left waiting on one long unit at the end)."""
 
     name: str
-    fn: object
+    fn: Callable
     args: tuple
     cost: float
+    wrap: Callable[[object], list]
 
 
 def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
@@ -196,8 +209,12 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
                 skipped.append(LawResult(law, impl, "no case", detail=f"no base case of the grid meets {need}"))
                 continue
             example = Example(entry.case, impl.modes[0], path_knobs(impl)[0], fixed_params(law, entry.case))
-            units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, impl, example),
-                              law.cost * _weight(impl, entry.case)))
+
+            def wrap(result, law=law, impl=impl, example=example):
+                status, detail, notes = result
+                return [LawResult(law, impl, status, example.case, example, detail, notes)]
+            units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, shipped(impl), example),
+                              law.cost * _weight(impl, entry.case), wrap))
     return units, skipped
 
 
@@ -212,13 +229,17 @@ def point_units(points: list) -> list[Unit]:
     groups: dict = {}
     for p in points:
         groups.setdefault(p.case, []).append(p)
-    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label}", run_points, (ps,), sum(_weight(p.impl, c) for p in ps))
+    def wrap(results, points):
+        return [PointResult(p, verdict, crash) for p, (verdict, crash) in zip(points, results)]
+    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label}", run_points,
+                 ([dataclasses.replace(p, impl=shipped(p.impl)) for p in ps],),
+                 sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps))
             for c, ps in groups.items()]
 
 
 def execute(units: list[Unit], device: str, jobs: int, console) -> list:
     """Run the units (``jobs`` worker processes, or in this process for 1) with a progress bar;
-    results in the order of ``units``."""
+    their results (``Unit.wrap``) in the order of ``units``, one list."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import grid
@@ -246,7 +267,7 @@ def execute(units: list[Unit], device: str, jobs: int, console) -> list:
                     progress.update(task, description=units[i].name)
                     progress.advance(task)
         progress.update(task, description="report: done")
-    return results
+    return [r for unit, result in zip(units, results) for r in unit.wrap(result)]
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -309,8 +330,7 @@ def error_tables(results: list[PointResult]) -> list:
     tables = []
     for op, rows in error_cells(results).items():
         outputs = [n for n in card(op).budget_outputs if any(n in row for row in rows.values())]
-        t = Table(title=f"{op}: worst relative RMS error over the grid's cases / its budget, headroom = budget / error",
-                  title_justify="left")
+        t = Table(title=f"{op}: worst error / budget, headroom", title_justify="left")
         for col in ("impl", "dtype", "mode"):
             t.add_column(col)
         for name in outputs:
@@ -333,7 +353,9 @@ def law_table(laws_run: list[LawResult], impls: list):
     from .laws import LAWS
 
     cells = {(r.law.name, r.impl.op, r.impl.name): r for r in laws_run}
-    t = Table(title="laws (fixed grid cases; holds* = within budget, not bitwise)", title_justify="left")
+    t = Table(title="laws on fixed grid cases", title_justify="left",
+              caption="holds*: within budget, not bitwise; n/a: does not apply; no case: no grid case meets "
+                      "its requirements", caption_justify="left")
     t.add_column("law")
     for impl in impls:
         t.add_column(f"{impl.op}\n{impl.name}", justify="center")
@@ -405,16 +427,23 @@ def run(args) -> int:
 
     from . import __version__, grid, registry
     from .backend import configure_backend
+    from .fuzz import import_from_cwd
 
     console = Console(highlight=False, width=max(Console().width, 150))
     try:
         device = configure_backend(args.device)
-        names = None
+        names, given = None, []
         if args.impls:
-            names = [registry.register(n).name if "=" in n else n for n in args.impls]
+            import_from_cwd()
+            given = [registry.register(n) for n in args.impls if "=" in n]
+            names = [n for n in args.impls if "=" not in n] + [i.name for i in given]
         the_grid = grid.build(device, ops=args.ops, impls=names, quick=args.quick)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    for impl in given:        # an implementation the user names must run; a missing peer is only listed
+        why = impl.unavailable(device)
+        if why:
+            raise UsageError(f"--impl {impl.op}={impl.target}: {why}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: expected a positive count, got {args.jobs}")
     if args.json is not None and not args.json.parent.is_dir():
@@ -434,7 +463,7 @@ def run(args) -> int:
                   + f": {len(points)} grid points, {len(units) - len(point_units(points))} law checks, {jobs} "
                   + ("worker" if jobs == 1 else "workers"))
     done = execute(units, device, jobs, Console(stderr=True))
-    point_results = [r for batch in done if isinstance(batch, list) for r in batch]
+    point_results = [r for r in done if isinstance(r, PointResult)]
     laws_run = [r for r in done if isinstance(r, LawResult)] + laws_skipped
     elapsed = time.perf_counter() - started
 
@@ -455,10 +484,10 @@ def run(args) -> int:
     for r in failed_points:
         console.print(f"\n[bold red]FAIL[/] {escape(r.point.id)}")
         console.print(r.verdict.failure_message() if r.crash is None else
-                      f"  raised {r.crash}\n  case: {r.point.case.describe()}", markup=False)
+                      f"  raised {r.crash}\n  case: {r.point.case.describe()}", markup=False, soft_wrap=True)
     for r in failed_laws:
         console.print(f"\n[bold red]law {r.law.name} FAILS[/] for {r.impl.op}/{escape(r.impl.name)}")
-        console.print(r.detail, markup=False)
+        console.print(r.detail, markup=False, soft_wrap=True)
 
     outputs = sum(len(r.verdict.measurements) for r in point_results if r.verdict is not None)
     summary = {"points": len(point_results), "points_failed": len(failed_points), "outputs": outputs,

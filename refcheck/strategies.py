@@ -9,7 +9,7 @@ construction), not filtered with ``assume``.
 Entry points: ``cases(op, impl, limits, **require)`` draws a ``Case`` of ``op`` that ``impl`` can
 run (its dtypes), ``knob_settings(impl)`` every knob it declares, ``modes(impl)`` its precision modes
 and ``examples(law, impl, limits)`` all of that plus a law's own parameters. ``Limits`` bounds the
-sizes: ``SMALL`` keeps CPU and interpreted runs fast, ``LARGE`` is for the GPU.
+sizes: ``SMALL`` keeps CPU and interpreted runs fast, ``INTERPRETED`` for Triton kernels in the CPU interpreter, ``LARGE`` for the GPU.
 
 Requirements (keyword arguments of ``cases``; each ignored where it does not apply to the op):
     min_len:   at least this many tokens (T; for packed cases the total)
@@ -73,6 +73,9 @@ class Limits:
 SMALL = Limits()
 """Default: fast on the CPU and in the Triton interpreter (a kernel case costs seconds there)."""
 
+INTERPRETED = Limits(max_batch=2, max_len=70, max_heads=2, max_dim=128, max_elements=4_000, max_seqs=3)
+"""For Triton kernels run by the CPU interpreter (seconds per call): at most two chunks of 64."""
+
 LARGE = Limits(max_batch=4, max_len=1100, max_heads=8, max_elements=2_000_000, max_seqs=12)
 """For GPU runs: several chunks per sequence, realistic head counts."""
 
@@ -113,12 +116,13 @@ def seqlens(draw, total_max: int, max_seqs: int, *, min_seqs: int = 1, min_total
         piece = min(piece, left)
         lens.append(piece)
         left -= piece
-    # construct, don't filter: top up empty sequences (last ones first) to reach the minimums
+    # construct, don't filter: top up empty sequences (last ones first), then the last sequence
     for i in reversed(range(n)):
-        if sum(1 for x in lens if x) >= min_nonempty and sum(lens) >= min_total:
+        if sum(1 for x in lens if x) >= min_nonempty or left == 0:
             break
-        if lens[i] == 0 and left > 0:
+        if lens[i] == 0:
             lens[i], left = 1, left - 1
+    lens[-1] += min(left, max(0, min_total - sum(lens)))
     return tuple(lens)
 
 

@@ -422,3 +422,17 @@ def attention_lse_base2(q, k, v, **options):
 def attention_finite_mask(q, k, v, **options):
     """Masked scores set to -1e4 instead of -inf: a row that sees no key averages every value."""
     return _attention(q, k, v, fill=-1e4, **options)
+
+
+# --- law 7 again: an autotune config (Triton, interpreted on the CPU) ------------------------------
+
+gate_autotune_config_drops_tail = Implementation(
+    "kda_gate", f"{__name__}:gate_autotune_config_drops_tail", "tests.mutant_kernels:kda_gate_drops_tail",
+    backward=False, triton=True, description="A Triton gate kernel whose second autotune config never writes "
+                                             "the last partial block (tests/mutant_kernels.py).")
+MUTANTS["gate_autotune_config_drops_tail"] = Mutant(gate_autotune_config_drops_tail, ("path_agreement",),
+                                                    gate_autotune_config_drops_tail.description)
+
+gate_autotuned = CONTROLS["gate_autotuned"] = Implementation(
+    "kda_gate", f"{__name__}:gate_autotuned", "tests.mutant_kernels:kda_gate", backward=False, triton=True,
+    description="Correct: the same Triton gate kernel with two correct autotune configs.")

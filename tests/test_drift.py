@@ -34,11 +34,11 @@ def _env(**extra) -> dict:
 
 
 def _record_all(folder: Path) -> None:
-    sides = {"base": {}, "again": {}, "head": {"REFCHECK_TEST_DEGRADE": "1"}}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "refcheck.cli", *RECORD_ARGS, "--out",
+    sides = {"base": ("1", {}), "again": ("2", {}), "head": ("1", {"REFCHECK_TEST_DEGRADE": "1"})}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "refcheck.cli", *RECORD_ARGS, "--jobs", jobs, "--out",
                                      str(folder / f"{name}.json")], cwd=ROOT, env=_env(**extra),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, extra in sides.items()}
+             for name, (jobs, extra) in sides.items()}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, f"drift record ({name}) failed:\n{out}\n{err}"
@@ -47,8 +47,8 @@ def _record_all(folder: Path) -> None:
 
 @pytest.fixture(scope="session")
 def records(tmp_path_factory, worker_id) -> dict[str, Path]:
-    """base, again (the same code once more) and head (degraded) records of the quick kda grid, made
-    once for all xdist workers (the first one to get the lock records, the others wait for it)."""
+    """base, again (the same code once more, in 2 processes) and head (degraded) records of the quick
+    kda grid, made once for all xdist workers (the first to get the lock records, the others wait)."""
     shared = tmp_path_factory.getbasetemp()
     if worker_id != "master":
         shared = shared.parent
@@ -71,6 +71,7 @@ def compare_cli(capsys, *args) -> tuple[int, str, str]:
 # --- record ----------------------------------------------------------------------------------------
 
 def test_two_records_of_the_same_code_are_identical(records):
+    """Also across the number of worker processes (base in 1, again in 2)."""
     assert records["base"].read_bytes() == records["again"].read_bytes()
     assert records["base"].read_bytes() != records["head"].read_bytes()
 

@@ -226,7 +226,7 @@ def dstate(q, k, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision
     N = chunks.num_seqs
     dev = k.device
     f32 = torch.float32
-    cfg = serial_launch(V, N * H) | dict(num_stages=2) | (config or {})
+    cfg = serial_launch(V, N * H) | (config or {})
     kb, nkb = state_blocks(K)
     dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
     dY = torch.empty(total, H, V, device=dev, dtype=f32)
@@ -257,7 +257,7 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
     use_gate = A_log is not None
     config = dict(config or {})
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
-    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 32), num_warps=4, num_stages=1) | config
+    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 64), num_warps=4, num_stages=1) | config
     nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)

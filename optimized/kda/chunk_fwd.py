@@ -161,7 +161,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: b
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    cfg = dict(BK=min(padded(K), 32 if safe else 64), num_warps=4, num_stages=1) | (config or {})
+    cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=1) | (config or {})
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     if chunks.num_chunks and H:

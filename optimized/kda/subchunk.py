@@ -235,12 +235,12 @@ def chunk_colform(M1, x1, M2, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, p
             x1_r = take_rows(x1, x1_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
             x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
             G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
-            e = tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
-            valid = ir < n
-            m1 = tl.load(L_ptr + ir * mstride + i, mask=valid, other=0.0)  # dL[ir, i]
-            m1 *= tl.load(beta_ptr + ir * bstride, mask=valid, other=0.0).to(tl.float32)
-            m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=valid, other=0.0)
-            Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * e
+            decay = tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
+            live = ir < n
+            m1 = tl.load(L_ptr + ir * mstride + i, mask=live, other=0.0)  # dL[ir, i]
+            m1 *= tl.load(beta_ptr + ir * bstride, mask=live, other=0.0).to(tl.float32)
+            m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
+            Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * decay
     return Q
 
 

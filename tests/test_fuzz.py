@@ -1,0 +1,171 @@
+"""``refcheck fuzz``: the float64 reference survives every law, mutants of ``tests/mutants.py`` are
+caught with a reproducer that fails on its own, failures are replayed first from the example
+database, and bad command lines exit 2 with a message that names the problem."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from refcheck import cli
+from refcheck.fuzz import contract_problems
+from tests.mutants import MUTANTS
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh working directory (reproducers and the example database land there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def fuzz(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["fuzz", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_alone(path, cwd) -> subprocess.CompletedProcess:
+    """Run a reproducer in a new Python process, from another folder, with nothing on PYTHONPATH."""
+    return subprocess.run([sys.executable, str(path)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)})
+
+
+def test_the_float64_reference_survives_every_law(workdir, capsys):
+    code, out, _ = fuzz(capsys, "attention", "--impl", "tests.fuzz_adapters:attention", "--max-examples", "3",
+                        "--seed", "1")
+    assert code == 0, out
+    assert "no counterexample in" in out
+    for law in ("agreement", "causality", "varlen_equals_separate", "key_permutation", "rows_without_keys"):
+        assert law in out
+    assert not list(workdir.glob("refcheck-repro-*.py"))
+
+
+def test_the_float64_reference_survives_the_state_laws(workdir, capsys):
+    code, out, _ = fuzz(capsys, "kda", "--impl", "tests.fuzz_adapters:kda", "--max-examples", "3", "--seed", "2",
+                        "--laws", "causality,varlen_equals_separate,state_chaining,fp16_gates")
+    assert code == 0, out
+    assert "no counterexample in" in out and "(4 laws," in out
+
+
+@pytest.mark.parametrize("op, spec, law", [
+    ("kda_gate", "tests.mutants:gate_overshoots_lower_bound", "gate_bounds"),          # a record
+    ("kda", "tests.mutants:kda_state_leaks_across_sequences", "varlen_equals_separate"),  # a record
+    ("gla", MUTANTS["gla_batch_gate_stride"].impl.target, "batch_invariance"),          # a plain callable
+])
+def test_a_mutant_is_caught_with_a_reproducer_that_fails_alone(workdir, capsys, op, spec, law):
+    code, out, _ = fuzz(capsys, op, "--impl", spec, "--laws", law, "--max-examples", "10", "--seed", "0")
+    assert code == 1, out
+    assert f"law {law} (" in out and "falsified after" in out
+    assert "  case: " in out and "  inputs: " in out              # the minimal example, with shapes and dtypes
+    repro = workdir / f"refcheck-repro-{op}-{law}.py"
+    assert f"reproducer: {repro.name}" in out
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    done = run_alone(repro, elsewhere)
+    assert done.returncode != 0
+    assert "LawViolation" in done.stderr and f"law {law}" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_failure_is_replayed_first_by_the_next_run(workdir, capsys):
+    args = ("kda_gate", "--impl", "tests.mutants:gate_sigmoid_unscaled", "--laws", "gate_bounds",
+            "--max-examples", "10")
+    assert fuzz(capsys, *args)[0] == 1
+    assert (workdir / ".hypothesis" / "refcheck-fuzz").is_dir()
+    code, out, _ = fuzz(capsys, *args)
+    assert code == 1 and "falsified after 1 example " in out, out
+
+
+def test_the_budget_and_the_measured_error_are_printed(workdir, capsys):
+    code, out, _ = fuzz(capsys, "kda_gate", "--impl", "tests.mutants:gate_overshoots_lower_bound",
+                        "--laws", "agreement", "--max-examples", "10", "--seed", "0")
+    assert code == 1
+    assert re.search(r"gate +error [0-9.e+-]+ +bound [0-9.e+-]+ +FAIL +\(kda_gate\.gate\.", out), out
+
+
+@pytest.fixture
+def user_module(workdir):
+    """A module of the user's kernels in the working directory (imported as ``python -m`` would)."""
+    name = f"user_kernels_{uuid.uuid4().hex[:8]}"
+    (workdir / f"{name}.py").write_text(textwrap.dedent("""
+        from refcheck import naive
+
+        def explodes(g, A_log, dt_bias=None, lower_bound=None):
+            raise RuntimeError("kernel exploded")
+
+        def no_beta(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+            pass
+
+        def swapped(q, k, v, beta, g, **options):
+            pass
+
+        def needs_workspace(q, k, v, g, workspace, **options):
+            pass
+
+        def with_precision(q, k, v, g, *, precision="ieee", **options):
+            return naive.gla(q, k, v, g, **options)
+
+        not_callable = 3
+    """))
+    return name
+
+
+def test_an_exception_on_valid_input_is_a_failure_with_its_traceback(user_module, workdir, capsys):
+    code, out, _ = fuzz(capsys, "kda_gate", "--impl", f"{user_module}:explodes", "--laws", "agreement",
+                        "--max-examples", "5", "--seed", "0")
+    assert code == 1
+    assert "raised RuntimeError on valid input: kernel exploded" in out
+    assert "Traceback" in out and f"{user_module}.py" in out
+    done = run_alone(workdir / "refcheck-repro-kda_gate-agreement.py", workdir)
+    assert done.returncode != 0 and "kernel exploded" in done.stderr
+
+
+@pytest.mark.parametrize("op, spec, message", [
+    ("kdaa", "refcheck.naive:kda", "unknown op 'kdaa'"),
+    ("kda", "no_such_module:kda", "cannot import module 'no_such_module'"),
+    ("kda", "refcheck.naive:nope", "has no attribute 'nope'"),
+    ("kda", "refcheck.naive", "not module:callable"),
+    ("kda", "tests.mutants:gla_batch_gate_stride", "an implementation of gla, not of kda"),
+    ("kda", "USER:no_beta", "missing argument 'beta'"),
+    ("kda", "USER:swapped", "argument 4 is 'beta' where the contract passes 'g'"),
+    ("gla", "USER:needs_workspace", "extra required argument 'workspace'"),
+    ("gla", "USER:not_callable", "not a callable"),
+])
+def test_usage_errors_exit_2_and_say_why(user_module, capsys, op, spec, message):
+    code, out, err = fuzz(capsys, op, "--impl", spec.replace("USER", user_module))
+    assert code == 2, out + err
+    assert message in err, err
+
+
+def test_a_mode_the_callable_does_not_take_is_a_usage_error(user_module, capsys):
+    code, _, err = fuzz(capsys, "kda_gate", "--impl", "tests.fuzz_adapters:kda_gate", "--precision", "tf32")
+    assert code == 2 and "offers ieee" in err
+    code, _, err = fuzz(capsys, "gla", "--impl", f"{user_module}:with_precision", "--precision", "tf32x3",
+                        "--laws", "nope")
+    assert code == 2 and "unknown law 'nope'" in err        # tf32x3 passed: the callable takes `precision`
+
+
+def test_seconds_bound_the_search(workdir, capsys):
+    started = time.monotonic()
+    code, out, _ = fuzz(capsys, "kda_gate", "--impl", "naive", "--seconds", "2", "--max-examples", "100000",
+                        "--laws", "gate_bounds,gate_monotone")
+    assert code == 0, out
+    assert "no counterexample in" in out
+    assert time.monotonic() - started < 20
+
+
+def test_contract_problems_accept_kwargs_and_knobs():
+    def fits(q, k, v, g, beta, *, precision="ieee", **options):
+        pass
+
+    def positional_only_option(q, k, v, g, beta, scale, /, **options):
+        pass
+
+    assert contract_problems(fits, "kda", ["precision"]) == []
+    assert contract_problems(fits, "kda", ["use_gather"]) == []            # **options takes it
+    assert any("'scale'" in p for p in contract_problems(positional_only_option, "kda"))

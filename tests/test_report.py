@@ -1,0 +1,97 @@
+"""``refcheck report``: the error table and the law summary on a reduced selection, valid JSON,
+exit 1 on a broken implementation (with its reproducer), unavailable implementations listed and
+not failed, usage errors exit 2; which fixed grid case each law runs on."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refcheck import cli, grid, registry
+from refcheck.case import Case
+from refcheck.laws import LAWS
+from refcheck.report import fixed_params, meets
+from tests.mutants import MUTANTS
+
+
+def report(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["report", "--device", "cpu", "--quick", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def own_registry(monkeypatch):
+    """Implementations registered by a test stay in that test."""
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+
+
+def test_report_prints_the_tables_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "report.json"
+    code, out, _ = report(capsys, "--ops", "kda_gate", "attention", "--impl", "naive", "sdpa", "fa4",
+                          "--jobs", "1", "--json", str(path))
+    assert code == 0, out
+    assert "kda_gate: worst relative RMS error" in out and "attention: worst relative RMS error" in out
+    assert "not run: attention [fa4]:" in out                         # listed with the reason, not failed
+    assert "laws (fixed grid cases" in out and "gate_bounds (10)" in out and "PASS" in out
+    data = json.loads(path.read_text())
+    assert data["format"] == "refcheck-report" and data["passed"] is True
+    assert {(p["op"], p["impl"]) for p in data["points"]} == {("kda_gate", "naive"), ("attention", "naive"),
+                                                               ("attention", "sdpa")}
+    assert [u["impl"] for u in data["unavailable"]] == ["fa4"]
+    gate = next(p for p in data["points"] if p["op"] == "kda_gate" and p["dtype"] == "bf16")
+    m = gate["outputs"]["gate"]
+    assert m["passed"] and m["error"] <= m["bound"] and m["budget"] == "kda_gate.gate.bf16"
+    statuses = {(r["law"], r["op"], r["impl"]): r["status"] for r in data["laws"]}
+    assert statuses[("gate_bounds", "kda_gate", "naive")] == "holds"
+    assert statuses[("path_agreement", "attention", "sdpa")] == "n/a"
+    assert data["summary"]["points"] == len(data["points"]) and data["summary"]["laws_failed"] == 0
+
+
+def test_a_broken_implementation_fails_the_report(tmp_path, capsys, own_registry):
+    broken = "attention=" + MUTANTS["attention_top_left_causal"].impl.target
+    code, out, _ = report(capsys, "--ops", "attention", "--impl", broken, "--json", str(tmp_path / "r.json"))
+    assert code == 1
+    assert "FAIL" in out and "reproduce: python -c" in out
+    assert "law agreement FAILS" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["passed"] is False and data["summary"]["points_failed"] > 0
+
+
+def test_worker_processes_give_the_same_verdicts(capsys):
+    code, out, _ = report(capsys, "--ops", "kda_gate", "--impl", "naive", "--jobs", "2")
+    assert code == 0, out
+    assert "with 2 workers" in out and "PASS" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--ops", "kdaa"), "unknown op 'kdaa'"),
+    (("--impl", "nope"), "nope not registered"),
+    (("--jobs", "0"), "--jobs"),
+])
+def test_usage_errors_exit_2(capsys, args, message):
+    code, _, err = report(capsys, "--no-laws", *args)
+    assert code == 2 and message in err, err
+
+
+def test_each_law_runs_on_a_grid_case_that_meets_its_requirements():
+    entries = {(e.case.op, e.label, e.case.dtype): e.case for op in ("kda", "attention") for e in grid.cases(op)}
+    dense, varlen = entries[("kda", "dense", "fp32")], entries[("kda", "varlen", "fp32")]
+    assert meets(dense, LAWS["batch_invariance"].requires) and not meets(varlen, LAWS["batch_invariance"].requires)
+    assert meets(varlen, LAWS["varlen_equals_separate"].requires)
+    assert not meets(dense, LAWS["fp16_gates"].requires) and meets(entries[("kda", "dense", "fp16")],
+                                                                    LAWS["fp16_gates"].requires)
+    assert meets(entries[("attention", "varlen", "fp32")], LAWS["key_permutation"].requires)
+    causal_short_keys = Case.make("attention", dict(B=1, T=8, S=5, H=1, Hk=1, Dqk=4, Dv=4), "fp32", 0,
+                                  options={"causal": True})
+    assert meets(causal_short_keys, LAWS["rows_without_keys"].requires)
+    assert not meets(causal_short_keys.replace(dims=dict(causal_short_keys.dim, S=8)), LAWS["rows_without_keys"].requires)
+    with pytest.raises(ValueError, match="unknown"):
+        meets(dense, {"min_widgets": 2})
+
+
+def test_law_parameters_are_fixed_mid_sequence():
+    case = Case.make("kda", dict(B=1, T=70, H=1, K=4, V=4), "fp32", 0)
+    assert fixed_params(LAWS["causality"], case) == {"cut": 34}
+    assert fixed_params(LAWS["state_chaining"], case) == {"split": 35}
+    assert fixed_params(LAWS["path_agreement"], case) == {}
