@@ -54,8 +54,8 @@ SHAPES = {
 
 def rel(x, ref) -> float:
     """``||x - ref|| / ||ref||`` in float64."""
-    ref = ref.double()
-    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-300))
+    ref = ref.detach().double()
+    return float((x.detach().double() - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 def make_inputs(B, T, H, K, V, lengths, dtype, seed=0, device=DEVICE, gate="logsigmoid"):
@@ -144,18 +144,22 @@ def bench(shapes, out_path):
     dev = torch.cuda.get_device_name()
     roof = roofline()
     fla, why = fla_impl()
-    rows = []
+    result = dict(device=dev, torch=torch.__version__, triton=__import__("triton").__version__, roofline=roof,
+                  rows=[], gradient_errors={})
+
+    def save():  # after every shape, so that a run cut short keeps what it measured
+        if out_path:
+            with open(out_path, "w") as fh:
+                json.dump(result, fh, indent=1)
     for name in shapes:
         try:
-            rows += bench_shape(name, roof, fla, why)
+            result["rows"] += bench_shape(name, roof, fla, why)
         except Exception as err:  # keep the other shapes' results
             print(f"{name}: failed: {type(err).__name__}: {err}", flush=True)
-    grad_errs = gradient_errors(fla)
-    result = dict(device=dev, torch=torch.__version__, triton=__import__("triton").__version__, roofline=roof,
-                  rows=rows, gradient_errors=grad_errs)
-    if out_path:
-        with open(out_path, "w") as fh:
-            json.dump(result, fh, indent=1)
+        save()
+    result["gradient_errors"] = grad_errs = gradient_errors(fla)
+    save()
+    rows = result["rows"]
     print(f"device {dev}: bf16 matmul {roof['bf16_tflops']:.0f} TFLOP/s, copy {roof['copy_gbps']:.0f} GB/s")
     print(HEADER)
     for r in rows:

@@ -48,10 +48,10 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
     another position (a swapped ``g``/``beta`` is a bug, not a style), and must not require more."""
     from .ops import card
 
-    contract = inspect.signature(card(op).reference).parameters.values()
+    contract = list(inspect.signature(card(op).reference).parameters.values())
     by_position = [p.name for p in contract if p.default is p.empty]
-    by_keyword = [p.name for p in contract if p.default is not p.empty] + [k for k in knobs if k not in
-                                                                              [p.name for p in contract]]
+    by_keyword = [p.name for p in contract if p.default is not p.empty]
+    by_keyword += [k for k in knobs if k not in by_keyword]
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: nothing to check before calling
@@ -77,7 +77,7 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
         elif p is not None and p in slots[:len(by_position)]:
             problems.append(f"argument {name!r} takes a positional slot the contract fills with "
                             f"{by_position[slots.index(p)]!r}")
-    for i, p in enumerate(params):
+    for p in params:
         required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         passed = p.name in by_keyword or (p in slots and slots.index(p) < len(by_position))
         if required and not passed:
@@ -132,9 +132,9 @@ def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forwar
         except Exception as err:  # not found, or the module itself fails to import
             raise UsageError(f"--impl {spec!r}: cannot import module {module_name!r}: "
                              f"{type(err).__name__}: {err}") from None
-        obj = getattr(module, attr, None)
-        if obj is None:
+        if not hasattr(module, attr):
             raise UsageError(f"--impl {spec!r}: module {module_name!r} ({module.__file__}) has no attribute {attr!r}")
+        obj = getattr(module, attr)
         if isinstance(obj, registry.Implementation):
             if obj.op != op:
                 raise UsageError(f"--impl {spec!r}: that is an implementation of {obj.op}, not of {op}")
@@ -150,7 +150,7 @@ def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forwar
         else:
             raise UsageError(f"--impl {spec!r}: {attr!r} is a {type(obj).__name__}, not a callable")
     fn = impl.fn
-    problems = contract_problems(fn, op, [k for k in impl.knobs])
+    problems = contract_problems(fn, op, list(impl.knobs))
     if problems:
         contract = inspect.signature(card(op).reference)
         raise UsageError(f"--impl {spec!r}: signature {inspect.signature(fn)} does not fit the {op} contract "
@@ -162,17 +162,20 @@ def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forwar
 
 @dataclass
 class Failure:
-    """A failing example and what it raised (a ``LawViolation``, or an exception of the check)."""
+    """A failing example, what it raised (a ``LawViolation``, or an exception of the check itself)
+    and the text to print: the violation, or the exception with its traceback as it was raised."""
 
     example: object
     error: BaseException
+    text: str
 
-    def text(self) -> str:
+    @classmethod
+    def of(cls, example, error: BaseException) -> "Failure":
         from .laws import LawViolation
-        if isinstance(self.error, LawViolation):
-            return str(self.error)
-        tb = "".join(traceback.format_exception(type(self.error), self.error, self.error.__traceback__))
-        return f"the check raised {type(self.error).__name__}: {self.error}\n{tb.rstrip()}"
+        if isinstance(error, LawViolation):
+            return cls(example, error, str(error))
+        tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        return cls(example, error, f"the check raised {type(error).__name__}: {error}\n{tb.rstrip()}")
 
 
 @dataclass
@@ -245,7 +248,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         except Exception as err:
             if not failures:
                 result.search_seconds = time.monotonic() - started
-            failures.append(Failure(example, err))
+            failures.append(Failure.of(example, err))
             result.failure = failures[-1]      # each failure the shrinker keeps is smaller than the last
             raise
         finally:
@@ -288,7 +291,9 @@ def implementation_expr(impl) -> str:
     from .registry import Implementation
 
     parts = [repr(impl.op), repr(impl.name), repr(impl.target)]
-    for f in dataclasses.fields(Implementation)[3:]:
+    for f in dataclasses.fields(Implementation):
+        if f.name in ("op", "name", "target"):
+            continue
         value = getattr(impl, f.name)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if value != default:
@@ -302,7 +307,7 @@ def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: s
     example, law = result.failure.example, result.law
     header = [f"refcheck fuzz reproducer: law {law.name} ({law.number}) falsified for {impl.op} by {impl.target}",
               f"found by: {command}", "", "run it alone:  python <this file>  (raises while the bug is there)", "",
-              *result.failure.text().splitlines()]
+              *result.failure.text.splitlines()]
     return "\n".join([
         "#!/usr/bin/env python",
         *(f"# {line}".rstrip() for line in header),
@@ -311,14 +316,12 @@ def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: s
         f"sys.path.insert(0, {import_root(impl.target)!r})  # where {impl.target.partition(':')[0]} was imported from",
         "",
         "from refcheck.backend import configure_backend",
+        "from refcheck.case import Case",
+        "from refcheck.laws import check",
+        "from refcheck.registry import Implementation",
+        "from refcheck.strategies import Example",
         "",
-        f"DEVICE = configure_backend({device!r})  # before any Triton kernel is defined",
-        "",
-        "from refcheck.case import Case  # noqa: E402",
-        "from refcheck.laws import check  # noqa: E402",
-        "from refcheck.registry import Implementation  # noqa: E402",
-        "from refcheck.strategies import Example  # noqa: E402",
-        "",
+        f"DEVICE = configure_backend({device!r})  # before the implementation (its Triton kernels) is imported",
         f"impl = {implementation_expr(impl)}",
         f"example = Example({example.case.to_python()},",
         f"                  mode={example.mode!r}, knobs={dict(example.knobs)!r}, params={dict(example.params)!r})",
@@ -332,7 +335,7 @@ def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: s
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fuzz", help="search for a counterexample to every law of an op, for one implementation",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("op", help="the op: kda_gate, kda, gla, simple_gla or attention")
     p.add_argument("--impl", dest="target", required=True, metavar="module:callable",
                    help="the implementation: module:callable with the op's contract signature, module:attr naming "
@@ -373,7 +376,8 @@ def command_line(args) -> str:
 
 def _laws_for(impl, names: str | None):
     """The laws to search, and the skipped ones with the reason."""
-    from .laws import LAWS, law as get_law
+    from .laws import LAWS
+    from .laws import law as get_law
 
     chosen = list(LAWS.values())
     if names:
@@ -381,29 +385,18 @@ def _laws_for(impl, names: str | None):
             chosen = [get_law(n.strip()) for n in names.split(",") if n.strip()]
         except ValueError as err:
             raise UsageError(f"--laws: {err}") from None
-    run_, skipped = [], []
-    for law in chosen:
-        why = law.why_not(impl)
-        (skipped.append((law, why)) if why else run_.append(law))
-    if not run_:
+    searched = [law for law in chosen if law.why_not(impl) is None]
+    skipped = [(law, law.why_not(impl)) for law in chosen if law.why_not(impl) is not None]
+    if not searched:
         raise UsageError(f"no law to search for {impl.op}/{impl.name}: "
                          + "; ".join(f"{law.name}: {why}" for law, why in skipped))
-    return run_, skipped
+    return searched, skipped
 
 
-def run(args) -> int:
-    from hypothesis import settings as hsettings
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from . import laws as laws_mod
-    from . import profiles
+def _checked(args):
+    """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off."""
     from .backend import configure_backend
     from .case import DTYPES, PRECISION_MODES
-    from .strategies import LARGE
 
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
@@ -411,6 +404,8 @@ def run(args) -> int:
         raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
     if args.precision is not None and args.precision not in PRECISION_MODES:
         raise UsageError(f"--precision: expected one of {', '.join(PRECISION_MODES)}, got {args.precision!r}")
+    if not args.out_dir.is_dir():
+        raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
     dtypes = None
     if args.dtypes:
         dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
@@ -428,36 +423,31 @@ def run(args) -> int:
     if args.precision is not None and args.precision not in impl.modes:
         raise UsageError(f"--precision {args.precision}: {impl.target} offers {', '.join(impl.modes)} "
                          "(a callable gets the mode as a `precision` keyword argument)")
-    to_search, skipped = _laws_for(impl, args.laws)
-    if not args.out_dir.is_dir():
-        raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
+    return device, impl
 
-    profiles.register()
-    base = hsettings.get_profile("fuzz")
-    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
-                         database=DirectoryBasedExampleDatabase(str(args.database or DATABASE)))
+
+def search_all(impl, laws: list, settings, *, device: str, mode: str | None, seconds: float | None,
+               strict: bool, seed: int | None, console) -> list[LawResult]:
+    """``search`` every law in turn, with a progress bar per law on ``console``. With ``seconds``,
+    each law searches for the search time left divided by the laws left; shrinking comes on top."""
+    from hypothesis import settings as hsettings
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import laws as laws_mod
+    from . import profiles
+    from .strategies import LARGE
+
     slow = laws_mod.interpreted(impl, device)
     limits = LARGE if device == "cuda" else profiles.limits("fuzz", slow)
-    strict = args.strict_bitwise or laws_mod.strict_default()
-    command = command_line(args)
-    out = Console(highlight=False, soft_wrap=True)
-    out.print(f"fuzzing {impl.op} {escape(f'[{impl.target}]')} on {device}: {len(to_search)} laws, "
-              f"up to {settings.max_examples} examples each (divided by the law's cost"
-              + (", and shared with the interpreter" if slow else "") + ")"
-              + (f", {args.seconds:g} s" if args.seconds else "") + (f", seed {args.seed}" if args.seed is not None else ""))
-    for law, why in skipped:
-        out.print(f"  not searched: {law.name}: {escape(why)}")
-
-    started = time.monotonic()
     results: list[LawResult] = []
     progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=Console(stderr=True))
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
     with progress:
-        for i, law in enumerate(to_search):
+        for i, law in enumerate(laws):
             count = laws_mod.examples_for(law, settings, interpreted=slow)
             deadlines = Deadlines()
-            if args.seconds:     # the search time left, shared by the laws left; shrinking comes on top
-                share = (args.seconds - sum(r.search_seconds for r in results)) / (len(to_search) - i)
+            if seconds:
+                share = (seconds - sum(r.search_seconds for r in results)) / (len(laws) - i)
                 now = time.monotonic()
                 deadlines = Deadlines(now + share, now + share + max(share, MIN_SHRINK_SECONDS))
             task = progress.add_task(f"{law.name} ({law.number})", total=count, status="")
@@ -466,12 +456,19 @@ def run(args) -> int:
                 status = f"shrinking: {result.shrink_runs} runs" if result.failure else ""
                 progress.update(task, completed=result.examples, status=status)
 
-            result = search(law, impl, hsettings(settings, max_examples=count), limits=limits, mode=args.precision,
-                            device=device, strict=strict, deadlines=deadlines, seed=args.seed, on_run=on_run)
+            result = search(law, impl, hsettings(settings, max_examples=count), limits=limits, mode=mode,
+                            device=device, strict=strict, deadlines=deadlines, seed=seed, on_run=on_run)
             progress.update(task, completed=result.examples, status=result.status)
             results.append(result)
+    return results
 
-    table = Table(title=f"refcheck fuzz {impl.op} {escape(f'[{impl.target}]')}")
+
+def print_summary(out, impl, results: list[LawResult]) -> None:
+    """The table of laws searched (examples, result, seconds) and the bitwise notes."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"refcheck fuzz {impl.op} {escape(f'[{impl.name}]')}")
     for col in ("law", "examples", "result", "seconds"):
         table.add_column(col, justify="right" if col in ("examples", "seconds") else "left")
     for r in results:
@@ -480,23 +477,54 @@ def run(args) -> int:
     out.print(table)
     for r in results:
         for line, n in r.notes.items():
-            out.print(f"  note: {escape(line)} in {n} example(s)")
+            out.print(f"  note: {escape(line)} in {_count(n, 'example')}")
 
+
+def run(args) -> int:
+    from hypothesis import settings as hsettings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from rich.console import Console
+    from rich.markup import escape
+
+    from . import laws as laws_mod
+    from . import profiles
+
+    device, impl = _checked(args)
+    to_search, skipped = _laws_for(impl, args.laws)
+    profiles.register()
+    base = hsettings.get_profile("fuzz")
+    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
+                         database=DirectoryBasedExampleDatabase(str(args.database or DATABASE)))
+    strict = args.strict_bitwise or laws_mod.strict_default()
+    out = Console(highlight=False, soft_wrap=True)
+    who = impl.name if impl.name == impl.target else f"{impl.name} = {impl.target}"
+    scaled = f", x{laws_mod.INTERPRETED_SHARE:g} interpreted" if laws_mod.interpreted(impl, device) else ""
+    out.print(f"fuzzing {impl.op} {escape(f'[{who}]')} on {device}: {_count(len(to_search), 'law')}, up to "
+              f"{settings.max_examples} examples each (divided by the law's cost{scaled})"
+              + (f", {args.seconds:g} s" if args.seconds else "") + (f", seed {args.seed}" if args.seed is not None else ""))
+    for law, why in skipped:
+        out.print(f"  not searched: {law.name}: {escape(why)}")
+
+    started = time.monotonic()
+    results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=args.seconds,
+                         strict=strict, seed=args.seed, console=Console(stderr=True))
+    print_summary(out, impl, results)
     falsified = [r for r in results if r.failure is not None]
-    total = sum(r.examples for r in results)
     for r in falsified:
         path = args.out_dir / reproducer_name(impl.op, r.law.name)
-        path.write_text(reproducer(r, impl, device=device, strict=strict, command=command))
+        path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args)))
+        found = "smallest example when time ran out" if r.out_of_time else "minimal example"
         out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
-                  f"({'smallest example when time ran out' if r.out_of_time else 'minimal example'} after {_count(r.shrink_runs, 'shrink run')}){' - flaky: it passed when replayed' if r.flaky else ''}:")
-        out.print(r.failure.text(), markup=False)
+                  f"({found} after {_count(r.shrink_runs, 'shrink run')})"
+                  + (" - flaky: it passed when replayed" if r.flaky else "") + ":")
+        out.print(r.failure.text, markup=False)
         out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
-    elapsed = time.monotonic() - started
+    elapsed, total = time.monotonic() - started, _count(sum(r.examples for r in results), "example")
     if falsified:
-        out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({_count(total, 'example')}, {elapsed:.0f} s): "
+        out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({total}, {elapsed:.0f} s): "
                   + ", ".join(r.law.name for r in falsified))
         return 1
     not_run = [r.law.name for r in results if not r.examples]
-    out.print(f"\nno counterexample in {_count(total, 'example')} ({_count(len(results), 'law')}, {elapsed:.0f} s)"
+    out.print(f"\nno counterexample in {total} ({_count(len(results), 'law')}, {elapsed:.0f} s)"
               + (f"; not run for lack of time: {', '.join(not_run)}" if not_run else ""))
     return 0

@@ -6,8 +6,9 @@ interpreter), both through the one pipeline (``refcheck.verify``; the laws throu
 * the *error table*: every base case of the seeded grid (``refcheck.grid``; the error-growth sweep
   is ``drift``'s) for every op x available implementation x dtype x precision mode, each output's
   relative RMS error against the float64 truth, its budget (``tolerances.toml``) and the headroom
-  ``budget / error``. One row per (implementation, dtype, mode, output) shows its worst case
-  (least headroom) and how many cases passed; every failing case is listed below with a reproducer.
+  ``budget / error``. A table per op, a row per (implementation, dtype, mode), a column per output:
+  each cell shows the worst case (least headroom) and how many cases failed; every failing case is
+  listed below the tables with a reproducer.
 * the *law summary*: every law of ``refcheck.laws.LAWS`` that applies to an implementation, run on
   the first base case of the grid that meets the law's requirements (no Hypothesis: the same fixed
   cases every time), one law parameter value per case (``FIXED_PARAMS``).
@@ -103,10 +104,16 @@ class PointResult:
     point: object
     verdict: object = None
     crash: str | None = None
+    seconds: float = 0.0      # the first point of a case includes computing its float64 truth
 
     @property
     def passed(self) -> bool:
         return self.crash is None and self.verdict.passed
+
+    def reproducer(self) -> str:
+        from .verify import Verdict
+        p = self.point
+        return (self.verdict or Verdict(p.case.op, p.impl.name, p.case, p.mode, {})).reproducer()
 
 
 @dataclass
@@ -117,10 +124,10 @@ class LawResult:
     law: object
     impl: object
     status: str
-    case: object = None
     example: object = None
     detail: str = ""
     notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -129,34 +136,39 @@ class LawResult:
 
 def run_points(points: list, device: str) -> list[tuple]:
     """Verify every point (all of one case: the float64 truth is computed once, then cached); per
-    point ``(verdict, None)`` or ``(None, crash)``: what the implementation (or the check) raised."""
+    point ``(verdict, None, seconds)`` or ``(None, crash, seconds)``: what the implementation (or
+    the check) raised."""
     from .verify import verify
 
     results = []
     for point in points:
+        started = time.perf_counter()
         try:
-            results.append((verify(point.impl, point.case, mode=point.mode, device=device), None))
+            verdict, crash = verify(point.impl, point.case, mode=point.mode, device=device), None
         except Exception as err:  # a crash of the implementation is a finding, not a crash of the report
             tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-4))
-            results.append((None, f"{type(err).__name__}: {err}\n{tb.rstrip()}"))
+            verdict, crash = None, f"{type(err).__name__}: {err}\n{tb.rstrip()}"
+        results.append((verdict, crash, time.perf_counter() - started))
     return results
 
 
-def run_law(law_name: str, impl, example, device: str) -> tuple[str, str, list[str]]:
-    """One law on one example (``laws.check``): ``(status, detail, notes)``; any exception is a
-    failure of the law."""
+def run_law(law_name: str, impl, example, device: str) -> tuple[str, str, list[str], float]:
+    """One law on one example (``laws.check``): ``(status, detail, notes, seconds)``; any
+    exception is a failure of the law."""
     from .laws import LAWS, LawViolation, check
 
     law = LAWS[law_name]
+    started = time.perf_counter()
     try:
-        outcome = check(law, impl, example, device=device, strict=False)
+        status, detail, notes = "holds", "", check(law, impl, example, device=device, strict=False).notes
     except LawViolation as err:
-        return "FAILS", str(err), []
+        status, detail, notes = "FAILS", str(err), []
     except Exception as err:
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-6))
-        return ("FAILS", f"law {law.name} on {impl.op}/{impl.name}: the check raised {type(err).__name__}: {err}\n"
-                         f"  case: {example.case.describe()}\n{tb.rstrip()}", [])
-    return "holds", "", outcome.notes
+        status, notes = "FAILS", []
+        detail = (f"law {law.name} on {impl.op}/{impl.name}: the check raised {type(err).__name__}: {err}\n"
+                  f"  case: {example.case.describe()}\n{tb.rstrip()}")
+    return status, detail, notes, time.perf_counter() - started
 
 
 def shipped(impl):
@@ -211,8 +223,7 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
             example = Example(entry.case, impl.modes[0], path_knobs(impl)[0], fixed_params(law, entry.case))
 
             def wrap(result, law=law, impl=impl, example=example):
-                status, detail, notes = result
-                return [LawResult(law, impl, status, example.case, example, detail, notes)]
+                return [LawResult(law, impl, result[0], example, *result[1:])]
             units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, shipped(impl), example),
                               law.cost * _weight(impl, entry.case), wrap))
     return units, skipped
@@ -230,7 +241,7 @@ def point_units(points: list) -> list[Unit]:
     for p in points:
         groups.setdefault(p.case, []).append(p)
     def wrap(results, points):
-        return [PointResult(p, verdict, crash) for p, (verdict, crash) in zip(points, results)]
+        return [PointResult(p, *result) for p, result in zip(points, results)]
     return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label}", run_points,
                  ([dataclasses.replace(p, impl=shipped(p.impl)) for p in ps],),
                  sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps))
@@ -375,10 +386,9 @@ def point_json(r: PointResult) -> dict:
     p = r.point
     entry = {"id": p.id, "op": p.case.op, "impl": p.impl.name, "dtype": p.case.dtype, "mode": p.mode,
              "label": p.entry.label, "case": p.case.to_python(), "passed": r.passed, "crash": r.crash,
-             "problems": [], "outputs": {}}
+             "problems": [], "outputs": {}, "reproduce": r.reproducer(), "seconds": round(r.seconds, 3)}
     if r.verdict is not None:
         entry["problems"] = list(r.verdict.problems)
-        entry["reproduce"] = r.verdict.reproducer()
         entry["outputs"] = {m.output: {"error": encode_float(m.error), "bound": encode_float(m.bound),
                                        "headroom": encode_float(m.headroom), "passed": m.passed,
                                        "budget": m.budget.key, "metric": m.budget.metric}
@@ -388,10 +398,21 @@ def point_json(r: PointResult) -> dict:
 
 def law_json(r: LawResult) -> dict:
     entry = {"law": r.law.name, "number": r.law.number, "op": r.impl.op, "impl": r.impl.name, "status": r.status,
-             "detail": r.detail, "notes": r.notes, "case": None}
+             "detail": r.detail, "notes": r.notes, "case": None, "seconds": round(r.seconds, 3)}
     if r.example is not None:
-        entry.update(case=r.case.to_python(), mode=r.example.mode, knobs=r.example.knobs, params=r.example.params)
+        entry.update(case=r.example.case.to_python(), mode=r.example.mode, knobs=r.example.knobs,
+                     params=r.example.params)
     return entry
+
+
+def time_by_impl(points: list[PointResult], laws_run: list[LawResult]) -> dict[str, tuple[float, float]]:
+    """Seconds spent per ``op/impl`` on grid points and on laws, largest total first."""
+    spent: dict[str, list[float]] = {}
+    for r in points:
+        spent.setdefault(f"{r.point.case.op}/{r.point.impl.name}", [0.0, 0.0])[0] += r.seconds
+    for r in laws_run:
+        spent.setdefault(f"{r.impl.op}/{r.impl.name}", [0.0, 0.0])[1] += r.seconds
+    return {k: (v[0], v[1]) for k, v in sorted(spent.items(), key=lambda kv: -sum(kv[1]))}
 
 
 # --- command line ---------------------------------------------------------------------------------
@@ -399,7 +420,7 @@ def law_json(r: LawResult) -> dict:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("report", help="the verification report: errors against budgets on the seeded grid, "
                                              "and which laws hold for which implementation",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--impl", dest="impls", action="extend", nargs="+", default=None, metavar="NAME",
                    help="only these implementations (registered names, or OP=module:callable to add one); "
                         "default: every available one")
@@ -484,7 +505,8 @@ def run(args) -> int:
     for r in failed_points:
         console.print(f"\n[bold red]FAIL[/] {escape(r.point.id)}")
         console.print(r.verdict.failure_message() if r.crash is None else
-                      f"  raised {r.crash}\n  case: {r.point.case.describe()}", markup=False, soft_wrap=True)
+                      f"  raised {r.crash}\n  case: {r.point.case.describe()}\n  reproduce: {r.reproducer()}",
+                      markup=False, soft_wrap=True)
     for r in failed_laws:
         console.print(f"\n[bold red]law {r.law.name} FAILS[/] for {r.impl.op}/{escape(r.impl.name)}")
         console.print(r.detail, markup=False, soft_wrap=True)
@@ -502,9 +524,13 @@ def run(args) -> int:
                   "unavailable": [{"op": op, "impl": impl, "why": why} for op, impl, why in the_grid.unavailable],
                   "points": [point_json(r) for r in point_results], "laws": [law_json(r) for r in laws_run]}
         write_atomic(args.json, json.dumps(report, indent=1, allow_nan=False) + "\n")
+    console.print("\nwall seconds in workers per implementation (grid + laws): " + ", ".join(
+        f"{name} {grid_s + law_s:.0f} s ({grid_s:.0f} + {law_s:.0f})"
+        for name, (grid_s, law_s) in time_by_impl(point_results, laws_run).items()), soft_wrap=True)
     verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
     console.print(f"\n{verdict}: {len(point_results) - len(failed_points)}/{len(point_results)} grid points within "
                   f"budget ({outputs} outputs), {summary['law_checks'] - len(failed_laws)}/{summary['law_checks']} "
                   f"law checks hold; {elapsed:.0f} s on {device} with {jobs} "
-                  + ("worker" if jobs == 1 else "workers") + (f"; JSON: {escape(str(args.json))}" if args.json else ""))
+                  + ("worker" if jobs == 1 else "workers") + (f"; JSON: {escape(str(args.json))}" if args.json else ""),
+                  soft_wrap=True)
     return 0 if passed else 1

@@ -224,7 +224,9 @@ def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limi
         drawn["cu_dtype"] = draw(st.sampled_from(["int32", "int64"]))
     clamp = None
     if op == "kda":
-        options["use_qk_l2norm"] = draw(st.booleans())
+        # with K = 1, q / ||q|| is +-1 and its gradient only the 1e-6 epsilon's artifact (~1e-6 / |q|^3):
+        # no relative error of it means anything, so l2norm is drawn from K = 2 on
+        options["use_qk_l2norm"] = k > 1 and draw(st.booleans())
         options["use_gate_in_kernel"] = gate_in_kernel = draw(st.booleans())
         options["safe_gate"] = safe = draw(st.booleans())
         options["lower_bound"] = None

@@ -19,9 +19,12 @@ def softplus(x: torch.Tensor) -> torch.Tensor:
     """``log(1 + exp(x))`` to full relative precision for every x.
 
     ``torch.nn.functional.softplus`` returns ``x`` itself beyond its threshold of 20, which is off by
-    ``log1p(exp(-x))`` (2e-9 at x = 20): too coarse for a float64 truth.
+    ``log1p(exp(-x))`` (2e-9 at x = 20): too coarse for a float64 truth. Each branch is fed only
+    the half line it serves (clamp), so the branch that ``where`` drops cannot overflow and poison
+    the gradient with ``0 * inf = NaN``.
     """
-    return torch.where(x > 0, x + torch.log1p(torch.exp(-x)), torch.log1p(torch.exp(x)))
+    return torch.where(x > 0, x + torch.log1p(torch.exp(-x.clamp(min=0))),
+                       torch.log1p(torch.exp(x.clamp(max=0))))
 
 
 def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None = None,

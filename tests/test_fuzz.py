@@ -19,8 +19,10 @@ from tests.mutants import MUTANTS
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-    """A fresh working directory (reproducers and the example database land there)."""
+    """A fresh working directory (reproducers and the example database land there; fuzz puts it on
+    ``sys.path``, restored afterwards)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
     return tmp_path
 
 

@@ -22,7 +22,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def rel(x, ref):
-    return float((x.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+    return float((x.detach().double() - ref.detach()).norm() / ref.detach().norm().clamp_min(1e-30))
 
 
 def kda_case(B=1, T=70, H=1, K=32, V=32, dtype="fp32", lengths=None, h0=False, gate=False, safe=None, l2=False,

@@ -31,9 +31,9 @@ def test_report_prints_the_tables_and_writes_json(tmp_path, capsys):
     code, out, _ = report(capsys, "--ops", "kda_gate", "attention", "--impl", "naive", "sdpa", "fa4",
                           "--jobs", "1", "--json", str(path))
     assert code == 0, out
-    assert "kda_gate: worst relative RMS error" in out and "attention: worst relative RMS error" in out
+    assert "kda_gate: worst error / budget, headroom" in out and "attention: worst error / budget" in out
     assert "not run: attention [fa4]:" in out                         # listed with the reason, not failed
-    assert "laws (fixed grid cases" in out and "gate_bounds (10)" in out and "PASS" in out
+    assert "laws on fixed grid cases" in out and "gate_bounds (10)" in out and "PASS" in out
     data = json.loads(path.read_text())
     assert data["format"] == "refcheck-report" and data["passed"] is True
     assert {(p["op"], p["impl"]) for p in data["points"]} == {("kda_gate", "naive"), ("attention", "naive"),

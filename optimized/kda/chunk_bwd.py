@@ -8,7 +8,9 @@ Forward per chunk (see ``chunk_fwd``): ``Z = V - Kg S0``, ``U = T Diag(beta) Z``
 
 ``dstate`` runs this backwards over the chunks of each sequence (one program per value block,
 sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``).
-``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``:
+``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``, in two kernels: the
+value side (``grads_v``: dv, and dL, dP stored for the next) and the key side (``grads_k``, one
+program per channel block: dq, dk, dg, and its share of dbeta):
 
     dV = Diag(beta) dY,  dbeta_i = sum_v Z_iv dY_iv + sum_j dL_ij A_ij
     dL = -strictly_lower(dY U^T)      (from dT = dU Y^T: dL = -T^T dT T^T = -dY (T Y)^T)
@@ -27,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .chunk_fwd import serial_launch, single_stage, state_blocks
+from .chunk_fwd import SUB, serial_launch, single_stage, state_blocks
 from .gate import gate_backward_tile
 from .state import dread_block, dwrite_block, load_state, store_state
 from .subchunk import chunk_colform, chunk_rowform, diag_precision
@@ -276,7 +278,7 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
                 dt_bias if dt_bias is not None else g, dq, dk, dg, dbeta, da if use_gate else g,
                 ddt if use_gate else g, chunks.cu, chunks.seq, chunks.start, scale, float(lower_bound or 0.0), H, K,
                 V, total),
-               dict(C=C, BC=16, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision),
+               dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision),
                     USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None, USE_LB=lower_bound is not None),
                [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)])
     dbeta = dbeta.sum(0).to(beta.dtype)
