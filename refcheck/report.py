@@ -299,15 +299,14 @@ class Cell:
     (least headroom) and how many cases passed."""
 
     worst: object = None        # verify.Measurement
-    label: str = ""
     cases: int = 0
     passed: int = 0
 
-    def add(self, m, label: str) -> None:
+    def add(self, m) -> None:
         self.cases += 1
         self.passed += m.passed
         if self.worst is None or m.headroom < self.worst.headroom:
-            self.worst, self.label = m, label
+            self.worst = m
 
     def render(self) -> str:
         m = self.worst
@@ -327,7 +326,7 @@ def error_cells(results: list[PointResult]) -> dict:
         p = r.point
         row = cells.setdefault(p.case.op, {}).setdefault((p.impl.name, p.case.dtype, p.mode), {})
         for m in r.verdict.measurements:
-            row.setdefault(m.output, Cell()).add(m, p.entry.label)
+            row.setdefault(m.output, Cell()).add(m)
     return cells
 
 
