@@ -32,6 +32,17 @@ def check_shape(name: str, x: torch.Tensor, expected: Sequence[int], what: str =
         raise ValueError(f"{name}: expected shape {tuple(expected)}{hint}, got {tuple(x.shape)}")
 
 
+def check_linear_qkv(q, k, v) -> tuple[int, int, int, int, int]:
+    """q, k ``[B, T, H, K]`` and v ``[B, T, H, V]`` of a linear-attention op; return (B, T, H, K, V)."""
+    check_tensor("q", q, 4)
+    b, t, h, kd = q.shape
+    check_tensor("k", k, 4)
+    check_shape("k", k, q.shape, "[B, T, H, K] like q")
+    check_tensor("v", v, 4)
+    check_shape("v", v, (b, t, h, v.shape[-1]), "[B, T, H, V]")
+    return b, t, h, kd, v.shape[-1]
+
+
 def check_cu_seqlens(cu_seqlens, batch: int, length: int, name: str = "cu_seqlens") -> list[tuple[int, int]]:
     """Validate packed-sequence boundaries and return the ``(start, end)`` span of each sequence.
 

@@ -17,25 +17,20 @@ from __future__ import annotations
 import torch
 
 from .chunk import PairDecays, check_chunk_size, chunk_scan
-from .contract import check_scale, check_shape, check_tensor
+from .contract import check_linear_qkv, check_scale, check_shape, check_tensor
 from .recurrence import scan
 
 
 def check_gla_inputs(q, k, v, g, *, scalar_gate: bool):
     """Validate the gla / simple_gla contract (shared by every implementation); return (B, T, H, K, V)."""
-    check_tensor("q", q, 4)
-    b, t, h, kd = q.shape
-    check_tensor("k", k, 4)
-    check_shape("k", k, q.shape, "[B, T, H, K] like q")
-    check_tensor("v", v, 4)
-    check_shape("v", v, (b, t, h, v.shape[-1]), "[B, T, H, V]")
+    b, t, h, kd, vd = check_linear_qkv(q, k, v)
     if scalar_gate:
         check_tensor("g", g, 3)
         check_shape("g", g, (b, t, h), "[B, T, H]")
     else:
         check_tensor("g", g, 4)
         check_shape("g", g, q.shape, "[B, T, H, K] like q")
-    return b, t, h, kd, v.shape[-1]
+    return b, t, h, kd, vd
 
 
 def gla_operands(q, k, v, g, *, scale):

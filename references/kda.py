@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .chunk import PairDecays, check_chunk_size, chunk_scan, decayed_gram
-from .contract import check_scale, check_shape, check_tensor
+from .contract import check_linear_qkv, check_scale, check_shape, check_tensor
 from .gates import kda_gate
 from .recurrence import scan
 
@@ -35,12 +35,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 
 def check_kda_inputs(q, k, v, g, beta, *, safe_gate, lower_bound, use_gate_in_kernel, A_log, dt_bias):
     """Validate the kda contract (shared by every implementation); return (B, T, H, K, V)."""
-    check_tensor("q", q, 4)
-    b, t, h, kd = q.shape
-    check_tensor("k", k, 4)
-    check_shape("k", k, q.shape, "[B, T, H, K] like q")
-    check_tensor("v", v, 4)
-    check_shape("v", v, (b, t, h, v.shape[-1]), "[B, T, H, V]")
+    b, t, h, kd, vd = check_linear_qkv(q, k, v)
     check_tensor("g", g, 4)
     check_shape("g", g, q.shape, "[B, T, H, K] like q")
     check_tensor("beta", beta, 3)
@@ -58,7 +53,7 @@ def check_kda_inputs(q, k, v, g, beta, *, safe_gate, lower_bound, use_gate_in_ke
             raise ValueError(f"lower_bound: expected a number in [{lo}, {hi}) with safe_gate, got {lower_bound!r}")
     elif lower_bound is not None and not use_gate_in_kernel:
         raise ValueError("lower_bound: only used with safe_gate=True or use_gate_in_kernel=True")
-    return b, t, h, kd, v.shape[-1]
+    return b, t, h, kd, vd
 
 
 def kda_operands(q, k, v, g, beta, *, scale, use_qk_l2norm, safe_gate, lower_bound, use_gate_in_kernel,
