@@ -11,21 +11,21 @@ Records of other grids, other record formats or other devices are refused with t
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
-import multiprocessing
 import os
 import platform
 import subprocess
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from . import __version__, grid, registry
+from . import __version__, grid
 from .backend import configure_backend
 from .cli import UsageError
 from .verify import Verdict, verify
+from .workers import Unit, default_jobs, execute, shipped
 
 FORMAT = "refcheck-drift-record"
 FORMAT_VERSION = 1
@@ -103,62 +103,21 @@ def record_point(point: grid.Point, device: str) -> dict:
                         for m in verdict.measurements}}
 
 
-def _runtime_specs() -> list[str]:
-    """The implementations joined at run time (``--impl OP=module:callable``), for worker processes."""
-    builtin = {(i.op, i.name) for i in registry.BUILTIN}
-    return [f"{i.op}={i.target}" for i in registry.implementations() if (i.op, i.name) not in builtin]
-
-
-_worker: dict = {}
-"""A worker process's device and grid points by id (set by ``_start_worker``)."""
-
-
-def _start_worker(device: str, specs: list[str], identity: dict) -> None:
-    """Initializer of a worker process: the parent's backend, run-time implementations and grid."""
-    configure_backend(device)
-    for spec in specs:
-        registry.register(spec)
-    the_grid = grid.build(device, ops=identity["ops"], impls=identity["impls"], quick=identity["quick"])
-    _worker.update(device=device, points={p.id: p for p in the_grid.points})
-
-
-def _record_ids(ids: list[str]) -> list[dict]:
-    missing = [i for i in ids if i not in _worker["points"]]
-    if missing:
-        raise RuntimeError(f"a worker process sees another grid: it lacks {', '.join(missing)}")
-    with grid.threads(_worker["device"]):
-        return [record_point(_worker["points"][i], _worker["device"]) for i in ids]
+def _record_points(points: list[grid.Point], device: str) -> list[dict]:
+    """Record the points of one case (they share its float64 truth); runs in a worker."""
+    return [record_point(p, device) for p in points]
 
 
 def record(the_grid: grid.Grid, device: str, *, jobs: int = 1, console=None) -> dict:
     """Run every point of ``the_grid`` on ``device`` in ``jobs`` processes, with a progress bar on
     ``console``. The points of one case stay together (they share its float64 truth); each point is
     computed alone in one thread, so the record does not depend on ``jobs``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     groups: dict = {}
     for point in the_grid.points:
         groups.setdefault(point.case, []).append(point)
-    results = {}
-    with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        task = progress.add_task("drift record", total=len(the_grid.points))
-
-        def done(group: list[grid.Point], entries: list[dict]) -> None:
-            results.update((p.id, e) for p, e in zip(group, entries))
-            progress.update(task, advance=len(group), description=group[-1].id)
-
-        if jobs == 1:
-            with grid.threads(device):
-                for group in groups.values():
-                    done(group, [record_point(p, device) for p in group])
-        else:
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-                                     initargs=(device, _runtime_specs(), the_grid.identity)) as pool:
-                futures = {pool.submit(_record_ids, [p.id for p in g]): g for g in groups.values()}
-                for future in as_completed(futures):
-                    done(futures[future], future.result())
-        progress.update(task, description="drift record: done")
+    units = [Unit(group[-1].id, _record_points, ([dataclasses.replace(p, impl=shipped(p.impl)) for p in group],),
+                  len(group), functools.partial(zip, group)) for group in groups.values()]
+    results = {p.id: entry for p, entry in execute(units, device, jobs, console, "drift record")}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},
             "environment": environment(device),
@@ -314,8 +273,7 @@ def run_record(args) -> int:
         raise UsageError(str(err)) from None
     if not args.out.parent.is_dir():
         raise UsageError(f"--out: folder {args.out.parent} does not exist")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    jobs = args.jobs if args.jobs is not None else min(4, cores) if device == "cpu" else 1
+    jobs = args.jobs if args.jobs is not None else default_jobs(device)
     if jobs < 1:
         raise UsageError(f"--jobs: expected a positive number, got {jobs}")
     started = time.perf_counter()

@@ -6,7 +6,6 @@ Outputs follow the contract: ``o`` in the input dtype, states, ``lse`` and gates
 """
 from __future__ import annotations
 
-import torch
 
 import references
 

@@ -25,19 +25,17 @@ import functools
 import inspect
 import json
 import math
-import os
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cli import UsageError
+from .workers import MAX_JOBS, Unit, default_jobs, execute, shipped
 
 FORMAT = "refcheck-report"
 FORMAT_VERSION = 1
 
-MAX_JOBS = 4
 """Default worker processes on the CPU (capped by the cores available): beyond this the longest
 single unit (a law on an interpreted kernel) bounds the wall time anyway."""
 
@@ -171,35 +169,6 @@ def run_law(law_name: str, impl, example, device: str) -> tuple[str, str, list[s
     return status, detail, notes, time.perf_counter() - started
 
 
-def shipped(impl):
-    """A copy of ``impl`` without its cached callable, to send to a worker process: a callable is
-    pickled by its name, which fails for one reached through another name (a record that took its
-    function's name); the worker imports ``impl.target`` itself."""
-    return dataclasses.replace(impl)
-
-
-def _init_worker(device: str) -> None:
-    """A worker process: the backend before any kernel is imported, one intra-op thread."""
-    import torch
-
-    from .backend import configure_backend
-    configure_backend(device)
-    torch.set_num_threads(1)
-
-
-@dataclass
-class Unit:
-    """A unit of work: all points of one case, or one law on one example. ``fn(*args, device)`` runs
-    in a worker and returns plain data, ``wrap`` turns that into results; ``cost`` orders the units
-    (largest first, so that the pool is not left waiting on one long unit at the end)."""
-
-    name: str
-    fn: Callable
-    args: tuple
-    cost: float
-    wrap: Callable[[object], list]
-
-
 def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
     """For every implementation and law: a unit running the law on its first matching base case
     (in the implementation's first precision mode and default knobs), or why it is not run."""
@@ -246,39 +215,6 @@ def point_units(points: list) -> list[Unit]:
                  ([dataclasses.replace(p, impl=shipped(p.impl)) for p in ps],),
                  sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps))
             for c, ps in groups.items()]
-
-
-def execute(units: list[Unit], device: str, jobs: int, console) -> list:
-    """Run the units (``jobs`` worker processes, or in this process for 1) with a progress bar;
-    their results (``Unit.wrap``) in the order of ``units``, one list."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from . import grid
-
-    results: list = [None] * len(units)
-    columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress, grid.threads(device):
-        task = progress.add_task("report", total=len(units))
-        if jobs <= 1:
-            for i, unit in enumerate(units):
-                progress.update(task, description=unit.name)
-                results[i] = unit.fn(*unit.args, device)
-                progress.advance(task)
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            order = sorted(range(len(units)), key=lambda i: -units[i].cost)
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_init_worker, initargs=(device,)) as pool:
-                futures = {pool.submit(units[i].fn, *units[i].args, device): i for i in order}
-                for future in as_completed(futures):
-                    i = futures[future]
-                    results[i] = future.result()
-                    progress.update(task, description=units[i].name)
-                    progress.advance(task)
-        progress.update(task, description="report: done")
-    return [r for unit, result in zip(units, results) for r in unit.wrap(result)]
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -434,11 +370,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-def default_jobs(device: str) -> int:
-    if device != "cpu":
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_JOBS, cores))
 
 
 def run(args) -> int:
@@ -482,7 +413,7 @@ def run(args) -> int:
                   + (" (faithful Triton interpreter)" if device == "cpu" else "")
                   + f": {len(points)} grid points, {len(units) - len(point_units(points))} law checks, {jobs} "
                   + ("worker" if jobs == 1 else "workers"))
-    done = execute(units, device, jobs, Console(stderr=True))
+    done = execute(units, device, jobs, Console(stderr=True), "report")
     point_results = [r for r in done if isinstance(r, PointResult)]
     laws_run = [r for r in done if isinstance(r, LawResult)] + laws_skipped
     elapsed = time.perf_counter() - started

@@ -121,13 +121,18 @@ def kda_scale_ignored(q, k, v, g, beta, *, scale=None, **options):
     return naive.kda(q, k, v, g, beta, **options)
 
 
-@mutant("gla", "agreement")
-def gla_dropped_partial_chunk(q, k, v, g, **options):
-    """Tokens after the last full chunk of 16 are dropped: no output, no state update."""
+def _gla_dropping_partial_chunk(q, k, v, g, **options):
+    """naive gla with the tokens after the last full chunk of 16 dropped: no output, no state update."""
     full = q.shape[1] // 16 * 16
     keep = (torch.arange(q.shape[1], device=q.device) < full).view(1, -1, 1, 1)
     o, state = naive.gla(q, k * keep, v, g * keep, **options)
     return o * keep, state
+
+
+@mutant("gla", "agreement")
+def gla_dropped_partial_chunk(q, k, v, g, **options):
+    """Tokens after the last full chunk of 16 are dropped: no output, no state update."""
+    return _gla_dropping_partial_chunk(q, k, v, g, **options)
 
 
 @mutant("attention", "agreement")
@@ -306,7 +311,7 @@ def gla_small_chunks_drop_tail(q, k, v, g, *, chunk_size=64, **options):
     """With chunk_size 16 the partial last chunk is dropped (64 is fine for T < 64)."""
     if chunk_size == 64:
         return naive.gla(q, k, v, g, **options)
-    return _gla_dropped_partial_chunk_fn(q, k, v, g, **options)
+    return _gla_dropping_partial_chunk(q, k, v, g, **options)
 
 
 @control("kda", knobs={"use_gather": (True, False), "disable_recompute": (False, True)})
