@@ -18,7 +18,7 @@ import torch
 
 from . import budgets as budgets_mod
 from . import registry
-from .case import DTYPE_NAMES, DTYPES, Case
+from .case import DTYPE_NAMES, Case
 from .metrics import rel_rms
 from .ops import Inputs, OpCard, card
 
@@ -94,10 +94,7 @@ def upstream_gradients(op: OpCard, case: Case, outputs: dict[str, torch.Tensor],
         if name not in outputs:
             continue
         x = outputs[name]
-        dtype = case.torch_dtype if name == "o" else torch.float32
-        if dtype == DTYPES["fp8"]:
-            dtype = torch.float32
-        g = torch.randn(x.shape, generator=gen).to(dtype).to(x.device)
+        g = torch.randn(x.shape, generator=gen).to(output_dtype(case, name)).to(x.device)
         if names is None or name in names:
             grads[name] = torch.where(torch.isfinite(x.detach()), g,
                                       torch.zeros((), dtype=g.dtype, device=g.device))
