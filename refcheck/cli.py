@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import registry
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if os.getcwd() not in sys.path:   # `module:callable` may name a module of the working directory,
+        sys.path.insert(0, os.getcwd())  # as with `python -m`, for every subcommand
     try:
         for spec in args.impl:
             if "=" in spec:

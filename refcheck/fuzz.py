@@ -20,7 +20,6 @@ import dataclasses
 import importlib
 import inspect
 import math
-import os
 import shlex
 import sys
 import time
@@ -85,12 +84,6 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
     return problems
 
 
-def import_from_cwd() -> None:
-    """Let ``module:callable`` name a module of the working directory, as ``python -m`` does."""
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
 def import_root(target: str) -> str:
     """The ``sys.path`` entry that ``target``'s module (``"pkg.mod:attr"``) was imported from."""
     name = target.partition(":")[0]
@@ -126,7 +119,6 @@ def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forwar
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
             raise UsageError(f"--impl {spec!r}: expected module:callable (e.g. mykernels.kda:chunk_kda)")
-        import_from_cwd()
         try:
             module = importlib.import_module(module_name)
         except Exception as err:  # not found, or the module itself fails to import

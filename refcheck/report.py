@@ -378,14 +378,12 @@ def run(args) -> int:
 
     from . import __version__, grid, registry
     from .backend import configure_backend
-    from .fuzz import import_from_cwd
 
     console = Console(highlight=False, width=max(Console().width, 150))
     try:
         device = configure_backend(args.device)
         names, given = None, []
         if args.impls:
-            import_from_cwd()
             given = [registry.register(n) for n in args.impls if "=" in n]
             names = [n for n in args.impls if "=" not in n] + [i.name for i in given]
         the_grid = grid.build(device, ops=args.ops, impls=names, quick=args.quick)
