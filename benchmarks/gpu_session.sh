@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Everything refcheck runs on a lent GPU machine, in one call (see README "GPU runs"):
-#   1. the property laws over our Triton kda/kda_gate and FLA's chunk_kda, Hypothesis profile `gpu`
-#   2. benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, with the roofline measured in the run
-# Carry [".whl", ".gpu-wheels/a"]; results land in $OUT. Prints a short table last.
+# Everything refcheck runs on a lent GPU machine (see README "GPU runs"). Steps, in the order given:
+#   properties  the property laws over our Triton kda/kda_gate and FLA's chunk_kda, Hypothesis profile `gpu`
+#   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
+#   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
+#   check       benchmarks/kda.py --check: errors vs float64 over option combinations
+# e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
+# in $OUT. Each step's time limit is <STEP>_S seconds (SIGINT, so pytest still prints its summary).
+# Prints a short table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null
@@ -11,14 +15,34 @@ source .gpu-wheels/a/device-install.sh
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+JOBS=$(nproc)
 
-timeout "${PROPERTIES_S:-150}" python3 -m pytest properties -q -n 8 -p no:cacheprovider --device cuda \
-  --hypothesis-profile gpu --op kda --op kda_gate --impl triton --impl fla -o addopts="" -rfEs \
-  > "$OUT/gpu_properties.log" 2>&1
-echo "properties exit $?" >> "$OUT/gpu_properties.log"
+for step in "$@"; do
+  case $step in
+    properties)
+      timeout -s INT "${PROPERTIES_S:-500}" python3 -m pytest properties -q -n "$JOBS" -p no:cacheprovider \
+        --device cuda --hypothesis-profile gpu --op kda --op kda_gate --impl triton --impl fla -o addopts="" -rfEs \
+        > "$OUT/gpu_properties.log" 2>&1
+      echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
+    bench)
+      timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
+      echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
+    profile)
+      timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" > "$OUT/kda_profile.log" 2>&1
+      echo "profile exit $?" >> "$OUT/kda_profile.log" ;;
+    check)
+      timeout -s INT "${CHECK_S:-200}" python3 benchmarks/kda.py --check --jobs "$JOBS" > "$OUT/kda_check.log" 2>&1
+      echo "check exit $?" >> "$OUT/kda_check.log" ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
 
-timeout "${BENCH_S:-240}" python3 benchmarks/kda.py --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
-echo "benchmark exit $?" >> "$OUT/kda_bench.log"
-
-echo "== properties (gpu profile) =="; grep -E "passed|failed|error|properties exit" "$OUT/gpu_properties.log" | tail -5
-echo "== kda benchmark =="; tail -22 "$OUT/kda_bench.log"
+for step in "$@"; do
+  case $step in
+    properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|properties exit" \
+                  "$OUT/gpu_properties.log" | tail -12 ;;
+    bench) echo "== kda benchmark =="; tail -22 "$OUT/kda_bench.log" ;;
+    profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
+    check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
+  esac
+done

@@ -320,18 +320,17 @@ def check(names, jobs):
 
 # ---------------------------------------------------------------------------------------- profile
 
+SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, num_warps=8, num_stages=1),
+                   dict(BV=32, num_warps=4, num_stages=2), dict(BV=32, num_warps=8, num_stages=2))
 PROFILE_VARIANTS = (
-    [("intra", dict(BK=bk), safe, False) for bk in (32, 64) for safe in (False, True)]
-    + [("intra", dict(BK=64), False, True)]
-    + [("recurrence", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1),
-                                                      dict(BV=32, num_warps=4, num_stages=1))]
-    + [("recurrence_keep", dict(), False, False)]
-    + [("dstate", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=4, num_stages=1),
-                                                  dict(BV=32, num_warps=4, num_stages=2))]
-    + [("grads", cfg, safe, False) for cfg in (dict(), dict(BV=64), dict(BK=64), dict(num_warps=8),
-                                               dict(value=dict(BV=32)), dict(value=dict(num_warps=8)))
+    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_warps=8), dict(BK=16), dict(BK=16, num_warps=8))
+     for safe in (False, True)]
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
+    + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
+    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES]
+    + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_warps=8), dict(num_warps=8, BV=32),
+                                               dict(num_warps=8, BK=16), dict(value=dict(BV=32, num_warps=8)))
        for safe in (False, True)]
-    + [("grads", dict(), False, True)]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
 )
 
