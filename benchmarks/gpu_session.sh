@@ -21,7 +21,7 @@ for step in "$@"; do
   case $step in
     properties)
       timeout -s INT "${PROPERTIES_S:-500}" python3 -m pytest properties -q -n "$JOBS" -p no:cacheprovider \
-        --device cuda --hypothesis-profile gpu --op kda --op kda_gate --impl triton --impl fla -o addopts="" -rfEs \
+        --device cuda --hypothesis-profile gpu --op kda --op kda_gate --impl triton --impl fla -o addopts="" -rfEs -v --durations=0 \
         > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
     bench)
