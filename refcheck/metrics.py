@@ -4,7 +4,10 @@ All measures are taken in float64 against the float64 reference ``ref``:
 
 * ``rel_rms(x, ref, floor) = rms(x - ref) / max(rms(ref), floor)`` where ``rms(y) = ||y|| / sqrt(n)``.
   The floor keeps a tensor whose reference is ~0 (a gradient that vanishes, a state fully decayed)
-  from turning rounding noise into a huge relative error.
+  from turning rounding noise into a huge relative error. The floor is at least the smallest normal
+  number of the dtypes of ``x`` and ``ref`` (``representable_floor``): below it a dtype has no
+  relative precision left (fp16 subnormals are spaced 6e-8 apart, so a gradient of 2e-6 stored in
+  fp16 is off by 1e-2 relative from rounding alone), so relative error there says nothing.
 * Non-finite reference entries (``lse = -inf`` for a row that sees no key) must be matched exactly
   and are left out of the RMS; a non-finite ``x`` where ``ref`` is finite makes the error ``inf``:
   NaN or Inf where the reference is finite always fails.
@@ -20,10 +23,18 @@ METRICS = ("rel_rms", "naive_ratio")
 multiple of the error of the naive implementation (the reference evaluated in the input dtype)."""
 
 
+def representable_floor(*tensors: torch.Tensor) -> float:
+    """The smallest normal number of the coarsest floating dtype among ``tensors`` (6.1e-5 for fp16,
+    1.2e-38 for fp32 and bf16; 0 without a floating tensor)."""
+    return max((torch.finfo(t.dtype).tiny for t in tensors if t.is_floating_point()), default=0.0)
+
+
 def rel_rms(x: torch.Tensor, ref: torch.Tensor, floor: float) -> float:
-    """Relative RMS error of ``x`` against ``ref`` (same shape), ``inf`` on a non-finite mismatch."""
+    """Relative RMS error of ``x`` against ``ref`` (same shape), ``inf`` on a non-finite mismatch;
+    the denominator is at least ``max(floor, representable_floor(x, ref))``."""
     if tuple(x.shape) != tuple(ref.shape):
         raise ValueError(f"shape mismatch: got {tuple(x.shape)}, reference {tuple(ref.shape)}")
+    floor = max(floor, representable_floor(x, ref))
     x, ref = x.detach().to("cpu", torch.float64), ref.detach().to("cpu", torch.float64)
     finite = torch.isfinite(ref)
     if not bool(torch.isfinite(x[finite]).all()):
