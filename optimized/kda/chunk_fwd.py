@@ -55,7 +55,7 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
         A, P = chunk_pairs(A, P, k, q, G, k_ptr + base + k0, G_ptr + base + k0, stride, ck, cmask, n, C, BC,
                            SAFE, USE_GATHER, PREC, DPREC)
     beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-    T = unit_lower_inverse(beta[:, None] * A, C, BC, PREC)
+    T = unit_lower_inverse(beta[:, None] * A, C, BC, PREC, DPREC)
     cc = tl.arange(0, C)
     all_c = cc < C
     store_tile(T_ptr, T, rows, rmask, h, H, C, cc, all_c)
