@@ -25,7 +25,7 @@ for step in "$@"; do
         > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
     bench)
-      timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
+      timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --jobs "$JOBS" --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
       echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
     profile)
       timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" > "$OUT/kda_profile.log" 2>&1
@@ -41,7 +41,7 @@ for step in "$@"; do
   case $step in
     properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|properties exit" \
                   "$OUT/gpu_properties.log" | tail -12 ;;
-    bench) echo "== kda benchmark =="; tail -22 "$OUT/kda_bench.log" ;;
+    bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
   esac

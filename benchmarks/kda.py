@@ -48,8 +48,10 @@ SHAPES = {
     "B1_T32768": dict(B=1, T=32768, H=16, K=128, V=128, lengths=None),
     "varlen8_T32768": dict(B=1, T=32768, H=16, K=128, V=128,
                            lengths=[4096, 1000, 7000, 3000, 5000, 512, 8192, 3968]),
+    "grads": dict(B=2, T=2048, H=16, K=128, V=128, lengths=None),  # gradient_errors
     "tiny": dict(B=1, T=130, H=2, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one
 }
+TIMED = ("B8_T4096", "B1_T32768", "varlen8_T32768")
 
 
 def rel(x, ref) -> float:
@@ -140,7 +142,40 @@ def fla_impl():
         return None, f"fla not installed ({type(err).__name__})"
 
 
-def bench(shapes, out_path):
+def warm_one(name, safe):
+    """Compile (into Triton's on-disk cache) every kernel that timing ``name`` with ``safe`` runs: one
+    forward+backward of ours and of FLA on the same inputs."""
+    s = SHAPES[name]
+    x, cu = make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16)
+    fla, _ = fla_impl()
+    for impl in (optimized.kda, fla):
+        if impl is not None:
+            leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+            o, ht = call(impl, leaves, cu, safe)
+            torch.autograd.grad((o, ht), list(leaves.values()), (torch.ones_like(o), torch.ones_like(ht)))
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def warm(shapes, jobs):
+    """``warm_one`` for every (shape, safe_gate) in parallel processes: a compile takes 5 to 30 s and
+    one process compiles one kernel at a time; the timing process then finds every kernel compiled."""
+    todo = [(name, safe) for name in [*shapes, "grads"] for safe in (False, True)]
+
+    def run(job):
+        p = subprocess.run([sys.executable, __file__, "--warm-one", job[0], str(job[1])], capture_output=True,
+                           text=True)
+        return job, p.returncode, p.stderr[-400:]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(jobs) as pool:
+        for job, rc, err in pool.map(run, todo):
+            if rc:
+                print(f"warm-up {job} failed:\n{err}", flush=True)
+    print(f"warm-up: {len(todo)} configurations compiled in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def bench(shapes, out_path, jobs):
+    warm(shapes, jobs)
     dev = torch.cuda.get_device_name()
     roof = roofline()
     fla, why = fla_impl()
@@ -166,6 +201,8 @@ def bench(shapes, out_path):
         print(format_row(r))
     for name, e in grad_errs.items():
         print(f"gradient errors {name}: " + " ".join(f"{k} {v:.2e}" for k, v in e.items()))
+    result["kernels_ms"] = kernel_times(fla)
+    save()
 
 
 HEADER = (f"{'shape':16} {'safe':5} {'mode':8} {'impl':5} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} "
@@ -219,7 +256,7 @@ def bench_shape(name, roof, fla, why):
     return rows
 
 
-def gradient_errors(fla, B=2, T=2048, H=16, K=128, V=128):
+def gradient_errors(fla, B=2, T=2048, H=16, K=128, V=128):  # SHAPES["grads"]
     """Relative errors of every gradient vs float64 (bf16, safe_gate off/on), ours and FLA's."""
     x, cu = make_inputs(B, T, H, K, V, None, torch.bfloat16, seed=1)
     gen = torch.Generator(device=DEVICE).manual_seed(2)
@@ -235,6 +272,34 @@ def gradient_errors(fla, B=2, T=2048, H=16, K=128, V=128):
             o, ht = call(impl, leaves, cu, safe)
             gr = torch.autograd.grad((o, ht), list(leaves.values()), (do.to(o.dtype), dht))
             out[f"{impl_name} safe={safe}"] = {f"d{n}": rel(gv, ref[n]) for n, gv in zip(leaves, gr)}
+    return out
+
+
+def kernel_times(fla, shape="B8_T4096", top=12):
+    """CUDA time per kernel of one forward+backward (torch.profiler, mean of 3), ours and FLA's,
+    safe_gate off/on: ``{"ours safe=False": {kernel: ms}, ...}``, the ``top`` longest."""
+    from torch.profiler import ProfilerActivity, profile
+    s = SHAPES[shape]
+    x, cu = make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16)
+    out = {}
+    for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
+        for safe in (False, True) if impl is not None else ():
+            leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+
+            def step():
+                o, _ = call(impl, leaves, cu, safe)
+                torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+            step()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            times = sorted(((e.key, e.device_time_total / 3e3) for e in prof.key_averages()), key=lambda r: -r[1])
+            out[f"{impl_name} safe={safe}"] = {key[:60]: round(ms, 3) for key, ms in times[:top]}
+            print(f"kernels {impl_name} safe={safe}: " + ", ".join(f"{k[:28]} {v:.2f}" for k, v in
+                                                                   list(out[f"{impl_name} safe={safe}"].items())[:8]),
+                  flush=True)
     return out
 
 
@@ -405,14 +470,17 @@ def profile(names, jobs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
-    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="*", default=list(TIMED), choices=list(TIMED))
     ap.add_argument("--check", action="store_true", help="correctness table instead of timing")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
     ap.add_argument("--check-one", help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--warm-one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.profile_one is not None:
+    if args.warm_one:
+        warm_one(args.warm_one[0], args.warm_one[1] == "True")
+    elif args.profile_one is not None:
         stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
         profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
     elif args.profile:
@@ -422,7 +490,7 @@ def main():
     elif args.check:
         check(list(CHECKS), args.jobs)
     else:
-        bench(args.shapes, args.out)
+        bench(args.shapes, args.out, args.jobs)
 
 
 if __name__ == "__main__":
