@@ -109,8 +109,8 @@ class KdaFunction(torch.autograd.Function):
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
         o, ht, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,
                                   output=True, final=cfg.final, keep=cfg.keep)
-        kept = (Tm, P, hs, U) if cfg.keep else ()
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, *kept)
+        kept = (hs, U) if cfg.keep else ()
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
         ctx.cfg = cfg
         ctx.shape = (B, T)
         return o.view(B, T, H, V), ht
@@ -118,13 +118,12 @@ class KdaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, *kept = ctx.saved_tensors
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept = ctx.saved_tensors
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
         if cfg.keep:
-            Tm, P, hs, U = kept
+            hs, U = kept
         else:
-            Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
             _, _, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,
                                      output=False, final=False, keep=True)
         dh, dY, dh0 = dstate(qn, kn, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
@@ -154,8 +153,12 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
       use_gather: read a chunk's rows at other rows (sub-chunk reference rows) with ``tl.gather``
                   from registers (True) or by loading them again (False, the default: the loads hit
                   L1/L2 and were faster on an H200, e.g. intra-chunk kernel 3.21 vs 3.37 ms).
-      disable_recompute: keep the forward's intermediates (WY factors, chunk states, U) for the
-                  backward instead of recomputing them there (more memory, less work).
+      disable_recompute: keep the forward's chunk states ``h [NC, H, K, V]`` and U for the backward
+                  instead of recomputing them there by a second pass of the state recurrence (fp32:
+                  as much memory as bf16 q, k, v and g together at K = V; saves the pass, 0.9 ms
+                  at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
+                  ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the whole
+                  forward's intra-chunk kernel (1.6 to 3.0 ms there) for half the memory of the inputs.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.
     """
     check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
