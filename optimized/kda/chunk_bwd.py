@@ -10,10 +10,11 @@ Forward per chunk (see ``chunk_fwd``): ``Z = V - Kg S0``, ``U = T Diag(beta) Z``
 sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``).
 ``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``, in two kernels: the
 value side (``grads_v``: dv, and dL, dP stored for the next) and the key side, one program per
-channel block, in two kernels (``grads_row``: the state terms, the row form, dq and dbeta's share;
-``grads_col``: the column form, dk and dg). One fused kernel took 8.1 ms at B=8, T=4096, H=16,
-K=V=128 on an H200 where its parts took 1.2 (state terms), 1.9 (row form) and 1.9 ms (column form)
-alone: together they did not fit in registers.
+channel block, in three kernels that pass fp32 partials of dq, dk and dG along (``grads_state``:
+the terms of the chunk states; ``grads_row``: the row form, completing dq; ``grads_col``: the column
+form, completing dk and dg). One fused kernel took 8.1 ms at B=8, T=4096, H=16, K=V=128 on an
+H200 where its parts took 1.2 (state terms), 1.9 (row form) and 1.9 ms (column form) alone, and two
+(state + row fused) 5.3 + 2.8 ms: fused, they do not fit in registers.
 
     dV = Diag(beta) dY,  dbeta_i = sum_v Z_iv dY_iv + sum_j dL_ij A_ij
     dL = -strictly_lower(dY U^T)      (from dT = dU Y^T: dL = -T^T dT T^T = -dY (T Y)^T)
@@ -167,19 +168,16 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.const
 
 
 @triton.jit
-def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr, dL_ptr, dP_ptr,
-                     dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V, TOTAL,
-                     C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SAFE: tl.constexpr,
-                     USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """Key side, part 1 (state terms and the row form): dq, and the partial dk and dG that
-    ``grads_col_kernel`` completes (fp32 at ``dk_ptr``, ``dG_ptr``); dbeta's share of this block."""
+def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr,
+                       dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V, TOTAL, C: tl.constexpr,
+                       BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """Key side, part 1 (the state terms): ``dQg = dO h^T``, ``dKd = U dh^T``, ``dYh = dY h^T`` and
+    ``dgamma = rowsum(h * dh)`` turned into the first fp32 partials of dq, dk and dG (at ``dq_ptr``,
+    ``dk_ptr``, ``dG_ptr``) and dbeta's share of this channel block."""
     c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
                                                                        start_ptr, H, K, C, BK)
     k0 = kb * BK
     i = tl.arange(0, C)
-    beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-    G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
-    # state side: dQg = dO h^T, dKd = U dh^T, dYh = dY h^T, dgamma = rowsum(h * dh)
     cv = tl.arange(0, BV)
     dQg = tl.zeros((C, BK), tl.float32)
     dKd = tl.zeros((C, BK), tl.float32)
@@ -196,22 +194,45 @@ def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_pt
         dKd += tl.dot(load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(dh), input_precision=PREC)
         dYh += tl.dot(load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
         dgamma += tl.sum(hs * dh, axis=1)
+    G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
     eG = tl.exp(G)
-    dKd_d = tl.exp(G_last[None, :] - G) * dKd  # the gradient of k through Kd = k e^{G_last - G}
+    dq = scale * eG * dQg
+    dKg = -load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * eG * dYh  # through Kg = k e^G (Z = V - Kg S0)
+    dKd_d = tl.exp(G_last[None, :] - G) * dKd                             # through Kd = k e^{G_last - G}
+    dG = q * dq + k * (dKg - dKd_d)
+    dG += tl.where(i[:, None] == n - 1, (tl.sum(k * dKd_d, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+    store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
+    store_tile(dk_ptr + k0, dKg + dKd_d, rows, rmask, h, H, K, ck, kmask)
+    store_tile(dG_ptr + k0, dG, rows, rmask, h, H, K, ck, kmask)
+    tl.store(dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h, -tl.sum(k * eG * dYh, axis=1), mask=rmask)
+
+
+@triton.jit
+def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr,
+                     cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
+                     BK: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
+                     DPREC: tl.constexpr):
+    """Key side, part 2 (the row form): ``R_L, R_P`` of dL and dP; completes dq (from its partial at
+    ``dqp_ptr``) and adds to the partials of dk and dG and to dbeta's share of this block."""
+    c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
+                                                                       start_ptr, H, K, C, BK)
+    k0 = kb * BK
+    i = tl.arange(0, C)
     mbase = (t0.to(tl.int64) * H + h) * C
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
     R_L, R_P = chunk_rowform(dL, dP, k, G, dL_ptr + mbase, dP_ptr + mbase, H * C, k_ptr + base, G_ptr + base,
                              H * K, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
-    dbeta = tl.sum(k * (R_L - eG * dYh), axis=1)
-    dq = scale * (eG * dQg + R_P)
-    dk_row = beta[:, None] * (R_L - eG * dYh)
-    dG = q * dq + k * (dk_row - dKd_d)
-    dG += tl.where(i[:, None] == n - 1, (tl.sum(k * dKd_d, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+    dq_row = scale * R_P
+    dk_row = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * R_L
+    dq = load_tile(dqp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + dq_row
+    dk = load_tile(dk_ptr + k0, rows, rmask, h, H, K, ck, kmask) + dk_row
+    dG = load_tile(dG_ptr + k0, rows, rmask, h, H, K, ck, kmask) + q * dq_row + k * dk_row
     store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
-    store_tile(dk_ptr + k0, dk_row + dKd_d, rows, rmask, h, H, K, ck, kmask)
+    store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
     store_tile(dG_ptr + k0, dG, rows, rmask, h, H, K, ck, kmask)
-    tl.store(dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h, dbeta, mask=rmask)
+    slot = dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h
+    tl.store(slot, tl.load(slot, mask=rmask, other=0.0) + tl.sum(k * R_L, axis=1), mask=rmask)
 
 
 @triton.jit
@@ -220,7 +241,7 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
                      C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
                      USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, USE_GATE: tl.constexpr,
                      HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
-    """Key side, part 2 (the column form): ``Qc``, then ``dk = dk' + Qc``, ``dG = dG' - k Qc``, the
+    """Key side, part 3 (the column form): ``Qc``, then ``dk = dk' + Qc``, ``dG = dG' - k Qc``, the
     reverse cumulative sum of dG and, with ``USE_GATE``, the gate's backward."""
     c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
                                                                        start_ptr, H, K, C, BK)
@@ -294,8 +315,7 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
     dL = torch.empty(total, H, C, device=dev, dtype=f32)
     dP = torch.empty_like(dL)
     dbeta = torch.empty(1 + nkb, total, H, device=dev, dtype=f32)
-    dk_part = torch.empty(total, H, K, device=dev, dtype=f32)
-    dG_part = torch.empty_like(dk_part)
+    dq_part, dk_part, dG_part = (torch.empty(total, H, K, device=dev, dtype=f32) for _ in range(3))
     da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
     if NC and H:
@@ -304,15 +324,19 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)]
+        launch(grads_state_kernel, (NC, H, nkb),
+               (q, k, G, beta, hs, dh, U, dY, do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V,
+                total), dict(C=C, PREC=precision), ladder)
+        no_bv = [{n: v for n, v in step.items() if n != "BV"} for step in ladder]
         launch(grads_row_kernel, (NC, H, nkb),
-               (q, k, G, beta, hs, dh, U, dY, do, dL, dP, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V,
-                total), paths, ladder)
+               (q, k, G, beta, dL, dP, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
+               paths, no_bv)
         launch(grads_col_kernel, (NC, H, nkb),
                (q, k, g, G, beta, dL, dP, A_log if use_gate else g, dt_bias if dt_bias is not None else g, dk_part,
                 dG_part, dk, dg, da if use_gate else g, ddt if use_gate else g, *chunk_args, scale,
                 float(lower_bound or 0.0), H, K),
                paths | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None, USE_LB=lower_bound is not None),
-               [{n: v for n, v in step.items() if n != "BV"} for step in ladder])
+               no_bv)
     dbeta = dbeta.sum(0).to(beta.dtype)
     if not use_gate:
         return dq, dk, dv, dg, dbeta, None, None
