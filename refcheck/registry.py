@@ -34,6 +34,9 @@ class Implementation:
     backward: it is differentiable (gradients are checked)
     outputs:  the contract outputs it returns (a peer may return fewer, e.g. no lse)
     requires: the module a peer's adapter imports on call (checked for availability)
+    fixed_mode: for an implementation without a ``precision`` knob, the mode its fp32 dots always run
+              at (a Triton ``tl.dot`` on fp32 defaults to tf32), so that it is judged by that mode's
+              budgets; default "ieee" (plain fp32)
     """
 
     op: str
@@ -46,7 +49,12 @@ class Implementation:
     outputs: tuple[str, ...] | None = None
     triton: bool = False
     requires: str | None = None
+    fixed_mode: str = "ieee"
     description: str = ""
+
+    def __post_init__(self):
+        if self.fixed_mode not in PRECISION_MODES:
+            raise ValueError(f"fixed_mode: expected one of {PRECISION_MODES}, got {self.fixed_mode!r}")
 
     @cached_property
     def fn(self) -> Callable:
@@ -55,8 +63,8 @@ class Implementation:
 
     @property
     def modes(self) -> tuple[str, ...]:
-        """Precision modes it can be asked for; an implementation without the knob is plain fp32."""
-        return tuple(self.knobs.get("precision", ("ieee",)))
+        """Precision modes it can be asked for; without the knob, its ``fixed_mode``."""
+        return tuple(self.knobs.get("precision", (self.fixed_mode,)))
 
     @property
     def provides(self) -> tuple[str, ...]:
@@ -88,11 +96,11 @@ BUILTIN: tuple[Implementation, ...] = (
     Implementation("kda", "triton", "optimized:kda", knobs=TRITON_KNOBS, triton=True,
                    description="our chunked Triton KDA (chunk 64, WY solve)"),
     Implementation("kda", "fla", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
-                   description="flash-linear-attention chunk_kda"),
+                   fixed_mode="tf32", description="flash-linear-attention chunk_kda"),
     Implementation("gla", "fla", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
-                   description="flash-linear-attention chunk_gla"),
+                   fixed_mode="tf32", description="flash-linear-attention chunk_gla"),
     Implementation("simple_gla", "fla", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
-                   description="flash-linear-attention chunk_simple_gla"),
+                   fixed_mode="tf32", description="flash-linear-attention chunk_simple_gla"),
     Implementation("attention", "sdpa", "refcheck.peers:sdpa_attention", outputs=("o",),
                    description="torch scaled_dot_product_attention (no lse)"),
     Implementation("attention", "fa4", "refcheck.peers:fa4_attention", devices=("cuda",), dtypes=("bf16", "fp16"),
