@@ -124,3 +124,15 @@ def check_law(request):
         for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict):
             warnings.warn(BitwiseDifference(note))
     return check
+
+
+def pytest_runtest_logreport(report):
+    """With ``REFCHECK_FAILURE_DIR`` set, write each failure's report to its own file there the moment
+    the test fails: a run cut short by a time limit (a lent GPU) keeps what it found, which pytest's
+    end-of-session summary would lose."""
+    folder = os.environ.get("REFCHECK_FAILURE_DIR")
+    if folder and report.failed:
+        os.makedirs(folder, exist_ok=True)
+        name = "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in report.nodeid)
+        with open(os.path.join(folder, f"{name}.{report.when}.txt"), "w") as fh:
+            fh.write(f"{report.nodeid} ({report.when}, {report.duration:.1f} s)\n\n{report.longreprtext}\n")

@@ -20,7 +20,8 @@ JOBS=$(nproc)
 for step in "$@"; do
   case $step in
     properties)
-      timeout -s INT "${PROPERTIES_S:-500}" python3 -m pytest properties -q -n "$JOBS" -p no:cacheprovider \
+      REFCHECK_FAILURE_DIR="$OUT/failures" timeout -s INT "${PROPERTIES_S:-500}" \
+        python3 -m pytest properties -n "$JOBS" -p no:cacheprovider \
         --device cuda --hypothesis-profile gpu --op kda --op kda_gate --impl triton --impl fla -o addopts="" -rfEs -v --durations=0 \
         > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
@@ -40,7 +41,7 @@ done
 for step in "$@"; do
   case $step in
     properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|properties exit" \
-                  "$OUT/gpu_properties.log" | tail -12 ;;
+                  "$OUT/gpu_properties.log" | tail -12; ls "$OUT/failures" 2>/dev/null ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
