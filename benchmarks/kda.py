@@ -1,13 +1,16 @@
 """KDA on a CUDA GPU: our Triton kernels against flash-linear-attention 0.6.0 ``chunk_kda`` and float64.
 
-    python benchmarks/kda.py --out kda.json     time the three shapes (bf16, K = V = 128), safe_gate off/on
+    python benchmarks/kda.py --out kda.json     time the three shapes (bf16, K = V = 128), safe_gate off/on,
+                                                then the CUDA time of each kernel (torch.profiler), ours and FLA's
     python benchmarks/kda.py --check --jobs 8   correctness against float64 over a set of configurations
     python benchmarks/kda.py --profile --jobs 8 time each kernel stage under several launch configurations
 
 Timing: ``triton.testing.do_bench`` medians (L2 flushed between runs), forward under ``no_grad`` and
 forward+backward through ``torch.autograd.grad`` (no gradient accumulation), for ``optimized.kda``
 and FLA called with the same arguments (``refcheck.peers.fla_kda``; rows say 'fla not installed' when
-it is missing). The roofline is measured in the same run: a bf16 matmul (TFLOP/s) and a device copy
+it is missing), after every configuration was compiled in parallel processes (``--jobs``; one
+compile takes 5 to 30 s on an H200 and a process compiles one kernel at a time). The roofline is
+measured in the same run: a bf16 matmul (TFLOP/s) and a device copy
 (GB/s, read + write). Work model per (chunk of C = 64, head), forward:
 
     flops = 4 C^2 K (Aqk, Akk) + 2 C^2 (K + V) (WY factors) + 6 C K V (state read/write, inter-chunk
