@@ -112,7 +112,12 @@ def test_degraded_implementation_is_a_regression(records, capsys):
     result = drift_compare.compare(drift.load(records["base"]), drift.load(records["head"]))
     flagged = {r.point["dtype"] for r in result.regressions}
     assert flagged == {"fp32"}                                # tf32 rounding changes fp32 inputs only
-    assert all(r.status == "over budget" and r.ratio > 100 for r in result.regressions)
+    assert all(r.ratio > 100 for r in result.regressions)
+    # dg's and dbeta's fp32 ieee budgets cover gate spikes of -1000 (|G| up to 7e3 within a chunk, see
+    # their reasons in tolerances.toml), which leaves room for tf32's error on these small cases: drift
+    # flags them by the ratio alone; every other output is over its budget as well
+    assert {r.output for r in result.regressions if r.status != "over budget"} <= {"dg", "dbeta"}
+    assert sum(r.status == "over budget" for r in result.regressions) >= 3 * 5
     assert len(result.regressions) == 3 * 7 + 1               # dense: 7 outputs + dh0; T=16, 64: 7 each
     assert {r.status for r in result.rows if r.point["dtype"] != "fp32"} == {"unchanged"}
     assert out.index("regressions (22)") < out.index("22 regressions in 66 compared outputs")
