@@ -8,13 +8,13 @@ Forward per chunk (see ``chunk_fwd``): ``Z = V - Kg S0``, ``U = T Diag(beta) Z``
 
 ``dstate`` runs this backwards over the chunks of each sequence (one program per value block,
 sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``).
-``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``, in two kernels: the
-value side (``grads_v``: dv, and dL, dP stored for the next) and the key side, one program per
+``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``: first the value
+side (``grads_v``: dv, and dL, dP stored for the key side), then the key side, one program per
 channel block, in three kernels that pass fp32 partials of dq, dk and dG along (``grads_state``:
 the terms of the chunk states; ``grads_row``: the row form, completing dq; ``grads_col``: the column
-form, completing dk and dg). One fused kernel took 8.1 ms at B=8, T=4096, H=16, K=V=128 on an
-H200 where its parts took 1.2 (state terms), 1.9 (row form) and 1.9 ms (column form) alone, and two
-(state + row fused) 5.3 + 2.8 ms: fused, they do not fit in registers.
+form, completing dk and dg). Fused into one kernel they do not fit in registers: it took 8.1 ms at
+B=8, T=4096, H=16, K=V=128 on an H200 where the parts took 1.2, 1.9 and 1.9 ms alone (two kernels,
+state + row fused: 5.3 + 2.8 ms; three: 1.9 + 2.9 + 2.8 ms).
 
     dV = Diag(beta) dY,  dbeta_i = sum_v Z_iv dY_iv + sum_j dL_ij A_ij
     dL = -strictly_lower(dY U^T)      (from dT = dU Y^T: dL = -T^T dT T^T = -dY (T Y)^T)
