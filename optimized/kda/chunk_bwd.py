@@ -35,7 +35,7 @@ import triton.language as tl
 from ..common import Chunks, launch, padded
 from .chunk_fwd import SUB, serial_launch, single_stage, state_blocks
 from .gate import gate_backward_tile
-from .state import dread_block, dwrite_block, load_state, store_state
+from .state import dread_blocks, dwrite_blocks, load_blocks, serial_chunk, serial_program, store_blocks
 from .subchunk import chunk_colform, chunk_rowform, diag_precision
 from .tiles import chunk_span, load_rowvec, load_tile, store_tile
 
@@ -45,72 +45,26 @@ def dstate_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr, 
                   cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
                   BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks."""
-    vb = tl.program_id(0)
-    nh = tl.program_id(1)
-    h = nh % H
-    bos = tl.load(cu_ptr + nh // H)
-    eos = tl.load(cu_ptr + nh // H + 1)
-    c_first = tl.load(off_ptr + nh // H)
-    i = tl.arange(0, C)
+    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     cc = tl.arange(0, C)
-    vv = vb * BV + tl.arange(0, BV)
-    vmask = vv < V
-    dS0 = load_state(dht_ptr, nh, K, V, 0, KB, BV, vv, vmask, HAS_DHT)
-    if NKB > 1:
-        dS1 = load_state(dht_ptr, nh, K, V, 1, KB, BV, vv, vmask, HAS_DHT)
-    if NKB > 2:
-        dS2 = load_state(dht_ptr, nh, K, V, 2, KB, BV, vv, vmask, HAS_DHT)
-    if NKB > 3:
-        dS3 = load_state(dht_ptr, nh, K, V, 3, KB, BV, vv, vmask, HAS_DHT)
+    dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT)
     num = tl.cdiv(eos - bos, C)
     for back in range(num):
         it = num - 1 - back
-        t0 = bos + it * C
-        n = tl.minimum(eos - t0, C)
-        rows = t0 + i
-        rmask = i < n
-        grows = t0 + tl.minimum(i, n - 1)
-        last = t0 + n - 1
-        hidx = (c_first + it) * H + h
-        store_state(dh_ptr, dS0, hidx, K, V, 0, KB, vv, vmask)
-        if NKB > 1:
-            store_state(dh_ptr, dS1, hidx, K, V, 1, KB, vv, vmask)
-        if NKB > 2:
-            store_state(dh_ptr, dS2, hidx, K, V, 2, KB, vv, vmask)
-        if NKB > 3:
-            store_state(dh_ptr, dS3, hidx, K, V, 3, KB, vv, vmask)
+        t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
+        store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
         P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
-        dU = tl.dot(tl.trans(P), do, input_precision=PREC)
-        dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
-        if NKB > 1:
-            dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
-        if NKB > 2:
-            dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
-        if NKB > 3:
-            dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+        dU = dread_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), k_ptr, G_ptr, rows,
+                          rmask, grows, last, h, H, K, KB, NKB, PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
         store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
         bdY = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * dY
-        dS0 = dwrite_block(dS0, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 0, KB, PREC)
-        if NKB > 1:
-            dS1 = dwrite_block(dS1, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 1, KB,
-                               PREC)
-        if NKB > 2:
-            dS2 = dwrite_block(dS2, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 2, KB,
-                               PREC)
-        if NKB > 3:
-            dS3 = dwrite_block(dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 3, KB,
-                               PREC)
+        dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last,
+                                           h, H, K, scale, KB, NKB, PREC)
     if STORE_DH0:
-        store_state(dh0_ptr, dS0, nh, K, V, 0, KB, vv, vmask)
-        if NKB > 1:
-            store_state(dh0_ptr, dS1, nh, K, V, 1, KB, vv, vmask)
-        if NKB > 2:
-            store_state(dh0_ptr, dS2, nh, K, V, 2, KB, vv, vmask)
-        if NKB > 3:
-            store_state(dh0_ptr, dS3, nh, K, V, 3, KB, vv, vmask)
+        store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask)
 
 
 @triton.jit

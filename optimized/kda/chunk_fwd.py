@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .state import load_state, read_block, store_state, write_block
+from .state import load_blocks, read_blocks, serial_chunk, serial_program, store_blocks, write_blocks
 from .subchunk import chunk_pairs, diag_precision, unit_lower_inverse
 from .tiles import chunk_span, load_rowvec, load_tile, store_tile
 
@@ -68,48 +68,17 @@ def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, h0_ptr
                       BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_O: tl.constexpr, STORE_FINAL: tl.constexpr,
                       STORE_H: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV]."""
-    vb = tl.program_id(0)
-    nh = tl.program_id(1)
-    h = nh % H
-    bos = tl.load(cu_ptr + nh // H)
-    eos = tl.load(cu_ptr + nh // H + 1)
-    c_first = tl.load(off_ptr + nh // H)
-    i = tl.arange(0, C)
+    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     cc = tl.arange(0, C)
-    vv = vb * BV + tl.arange(0, BV)
-    vmask = vv < V
-    S0 = load_state(h0_ptr, nh, K, V, 0, KB, BV, vv, vmask, HAS_H0)
-    if NKB > 1:
-        S1 = load_state(h0_ptr, nh, K, V, 1, KB, BV, vv, vmask, HAS_H0)
-    if NKB > 2:
-        S2 = load_state(h0_ptr, nh, K, V, 2, KB, BV, vv, vmask, HAS_H0)
-    if NKB > 3:
-        S3 = load_state(h0_ptr, nh, K, V, 3, KB, BV, vv, vmask, HAS_H0)
+    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
-        t0 = bos + it * C
-        n = tl.minimum(eos - t0, C)
-        rows = t0 + i
-        rmask = i < n
-        grows = t0 + tl.minimum(i, n - 1)
-        last = t0 + n - 1
+        t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         if STORE_H:
-            hidx = (c_first + it) * H + h
-            store_state(hs_ptr, S0, hidx, K, V, 0, KB, vv, vmask)
-            if NKB > 1:
-                store_state(hs_ptr, S1, hidx, K, V, 1, KB, vv, vmask)
-            if NKB > 2:
-                store_state(hs_ptr, S2, hidx, K, V, 2, KB, vv, vmask)
-            if NKB > 3:
-                store_state(hs_ptr, S3, hidx, K, V, 3, KB, vv, vmask)
+            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         Z = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask)
         O = tl.zeros((C, BV), tl.float32)
-        Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, STORE_O, PREC)
-        if NKB > 1:
-            Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, STORE_O, PREC)
-        if NKB > 2:
-            Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, STORE_O, PREC)
-        if NKB > 3:
-            Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, STORE_O, PREC)
+        Z, O = read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB, NKB,
+                           STORE_O, PREC)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
@@ -118,21 +87,10 @@ def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, h0_ptr
         if STORE_O:
             P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
             store_tile(o_ptr, O + tl.dot(P, U, input_precision=PREC), rows, rmask, h, H, V, vv, vmask)
-        S0 = write_block(S0, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
-        if NKB > 1:
-            S1 = write_block(S1, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
-        if NKB > 2:
-            S2 = write_block(S2, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
-        if NKB > 3:
-            S3 = write_block(S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+        S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
+                                      PREC)
     if STORE_FINAL:
-        store_state(ht_ptr, S0, nh, K, V, 0, KB, vv, vmask)
-        if NKB > 1:
-            store_state(ht_ptr, S1, nh, K, V, 1, KB, vv, vmask)
-        if NKB > 2:
-            store_state(ht_ptr, S2, nh, K, V, 2, KB, vv, vmask)
-        if NKB > 3:
-            store_state(ht_ptr, S3, nh, K, V, 3, KB, vv, vmask)
+        store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
 
 def serial_launch(V: int, programs: int) -> dict:

@@ -102,3 +102,106 @@ def dwrite_block(dS, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, 
     k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
     dS = gamma[:, None] * dS + tl.dot(tl.trans(q * (eG * scale)), do, input_precision=PREC)
     return dS - tl.dot(tl.trans(k * eG), bdY, input_precision=PREC)
+
+
+# --------------------------------------------------------------------------------- all the blocks
+# The serial kernels hold the state as four named blocks S0..S3; blocks kb >= NKB are zero tiles that
+# no helper touches (the compiler drops them), so that every kernel is written once for any NKB.
+
+
+@triton.jit
+def load_blocks(ptr, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, vv, vmask,
+                PRESENT: tl.constexpr):
+    """Blocks 0..3 of state ``idx`` (zeros when not ``PRESENT``, and past ``NKB``)."""
+    S0 = load_state(ptr, idx, K, V, 0, KB, BV, vv, vmask, PRESENT)
+    S1 = load_state(ptr, idx, K, V, 1, KB, BV, vv, vmask, PRESENT and NKB > 1)
+    S2 = load_state(ptr, idx, K, V, 2, KB, BV, vv, vmask, PRESENT and NKB > 2)
+    S3 = load_state(ptr, idx, K, V, 3, KB, BV, vv, vmask, PRESENT and NKB > 3)
+    return S0, S1, S2, S3
+
+
+@triton.jit
+def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, vv, vmask):
+    store_state(ptr, S0, idx, K, V, 0, KB, vv, vmask)
+    if NKB > 1:
+        store_state(ptr, S1, idx, K, V, 1, KB, vv, vmask)
+    if NKB > 2:
+        store_state(ptr, S2, idx, K, V, 2, KB, vv, vmask)
+    if NKB > 3:
+        store_state(ptr, S3, idx, K, V, 3, KB, vv, vmask)
+
+
+@triton.jit
+def read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB: tl.constexpr,
+                NKB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr):
+    """``read_block`` of every block: ``Z -= Kg S``, ``O += Qg S``."""
+    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, WITH_O, PREC)
+    if NKB > 1:
+        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, WITH_O, PREC)
+    if NKB > 2:
+        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, WITH_O, PREC)
+    if NKB > 3:
+        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, WITH_O, PREC)
+    return Z, O
+
+
+@triton.jit
+def write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB: tl.constexpr,
+                 NKB: tl.constexpr, PREC: tl.constexpr):
+    """``write_block`` of every block: ``S <- Diag(gamma) S + Kd^T U``."""
+    S0 = write_block(S0, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
+    if NKB > 1:
+        S1 = write_block(S1, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
+    if NKB > 2:
+        S2 = write_block(S2, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
+    if NKB > 3:
+        S3 = write_block(S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+    return S0, S1, S2, S3
+
+
+@triton.jit
+def dread_blocks(dS0, dS1, dS2, dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB: tl.constexpr,
+                 NKB: tl.constexpr, PREC: tl.constexpr):
+    """``dread_block`` of every block: ``dU += Kd dS``."""
+    dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
+    if NKB > 1:
+        dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
+    if NKB > 2:
+        dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
+    if NKB > 3:
+        dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+    return dU
+
+
+@triton.jit
+def dwrite_blocks(dS0, dS1, dS2, dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
+                  KB: tl.constexpr, NKB: tl.constexpr, PREC: tl.constexpr):
+    """``dwrite_block`` of every block: ``dS <- Diag(gamma) dS + Qg^T dO - Kg^T Diag(beta) dY``."""
+    dS0 = dwrite_block(dS0, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 0, KB, PREC)
+    if NKB > 1:
+        dS1 = dwrite_block(dS1, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 1, KB, PREC)
+    if NKB > 2:
+        dS2 = dwrite_block(dS2, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 2, KB, PREC)
+    if NKB > 3:
+        dS3 = dwrite_block(dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 3, KB, PREC)
+    return dS0, dS1, dS2, dS3
+
+
+@triton.jit
+def serial_program(cu_ptr, off_ptr, H, V, BV: tl.constexpr):
+    """A serial kernel's program (value block, sequence * H + head):
+    ``(nh, h, bos, eos, c_first, vv, vmask)``: its sequence's token span and first chunk, its values."""
+    nh = tl.program_id(1)
+    bos = tl.load(cu_ptr + nh // H)
+    eos = tl.load(cu_ptr + nh // H + 1)
+    vv = tl.program_id(0) * BV + tl.arange(0, BV)
+    return nh, nh % H, bos, eos, tl.load(off_ptr + nh // H), vv, vv < V
+
+
+@triton.jit
+def serial_chunk(bos, eos, it, C: tl.constexpr):
+    """Chunk ``it`` of a sequence: ``(t0, rows, rmask, grows, last)`` (see the module docstring)."""
+    i = tl.arange(0, C)
+    t0 = bos + it * C
+    n = tl.minimum(eos - t0, C)
+    return t0, t0 + i, i < n, t0 + tl.minimum(i, n - 1), t0 + n - 1
