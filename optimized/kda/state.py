@@ -114,9 +114,15 @@ def load_blocks(ptr, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.cons
                 PRESENT: tl.constexpr):
     """Blocks 0..3 of state ``idx`` (zeros when not ``PRESENT``, and past ``NKB``)."""
     S0 = load_state(ptr, idx, K, V, 0, KB, BV, vv, vmask, PRESENT)
-    S1 = load_state(ptr, idx, K, V, 1, KB, BV, vv, vmask, PRESENT and NKB > 1)
-    S2 = load_state(ptr, idx, K, V, 2, KB, BV, vv, vmask, PRESENT and NKB > 2)
-    S3 = load_state(ptr, idx, K, V, 3, KB, BV, vv, vmask, PRESENT and NKB > 3)
+    S1 = tl.zeros((KB, BV), tl.float32)
+    S2 = tl.zeros((KB, BV), tl.float32)
+    S3 = tl.zeros((KB, BV), tl.float32)
+    if NKB > 1:
+        S1 = load_state(ptr, idx, K, V, 1, KB, BV, vv, vmask, PRESENT)
+    if NKB > 2:
+        S2 = load_state(ptr, idx, K, V, 2, KB, BV, vv, vmask, PRESENT)
+    if NKB > 3:
+        S3 = load_state(ptr, idx, K, V, 3, KB, BV, vv, vmask, PRESENT)
     return S0, S1, S2, S3
 
 
