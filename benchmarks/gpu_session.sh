@@ -5,7 +5,9 @@
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 # e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
-# in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") picks the law runs' implementations.
+# in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") picks the law runs'
+# implementations and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
+# PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call.
 # Prints a short table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
@@ -21,7 +23,7 @@ for step in "$@"; do
   case $step in
     properties)
       REFCHECK_FAILURE_DIR="$OUT/failures" timeout -s INT "${PROPERTIES_S:-500}" \
-        python3 -m pytest properties -n "$JOBS" -p no:cacheprovider \
+        python3 -m pytest properties -n "$JOBS" -p no:cacheprovider ${PROPERTIES_K:+-k "$PROPERTIES_K"} \
         --device cuda --hypothesis-profile gpu --op kda --op kda_gate $(printf -- "--impl %s " ${IMPLS:-triton fla}) -o addopts="" -rfEs -v --durations=0 \
         > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
