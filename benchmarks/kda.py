@@ -259,8 +259,10 @@ def bench_shape(name, roof, fla, why):
     return rows
 
 
-def gradient_errors(fla, B=2, T=2048, H=16, K=128, V=128):  # SHAPES["grads"]
-    """Relative errors of every gradient vs float64 (bf16, safe_gate off/on), ours and FLA's."""
+def gradient_errors(fla):
+    """Relative errors of every gradient vs float64 (bf16, safe_gate off/on), ours and FLA's, at
+    ``SHAPES["grads"]``."""
+    B, T, H, K, V = (SHAPES["grads"][n] for n in "BTHKV")
     x, cu = make_inputs(B, T, H, K, V, None, torch.bfloat16, seed=1)
     gen = torch.Generator(device=DEVICE).manual_seed(2)
     do = torch.randn(B, T, H, V, device=DEVICE, generator=gen)

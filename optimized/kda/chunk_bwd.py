@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .chunk_fwd import SUB, serial_launch, single_stage, state_blocks
+from .chunk_fwd import SUB, launch_serial
 from .gate import gate_backward_tile
 from .state import dread_blocks, dwrite_blocks, load_blocks, serial_chunk, serial_program, store_blocks
 from .subchunk import chunk_colform, chunk_rowform, diag_precision
@@ -226,20 +226,15 @@ def dstate(q, k, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision
     the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     V = do.shape[-1]
-    N = chunks.num_seqs
     dev = k.device
     f32 = torch.float32
-    cfg = serial_launch(V, N * H) | (config or {})
-    kb, nkb = state_blocks(K)
     dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
     dY = torch.empty(total, H, V, device=dev, dtype=f32)
-    dh0 = torch.empty(N, H, K, V, device=dev, dtype=f32) if want_dh0 else None
-    if N and H:
-        launch(dstate_kernel, (triton.cdiv(V, cfg["BV"]), N * H),
-               (q, k, G, beta, T, P, do, dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh,
-                chunks.cu, chunks.offsets, scale, H, K, V),
-               dict(C=chunks.size, KB=kb, NKB=nkb, HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision),
-               single_stage(cfg))
+    dh0 = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=f32) if want_dh0 else None
+    launch_serial(dstate_kernel,
+                  (q, k, G, beta, T, P, do, dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh,
+                   chunks.cu, chunks.offsets, scale, H, K, V),
+                  dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision), chunks, H, K, V, config)
     return dh, dY, dh0
 
 
@@ -289,8 +284,8 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
                (q, k, g, G, beta, dL, dP, A_log if use_gate else g, dt_bias if dt_bias is not None else g, dk_part,
                 dG_part, dk, dg, da if use_gate else g, ddt if use_gate else g, *chunk_args, scale,
                 float(lower_bound or 0.0), H, K),
-               paths | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None, USE_LB=lower_bound is not None),
-               no_bv)
+               paths | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
+                            USE_LB=lower_bound is not None), no_bv)
     dbeta = dbeta.sum(0).to(beta.dtype)
     if not use_gate:
         return dq, dk, dv, dg, dbeta, None, None

@@ -114,6 +114,19 @@ def state_blocks(K: int) -> tuple[int, int]:
     return kb, padded(K) // kb
 
 
+def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
+                  config: dict | None):
+    """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
+    ``state_blocks(K)``, launch settings from ``serial_launch`` overridden by ``config``."""
+    N = chunks.num_seqs
+    if not (N and H):
+        return
+    cfg = serial_launch(V, N * H) | (config or {})
+    kb, nkb = state_blocks(K)
+    launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H), args, dict(C=chunks.size, KB=kb, NKB=nkb) | constexprs,
+           single_stage(cfg))
+
+
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str,
           config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
@@ -139,22 +152,17 @@ def recurrence(q, k, v, G, beta, T, P, initial_state, chunks: Chunks, scale: flo
     ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     V = v.shape[-1]
-    N = chunks.num_seqs
     dev = k.device
     f32 = torch.float32
-    cfg = serial_launch(V, N * H) | (config or {})
-    kb, nkb = state_blocks(K)
     o = torch.empty(total, H, V, device=dev, dtype=q.dtype) if output else None
-    ht = torch.empty(N, H, K, V, device=dev, dtype=f32) if final else None
+    ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=f32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32) if keep else None
     U = torch.empty(total, H, V, device=dev, dtype=f32) if keep else None
-    if N and H:
-        dummy = k
-        launch(recurrence_kernel, (triton.cdiv(V, cfg["BV"]), N * H),
-               (q, k, v, G, beta, T, P, initial_state if initial_state is not None else dummy,
-                o if output else dummy, ht if final else dummy, hs if keep else dummy, U if keep else dummy,
-                chunks.cu, chunks.offsets, scale, H, K, V),
-               dict(C=chunks.size, KB=kb, NKB=nkb, HAS_H0=initial_state is not None, STORE_O=output,
-                    STORE_FINAL=final, STORE_H=keep, PREC=precision),
-               single_stage(cfg))
+    dummy = k
+    launch_serial(recurrence_kernel,
+                  (q, k, v, G, beta, T, P, initial_state if initial_state is not None else dummy,
+                   o if output else dummy, ht if final else dummy, hs if keep else dummy, U if keep else dummy,
+                   chunks.cu, chunks.offsets, scale, H, K, V),
+                  dict(HAS_H0=initial_state is not None, STORE_O=output, STORE_FINAL=final, STORE_H=keep,
+                       PREC=precision), chunks, H, K, V, config)
     return o, ht, hs, U
