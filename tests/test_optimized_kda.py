@@ -26,8 +26,10 @@ def rel(x, ref):
 
 
 def kda_case(B=1, T=70, H=1, K=32, V=32, dtype="fp32", lengths=None, h0=False, gate=False, safe=None, l2=False,
-             seed=0):
-    """Inputs (already rounded to dtype) and contract options of one kda call."""
+             strong=False, seed=0):
+    """Inputs (already rounded to dtype) and contract options of one kda call. ``strong``: the
+    decay of tokens 24..55 is 30x stronger (up to -150 per token), so that in those sub-chunks the
+    general path sums the diagonal blocks exactly and elsewhere takes the dots (``DIAG_SPAN``)."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     dt = DTYPES[dtype]
@@ -38,6 +40,8 @@ def kda_case(B=1, T=70, H=1, K=32, V=32, dtype="fp32", lengths=None, h0=False, g
         g = rnd(B, T, H, K)
     else:
         g = (safe or -5.0) * torch.rand(B, T, H, K, generator=gen)
+        if strong:
+            g[:, 24:56] *= 30.0
     x = dict(q=rnd(B, T, H, K), k=k, v=rnd(B, T, H, V), g=g, beta=torch.rand(B, T, H, generator=gen))
     x = {n: t.to(dt) for n, t in x.items()}
     if h0:
@@ -59,6 +63,8 @@ def run_kda(fn, x, opts, do, dht, **knobs):
 
 CASES = {
     "fp32 ieee general": (dict(T=130), dict(precision="ieee")),
+    "fp32 ieee general strong decay": (dict(T=130, strong=True), dict(precision="ieee")),
+    "fp32 tf32 general strong decay gather": (dict(T=100, strong=True), dict(precision="tf32", use_gather=True)),
     "fp32 tf32x3 safe gather": (dict(safe=-5.0), dict(precision="tf32x3", use_gather=True)),
     "fp32 ieee varlen empty h0 keep": (dict(T=110, lengths=[0, 37, 0, 73], h0=True),
                                        dict(precision="ieee", disable_recompute=True)),

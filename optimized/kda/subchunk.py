@@ -15,15 +15,19 @@ factor overflows. Pairs are split by where i and j sit:
   in the even S-block just before it, and a reference row r = the first row of i's block:
   ``exp(G_i - G_r) * exp(G_r - G_j)``. With ``g <= 0`` both factors lie in (0, 1] (r <= i, j < r), so
   nothing overflows, whatever the decay. One masked ``[C, BK] x [BK, C]`` dot per level and operand.
-* the same sub-chunk (diagonal 16x16 blocks):
-  - general path: an exact elementwise sum, one column r of every block per step (16 steps);
-  - ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5): a dot against the block's middle
-    row m = 16*b + 8. For i, j in the block, ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and
-    ``G_m - G_j <= 7 |lb| <= 35`` (j > m), so both factors stay below e^40 = 2.4e17 and each product
-    ``exp(G_i - G_m) exp(G_m - G_j) = exp(G_i - G_j) <= 1`` for j <= i keeps fp32 (and tf32) relative
-    accuracy; the entries j > i that the mask drops are at most e^75 |X||Y|, finite in fp32 for the
-    unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
+* the same sub-chunk (diagonal 16x16 blocks), two ways:
+  - dots against the block's middle row m = 16*b + 8: ``exp(G_i - G_m) * exp(G_m - G_j)``. Where
+    the span ``|G_i - G_m| <= 40`` for every row and channel of the tile, both factors stay below
+    e^40 = 2.4e17 and each product ``= exp(G_i - G_j) <= 1`` (j <= i) keeps fp32 (and tf32)
+    relative accuracy; the entries j > i that the mask drops are at most e^80 |X||Y|, finite in fp32
+    for the unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
     ``DPREC`` (``diag_precision``).
+  - an exact elementwise sum, one column r of every block per step (16 steps), for any decay.
+  The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the dots: there
+  ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m), and the exact sum
+  is not compiled. The general path measures the span of each tile (one chunk, one channel block)
+  and takes the dots where it is at most ``DIAG_SPAN``, the exact sum elsewhere: the cost of the
+  exact sum is paid only where the decay inside a sub-chunk is strong.
 
 Rows are read at other rows (the reference rows, the diagonal's column r) with ``tl.gather`` on the
 registers (``USE_GATHER``) or, the fallback, by loading them again from memory (``take_rows``).
@@ -81,12 +85,16 @@ def level_factors(G, G_ptr, stride, cols, cmask, n, S: tl.constexpr, C: tl.const
     return odd, tl.exp(tl.where(odd[:, None], G - G_ref, G_ref - G))
 
 
+DIAG_SPAN = tl.constexpr(40.0)  # the largest |G_i - G_m| inside a sub-chunk for which the diagonal blocks take dots
+
+
 @triton.jit
 def diag_factors(G, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, USE_GATHER: tl.constexpr):
-    """``(exp(G - G_m), exp(G_m - G))`` with m the middle row of each row's sub-chunk (SAFE path)."""
+    """``(exp(G - G_m), exp(G_m - G), dots)`` with m the middle row of each row's sub-chunk; ``dots``:
+    whether the span ``max |G - G_m|`` of the tile allows the diagonal blocks' dots (<= DIAG_SPAN)."""
     mid = (tl.arange(0, C) // BC) * BC + BC // 2
-    G_m = take_rows(G, G_ptr, stride, mid, cols, cmask, n, True, USE_GATHER)
-    return tl.exp(G - G_m), tl.exp(G_m - G)
+    d = G - take_rows(G, G_ptr, stride, mid, cols, cmask, n, True, USE_GATHER)
+    return tl.exp(d), tl.exp(-d), tl.max(tl.abs(d)) <= DIAG_SPAN
 
 
 @triton.jit
@@ -127,35 +135,51 @@ def expand_band(band, C: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def pairs_diag_dots(A, P, k, q, el, er, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
+    """The diagonal blocks of ``A`` (j < i) and ``P`` (j <= i) by dots against the middle rows."""
+    i = tl.arange(0, C)
+    same = same_block(C, BC)
+    right = tl.trans(k * er)
+    A += tl.where(same & (i[:, None] > i[None, :]), tl.dot(k * el, right, input_precision=DPREC), 0.0)
+    P += tl.where(same & (i[:, None] >= i[None, :]), tl.dot(q * el, right, input_precision=DPREC), 0.0)
+    return A, P
+
+
+@triton.jit
+def pairs_diag_exact(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
+                     USE_GATHER: tl.constexpr):
+    """The diagonal blocks of ``A`` and ``P`` summed exactly: step r sums the pairs (i, 16*b(i) + r)
+    of every block for every row i at once into column r of a ``[C, BC]`` band, expanded at the end."""
+    i = tl.arange(0, C)
+    same = same_block(C, BC)
+    start = (i // BC) * BC
+    band_r = tl.arange(0, BC)[None, :]
+    band_a = tl.zeros((C, BC), tl.float32)
+    band_p = tl.zeros((C, BC), tl.float32)
+    for r in range(BC):
+        jr = start + r
+        k_r = take_rows(k, k_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
+        G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
+        ke = k_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
+        band_a += tl.where(band_r == r, tl.sum(k * ke, axis=1)[:, None], 0.0)
+        band_p += tl.where(band_r == r, tl.sum(q * ke, axis=1)[:, None], 0.0)
+    A += tl.where(same & (i[:, None] > i[None, :]), expand_band(band_a, C, BC), 0.0)
+    P += tl.where(same & (i[:, None] >= i[None, :]), expand_band(band_p, C, BC), 0.0)
+    return A, P
+
+
+@triton.jit
 def pairs_diag(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
                SAFE: tl.constexpr, USE_GATHER: tl.constexpr, DPREC: tl.constexpr):
-    """Add the diagonal sub-chunk blocks: A strictly lower (j < i), P lower with the diagonal.
-
-    General path: step r sums the pairs (i, 16*b(i) + r) of every block for every row i at once
-    into column r of a ``[C, BC]`` band, expanded to the blocks at the end."""
-    i = tl.arange(0, C)
-    ii = i[:, None]
-    jj = i[None, :]
-    same = same_block(C, BC)
+    """Add the diagonal sub-chunk blocks: A strictly lower (j < i), P lower with the diagonal."""
+    el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     if SAFE:
-        el, er = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-        right = tl.trans(k * er)
-        A += tl.where(same & (ii > jj), tl.dot(k * el, right, input_precision=DPREC), 0.0)
-        P += tl.where(same & (ii >= jj), tl.dot(q * el, right, input_precision=DPREC), 0.0)
+        A, P = pairs_diag_dots(A, P, k, q, el, er, C, BC, DPREC)
     else:
-        start = (i // BC) * BC
-        band_r = tl.arange(0, BC)[None, :]
-        band_a = tl.zeros((C, BC), tl.float32)
-        band_p = tl.zeros((C, BC), tl.float32)
-        for r in range(BC):
-            jr = start + r
-            k_r = take_rows(k, k_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
-            G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
-            ke = k_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
-            band_a += tl.where(band_r == r, tl.sum(k * ke, axis=1)[:, None], 0.0)
-            band_p += tl.where(band_r == r, tl.sum(q * ke, axis=1)[:, None], 0.0)
-        A += tl.where(same & (ii > jj), expand_band(band_a, C, BC), 0.0)
-        P += tl.where(same & (ii >= jj), expand_band(band_p, C, BC), 0.0)
+        if dots:
+            A, P = pairs_diag_dots(A, P, k, q, el, er, C, BC, DPREC)
+        else:
+            A, P = pairs_diag_exact(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     return A, P
 
 
@@ -171,7 +195,7 @@ def chunk_pairs(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.const
 # ------------------------------------------------------------------------------- row/column forms
 # The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) are both in
 # registers (for the tensor-core levels) and in memory at ``L_ptr``/``P_ptr`` (chunk row 0, row
-# stride ``mstride``), where the general path's diagonal steps read their band entries.
+# stride ``mstride``), where the exact diagonal steps read their band entries.
 
 
 @triton.jit
@@ -188,24 +212,43 @@ def chunk_rowform(M1, M2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, col
         left = tl.where(odd[:, None], e, 0.0)
         R1 += left * tl.dot(tl.where(valid, M1, 0.0), right, input_precision=PREC)
         R2 += left * tl.dot(tl.where(valid, M2, 0.0), right, input_precision=PREC)
-    same = same_block(C, BC)
-    i = tl.arange(0, C)
+    el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     if SAFE:
-        el, er = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-        right = y * er
-        R1 += el * tl.dot(tl.where(same, M1, 0.0), right, input_precision=DPREC)
-        R2 += el * tl.dot(tl.where(same, M2, 0.0), right, input_precision=DPREC)
+        R1, R2 = rowform_diag_dots(R1, R2, M1, M2, y, el, er, C, BC, DPREC)
     else:
-        start = (i // BC) * BC
-        for r in range(BC):
-            jr = start + r
-            y_r = take_rows(y, y_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
-            G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
-            ye = y_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
-            m1 = tl.load(L_ptr + i * mstride + jr, mask=i < n, other=0.0)  # M1[i, jr]
-            m2 = tl.load(P_ptr + i * mstride + jr, mask=i < n, other=0.0)
-            R1 += m1[:, None] * ye
-            R2 += m2[:, None] * ye
+        if dots:
+            R1, R2 = rowform_diag_dots(R1, R2, M1, M2, y, el, er, C, BC, DPREC)
+        else:
+            R1, R2 = rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n,
+                                        C, BC, USE_GATHER)
+    return R1, R2
+
+
+@triton.jit
+def rowform_diag_dots(R1, R2, M1, M2, y, el, er, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
+    """The diagonal blocks' share of the row form, by dots against the middle rows."""
+    same = same_block(C, BC)
+    right = y * er
+    R1 += el * tl.dot(tl.where(same, M1, 0.0), right, input_precision=DPREC)
+    R2 += el * tl.dot(tl.where(same, M2, 0.0), right, input_precision=DPREC)
+    return R1, R2
+
+
+@triton.jit
+def rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
+                       BC: tl.constexpr, USE_GATHER: tl.constexpr):
+    """The diagonal blocks' share of the row form, exactly: column r of every block per step."""
+    i = tl.arange(0, C)
+    start = (i // BC) * BC
+    for r in range(BC):
+        jr = start + r
+        y_r = take_rows(y, y_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
+        G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
+        ye = y_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
+        m1 = tl.load(L_ptr + i * mstride + jr, mask=i < n, other=0.0)  # M1[i, jr]
+        m2 = tl.load(P_ptr + i * mstride + jr, mask=i < n, other=0.0)
+        R1 += m1[:, None] * ye
+        R2 += m2[:, None] * ye
     return R1, R2
 
 
@@ -222,26 +265,44 @@ def chunk_colform(M1, x1, M2, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, p
         acc = tl.dot(tl.trans(tl.where(valid, M1, 0.0)), tl.where(odd[:, None], x1 * e, 0.0), input_precision=PREC)
         acc += tl.dot(tl.trans(tl.where(valid, M2, 0.0)), tl.where(odd[:, None], x2 * e, 0.0), input_precision=PREC)
         Q += tl.where(odd[:, None], 0.0, e) * acc
-    same = same_block(C, BC)
-    i = tl.arange(0, C)
+    el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     if SAFE:
-        el, er = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-        acc = tl.dot(tl.trans(tl.where(same, M1, 0.0)), x1 * el, input_precision=DPREC)
-        acc += tl.dot(tl.trans(tl.where(same, M2, 0.0)), x2 * el, input_precision=DPREC)
-        Q += er * acc
+        Q = colform_diag_dots(Q, M1, x1, M2, x2, el, er, C, BC, DPREC)
     else:
-        start = (i // BC) * BC
-        for r in range(BC):
-            ir = start + r
-            x1_r = take_rows(x1, x1_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
-            x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
-            G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
-            decay = tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
-            live = ir < n
-            m1 = tl.load(L_ptr + ir * mstride + i, mask=live, other=0.0)  # dL[ir, i]
-            m1 *= tl.load(beta_ptr + ir * bstride, mask=live, other=0.0).to(tl.float32)
-            m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
-            Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * decay
+        if dots:
+            Q = colform_diag_dots(Q, M1, x1, M2, x2, el, er, C, BC, DPREC)
+        else:
+            Q = colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr,
+                                   G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
+    return Q
+
+
+@triton.jit
+def colform_diag_dots(Q, M1, x1, M2, x2, el, er, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
+    """The diagonal blocks' share of the column form, by dots against the middle rows."""
+    same = same_block(C, BC)
+    acc = tl.dot(tl.trans(tl.where(same, M1, 0.0)), x1 * el, input_precision=DPREC)
+    acc += tl.dot(tl.trans(tl.where(same, M2, 0.0)), x2 * el, input_precision=DPREC)
+    return Q + er * acc
+
+
+@triton.jit
+def colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr, G_ptr,
+                       stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, USE_GATHER: tl.constexpr):
+    """The diagonal blocks' share of the column form, exactly: row r of every block per step."""
+    i = tl.arange(0, C)
+    start = (i // BC) * BC
+    for r in range(BC):
+        ir = start + r
+        x1_r = take_rows(x1, x1_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
+        x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
+        G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
+        decay = tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
+        live = ir < n
+        m1 = tl.load(L_ptr + ir * mstride + i, mask=live, other=0.0)  # dL[ir, i]
+        m1 *= tl.load(beta_ptr + ir * bstride, mask=live, other=0.0).to(tl.float32)
+        m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
+        Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * decay
     return Q
 
 
