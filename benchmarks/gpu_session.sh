@@ -7,7 +7,8 @@
 # e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
 # in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") picks the law runs'
 # implementations and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
-# PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call.
+# PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call;
+# PROFILE_STAGES (e.g. "recurrence dstate") limits the profile to those stages.
 # Prints a short table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
@@ -31,7 +32,8 @@ for step in "$@"; do
       timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --jobs "$JOBS" --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
       echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
     profile)
-      timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" > "$OUT/kda_profile.log" 2>&1
+      timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" ${PROFILE_STAGES:+--stages $PROFILE_STAGES} \
+        > "$OUT/kda_profile.log" 2>&1
       echo "profile exit $?" >> "$OUT/kda_profile.log" ;;
     check)
       timeout -s INT "${CHECK_S:-200}" python3 benchmarks/kda.py --check --jobs "$JOBS" > "$OUT/kda_check.log" 2>&1

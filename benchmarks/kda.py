@@ -406,7 +406,8 @@ def check(names, jobs):
 # ---------------------------------------------------------------------------------------- profile
 
 SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, num_warps=8, num_stages=1),
-                   dict(BV=32, num_warps=4, num_stages=2), dict(BV=32, num_warps=8, num_stages=2))
+                   dict(BV=32, num_warps=4, num_stages=2), dict(BV=32, num_warps=8, num_stages=2),
+                   dict(BV=16, num_warps=4, num_stages=2), dict(BV=16, num_warps=4, num_stages=1))
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_warps=8), dict(BK=16), dict(BK=16, num_warps=8))
      for safe in (False, True)]
@@ -461,21 +462,22 @@ def profile_stage(d, stage, cfg, safe, gather):
     return lambda: l2norm.l2norm_forward(f["q"])
 
 
-def profile(names, jobs):
-    """Compile every variant in parallel processes, then time each stage variant here."""
+def profile(names, jobs, stages=None):
+    """Compile every variant (of ``stages``, default all) in parallel processes, then time each here."""
+    todo = [i for i, v in enumerate(PROFILE_VARIANTS) if stages is None or v[0] in stages]
     data = profile_data(names[0])  # compiles the default launches once, before the parallel compiles
 
     def compile_one(idx):
         p = subprocess.run([sys.executable, __file__, "--profile-one", str(idx)], capture_output=True, text=True)
         return idx, p.returncode, p.stderr[-600:]
     with ThreadPoolExecutor(jobs) as pool:
-        for idx, rc, err in pool.map(compile_one, range(len(PROFILE_VARIANTS))):
+        for idx, rc, err in pool.map(compile_one, todo):
             if rc:
                 print(f"variant {PROFILE_VARIANTS[idx]} failed:\n{err}", flush=True)
     from triton.testing import do_bench
     for name in names:
         d = data if name == names[0] else profile_data(name)
-        for stage, cfg, safe, gather in PROFILE_VARIANTS:
+        for stage, cfg, safe, gather in (PROFILE_VARIANTS[i] for i in todo):
             if name != "B8_T4096" and stage not in ("recurrence", "dstate"):
                 continue
             try:
@@ -494,6 +496,7 @@ def main():
     ap.add_argument("--check", action="store_true", help="correctness table instead of timing")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
+    ap.add_argument("--stages", nargs="*", help="--profile: only these stages (intra, recurrence, dstate, ...)")
     ap.add_argument("--check-one", help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--warm-one", nargs=2, help=argparse.SUPPRESS)
@@ -504,7 +507,7 @@ def main():
         stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
         profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
     elif args.profile:
-        profile(["B8_T4096", "B1_T32768"], args.jobs)
+        profile(["B8_T4096", "B1_T32768"], args.jobs, args.stages)
     elif args.check_one:
         print(json.dumps(check_one(args.check_one)))
     elif args.check:
