@@ -236,7 +236,7 @@ def format_row(r) -> str:
 
 
 def bench_shape(name, roof, fla, why):
-    """Rows of one shape: ours and FLA, safe_gate off/on, forward and forward+backward."""
+    """Rows of one shape: ours and FLA, each of its ``safe_options``, forward and forward+backward."""
     rows = []
     s = SHAPES[name]
     x, cu = shape_inputs(name)
@@ -244,7 +244,7 @@ def bench_shape(name, roof, fla, why):
     ref_o, ref_ht = reference(x, cu)
     torch.cuda.synchronize()
     ref_s = time.perf_counter() - t
-    flops, fwd_bytes, bwd_bytes = work(**{n: v for n, v in s.items() if n != "gate"})
+    flops, fwd_bytes, bwd_bytes = work(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"])
     for safe in safe_options(name):
         ours_o, ours_ht = call(optimized.kda, x, cu, safe)
         errs = {"ours": (rel(ours_o, ref_o), rel(ours_ht, ref_ht))}
@@ -299,8 +299,7 @@ def kernel_times(fla, shape="B8_T4096", top=12):
     """CUDA time per kernel of one forward+backward (torch.profiler, mean of 3), ours and FLA's,
     safe_gate off/on: ``{"ours safe=False": {kernel: ms}, ...}``, the ``top`` longest."""
     from torch.profiler import ProfilerActivity, profile
-    s = SHAPES[shape]
-    x, cu = make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16)
+    x, cu = shape_inputs(shape)
     out = {}
     for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
         for safe in (False, True) if impl is not None else ():
@@ -426,7 +425,7 @@ def profile_data(name):
     from optimized.common import make_chunks
     from optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     s = SHAPES[name]
-    x, cu = make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16)
+    x, cu = shape_inputs(name)
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
