@@ -22,7 +22,9 @@ from .budgets import DEFAULT_FLOOR, BudgetError, Budgets, parse
 from .case import PRECISION_MODES
 from .cli import UsageError
 
-FILE = "tolerances.toml"
+FILE = "refcheck/tolerances.toml"
+OLD_FILE = "tolerances.toml"
+"""Where the defaults lived before they shipped as package data (read for older revisions)."""
 KINDS = ("loosened", "tightened", "added", "removed")
 DEFAULTS = {"floor": DEFAULT_FLOOR, "slack": 0.0}
 
@@ -67,6 +69,9 @@ def read(repo: Path, rev: str | None, path: str = FILE) -> tuple[str, str]:
         except OSError as err:
             raise UsageError(f"cannot read {target}: {err}") from None
     done = _git(repo, "show", f"{rev}:{path}")
+    if done.returncode != 0 and path == FILE:
+        old = _git(repo, "show", f"{rev}:{OLD_FILE}")
+        done, path = (old, OLD_FILE) if old.returncode == 0 else (done, path)
     if done.returncode != 0:
         raise UsageError(f"git show {rev}:{path} failed in {repo}: {done.stderr.strip()}")
     return done.stdout, f"{path} at {rev}"
@@ -83,6 +88,15 @@ def load_side(repo: Path, rev: str | None, path: str = FILE) -> Budgets:
         raise UsageError(str(err)) from None
 
 
+def _field(entry: dict, name: str):
+    """A number of an entry by name (``slack.tf32``: the slack of one mode, a plain slack being the
+    same for every mode), or its default."""
+    if name.startswith("slack."):
+        slack = entry.get("slack", DEFAULTS["slack"])
+        return slack[name.partition(".")[2]] if isinstance(slack, dict) else slack
+    return entry.get(name, DEFAULTS.get(name))
+
+
 def diff(before: Budgets, after: Budgets) -> list[Change]:
     """Every differing entry, loosened first, then tightened, added, removed (each sorted by key).
     An entry loosened in one mode and tightened in another appears under both with its fields."""
@@ -90,8 +104,8 @@ def diff(before: Budgets, after: Budgets) -> list[Change]:
     changes = []
     for key in sorted(set(a) & set(b)):
         old, new = a[key], b[key]
-        numbers = [(name, old.get(name, DEFAULTS.get(name)), new.get(name, DEFAULTS.get(name)))
-                   for name in (*PRECISION_MODES, "floor", "slack")]
+        numbers = [(name, _field(old, name), _field(new, name))
+                   for name in (*PRECISION_MODES, "floor", *(f"slack.{m}" for m in PRECISION_MODES))]
         numbers = [(name, x, y) for name, x, y in numbers if x != y]
         if old["metric"] != new["metric"]:   # numbers of different metrics do not order
             changes.append(Change("loosened", key, old, new, [("metric", old["metric"], new["metric"]), *numbers]))

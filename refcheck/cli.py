@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 from . import registry
@@ -22,7 +21,7 @@ class UsageError(Exception):
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("list", help="list ops and their implementations, and whether each runs here")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="cpu or cuda (default: cuda if available)")
     p.set_defaults(run=run_list)
 
 
@@ -47,9 +46,10 @@ def run_list(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="refcheck", description=__doc__.splitlines()[0])
-    parser.add_argument("--impl", action="append", default=[], metavar="OP=module:callable",
-                        help="add an implementation of OP for this run (repeatable)")
+    parser.add_argument("--version", action="version", version=f"refcheck {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
@@ -59,14 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if os.getcwd() not in sys.path:   # `module:callable` may name a module of the working directory,
-        sys.path.insert(0, os.getcwd())  # as with `python -m`, for every subcommand
+    from .budgets import BudgetError
+    from .selection import SelectionError
     try:
-        for spec in args.impl:
-            if "=" in spec:
-                registry.register(spec)
         return args.run(args)
-    except UsageError as err:
+    except (UsageError, SelectionError, BudgetError) as err:
         print(f"refcheck: error: {err}", file=sys.stderr)
         return 2
 

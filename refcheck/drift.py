@@ -11,7 +11,6 @@ Records of other grids, other record formats or other devices are refused with t
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -22,10 +21,9 @@ import time
 from pathlib import Path
 
 from . import __version__, grid
-from .backend import configure_backend
 from .cli import UsageError
 from .verify import Verdict, verify
-from .workers import Unit, default_jobs, execute, shipped
+from .workers import Unit, default_jobs, execute
 
 FORMAT = "refcheck-drift-record"
 FORMAT_VERSION = 1
@@ -93,13 +91,13 @@ def record_point(point: grid.Point, device: str) -> dict:
     except Exception as err:  # recorded, compared, and shown with its reproducer
         lines = [line.strip() for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
         crash = " ... ".join(dict.fromkeys([lines[0], lines[-1]]))   # a compiler's message ends with its cause
-        verdict = Verdict(point.case.op, point.impl.name, point.case, point.mode, {})
+        verdict = Verdict(point.case.op, point.impl.name, point.case, point.mode, {}, record=point.impl)
     return {"id": point.id, "op": point.case.op, "impl": point.impl.name, "dtype": point.case.dtype,
             "mode": point.mode, "label": point.entry.label, "sweep": point.entry.sweep, "T": point.entry.length,
-            "case": point.case.to_python(), "reproduce": verdict.reproducer(), "crash": crash,
+            "case": point.case.to_python(), "reproduce": verdict.reproducer(device), "crash": crash,
             "problems": list(verdict.problems),
             "outputs": {m.output: {"error": encode_float(m.error), "bound": encode_float(m.bound),
-                                   "budget": m.budget.key, "metric": m.budget.metric}
+                                   "budget": m.budget.key, "metric": m.budget.metric, "made_of": m.explanation}
                         for m in verdict.measurements}}
 
 
@@ -115,7 +113,7 @@ def record(the_grid: grid.Grid, device: str, *, jobs: int = 1, console=None) -> 
     groups: dict = {}
     for point in the_grid.points:
         groups.setdefault(point.case, []).append(point)
-    units = [Unit(group[-1].id, _record_points, ([dataclasses.replace(p, impl=shipped(p.impl)) for p in group],),
+    units = [Unit(group[-1].id, _record_points, (group,),
                   len(group), functools.partial(zip, group)) for group in groups.values()]
     results = {p.id: entry for p, entry in execute(units, device, jobs, console, "drift record")}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
@@ -226,23 +224,15 @@ def check_comparable(base: dict, head: dict) -> None:
 
 # --- command line ----------------------------------------------------------------------------------
 
-def _names(values: list[str] | None) -> list[str] | None:
-    """``--ops kda,gla --ops attention`` -> ["kda", "gla", "attention"]."""
-    if not values:
-        return None
-    return [n for v in values for n in v.split(",") if n]
-
-
 def add_parser(subparsers) -> None:
+    from .selection import add_options
+
     p = subparsers.add_parser("drift", help="record the grid's errors; compare two records (pull request review)")
     sub = p.add_subparsers(dest="drift_command", required=True)
 
     rec = sub.add_parser("record", help="run the seeded grid and write every measured error to a JSON file")
     rec.add_argument("--out", required=True, type=Path, help="the record file to write (atomically)")
-    rec.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    rec.add_argument("--ops", action="append", metavar="OP[,OP]", help="only these ops (default: all)")
-    rec.add_argument("--impls", action="append", metavar="NAME[,NAME]",
-                     help="only these implementations (default: every available one)")
+    add_options(rec)
     rec.add_argument("--quick", action="store_true", help="the small grid: one base case per op, short sweep")
     rec.add_argument("--jobs", type=int, default=None,
                      help="worker processes (default: the usable CPU cores, at most 4, on the CPU; 1 on cuda)")
@@ -266,10 +256,16 @@ def run_record(args) -> int:
     from rich.console import Console
 
     console = Console(stderr=True)
+    from .selection import SelectionError, select
+
     try:
-        device = configure_backend(args.device)
-        the_grid = grid.build(device, ops=_names(args.ops), impls=_names(args.impls), quick=args.quick)
-    except ValueError as err:
+        selection = select(impls=args.impl, ops=args.op, dtypes=args.dtype, budgets=args.budgets,
+                           device=args.device, forward_only=args.forward_only)
+        device = selection.device
+        the_grid = grid.build(device, ops=list(selection.ops) or None,
+                              impls=[i.name for i in selection.named] or None, quick=args.quick,
+                              dtypes=selection.dtypes or None)
+    except (SelectionError, ValueError) as err:
         raise UsageError(str(err)) from None
     if not args.out.parent.is_dir():
         raise UsageError(f"--out: folder {args.out.parent} does not exist")

@@ -17,11 +17,8 @@ Exit status: 0 nothing falsified, 1 a law falsified, 2 usage error.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 import math
 import shlex
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -37,118 +34,6 @@ MIN_SHRINK_SECONDS = 30.0
 
 
 # --- the implementation under test -----------------------------------------------------------------
-
-def contract_problems(fn, op: str, knobs=()) -> list[str]:
-    """What keeps ``fn`` from being called as the op's contract calls it (empty when it fits).
-
-    The contract is the signature of the op's float64 reference: its required parameters are passed
-    by position, in order, the others (and the implementation's ``knobs``) by keyword. ``fn`` must
-    take every one of them (``*args``/``**kwargs`` count), must not take a contract argument at
-    another position (a swapped ``g``/``beta`` is a bug, not a style), and must not require more."""
-    from .ops import card
-
-    contract = list(inspect.signature(card(op).reference).parameters.values())
-    by_position = [p.name for p in contract if p.default is p.empty]
-    by_keyword = [p.name for p in contract if p.default is not p.empty]
-    by_keyword += [k for k in knobs if k not in by_keyword]
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):  # a builtin without a signature: nothing to check before calling
-        return []
-    kinds = {p.kind for p in params}
-    slots = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    problems = []
-    for i, name in enumerate(by_position):
-        if i < len(slots):
-            got = slots[i].name
-            if got != name and got in by_position + by_keyword:
-                problems.append(f"argument {i + 1} is {got!r} where the contract passes {name!r} "
-                                f"(positional order: {', '.join(by_position)})")
-        elif inspect.Parameter.VAR_POSITIONAL not in kinds:
-            problems.append(f"missing argument {name!r} (the contract passes {', '.join(by_position)} by position)")
-    named = {p.name: p for p in params}
-    for name in by_keyword:
-        p = named.get(name)
-        if p is None and inspect.Parameter.VAR_KEYWORD not in kinds:
-            problems.append(f"missing argument {name!r} (the contract passes it by keyword)")
-        elif p is not None and p.kind is p.POSITIONAL_ONLY:
-            problems.append(f"argument {name!r} is positional-only; the contract passes it by keyword")
-        elif p is not None and p in slots[:len(by_position)]:
-            problems.append(f"argument {name!r} takes a positional slot the contract fills with "
-                            f"{by_position[slots.index(p)]!r}")
-    for p in params:
-        required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        passed = p.name in by_keyword or (p in slots and slots.index(p) < len(by_position))
-        if required and not passed:
-            problems.append(f"extra required argument {p.name!r}: the contract never passes it")
-    return problems
-
-
-def import_root(target: str) -> str:
-    """The ``sys.path`` entry that ``target``'s module (``"pkg.mod:attr"``) was imported from."""
-    name = target.partition(":")[0]
-    module = sys.modules[name]
-    path = Path(module.__file__).resolve()
-    if path.name == "__init__.py":
-        path = path.parent
-    for _ in name.split("."):
-        path = path.parent
-    return str(path)
-
-
-def resolve(op: str, spec: str, *, dtypes: tuple[str, ...] | None = None, forward_only: bool = False):
-    """The implementation ``spec`` names for ``op``: a registered name (``triton``, ``naive``), a
-    ``module:attr`` naming a ``registry.Implementation`` record, or a ``module:callable`` with the
-    contract signature (modules are imported with the working directory on ``sys.path``, as
-    ``python -m`` does). ``dtypes`` and ``forward_only`` describe a plain callable. A spec that
-    cannot be used raises ``UsageError`` saying why."""
-    from . import laws, registry
-    from .case import PRECISION_MODES
-    from .ops import card
-
-    try:
-        card(op)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if ":" not in spec:
-        try:
-            impl = registry.get(op, spec)
-        except ValueError as err:
-            raise UsageError(f"--impl {spec!r}: not module:callable, and {err}") from None
-    else:
-        module_name, _, attr = spec.partition(":")
-        if not module_name or not attr:
-            raise UsageError(f"--impl {spec!r}: expected module:callable (e.g. mykernels.kda:chunk_kda)")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as err:  # not found, or the module itself fails to import
-            raise UsageError(f"--impl {spec!r}: cannot import module {module_name!r}: "
-                             f"{type(err).__name__}: {err}") from None
-        if not hasattr(module, attr):
-            raise UsageError(f"--impl {spec!r}: module {module_name!r} ({module.__file__}) has no attribute {attr!r}")
-        obj = getattr(module, attr)
-        if isinstance(obj, registry.Implementation):
-            if obj.op != op:
-                raise UsageError(f"--impl {spec!r}: that is an implementation of {obj.op}, not of {op}")
-            impl = obj
-        elif callable(obj):
-            takes_precision = "precision" in inspect.signature(obj).parameters
-            impl = registry.Implementation(op, spec, spec, dtypes=dtypes or registry.ALL_DTYPES,
-                                           knobs={"precision": PRECISION_MODES} if takes_precision else {},
-                                           backward=not forward_only, description="given to refcheck fuzz")
-            # a Triton package with autotuned kernels gets its configs pinned by path_agreement
-            if laws.autotuned_kernels(dataclasses.replace(impl, triton=True)):
-                impl = dataclasses.replace(impl, triton=True)
-        else:
-            raise UsageError(f"--impl {spec!r}: {attr!r} is a {type(obj).__name__}, not a callable")
-    fn = impl.fn
-    problems = contract_problems(fn, op, list(impl.knobs))
-    if problems:
-        contract = inspect.signature(card(op).reference)
-        raise UsageError(f"--impl {spec!r}: signature {inspect.signature(fn)} does not fit the {op} contract "
-                         f"{contract}:\n  " + "\n  ".join(problems))
-    return impl
-
 
 # --- searching one law -----------------------------------------------------------------------------
 
@@ -278,71 +163,54 @@ def reproducer_name(op: str, law_name: str) -> str:
     return f"refcheck-repro-{op}-{law_name}.py"
 
 
-def implementation_expr(impl) -> str:
-    """A Python expression rebuilding ``impl`` (every field that differs from its default)."""
-    from .registry import Implementation
-
-    parts = [repr(impl.op), repr(impl.name), repr(impl.target)]
-    for f in dataclasses.fields(Implementation):
-        if f.name in ("op", "name", "target"):
-            continue
-        value = getattr(impl, f.name)
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if value != default:
-            parts.append(f"{f.name}={dict(value) if f.name == 'knobs' else value!r}")
-    return f"Implementation({', '.join(parts)})"
-
-
 def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: str) -> str:
-    """The text of a standalone script that reruns the minimal failing example of ``result``: it
-    raises (exit status 1) while the law is still broken and prints that it holds once fixed."""
+    """The text of a standalone script that reruns the minimal failing example of ``result``
+    (``refcheck.reproduce.law``, with the user's import root and budget files): it raises (exit
+    status 1) while the law is still broken and prints that it holds once fixed."""
+    from . import budgets as budgets_mod
+    from .reproduce import impl_arguments, import_root
+
     example, law = result.failure.example, result.law
     header = [f"refcheck fuzz reproducer: law {law.name} ({law.number}) falsified for {impl.op} by {impl.target}",
               f"found by: {command}", "", "run it alone:  python <this file>  (raises while the bug is there)", "",
               *result.failure.text.splitlines()]
+    root = import_root(impl)
+    paths = budgets_mod.user_paths()
+    spec, keywords = impl_arguments(impl)
     return "\n".join([
         "#!/usr/bin/env python",
         *(f"# {line}".rstrip() for line in header),
         "import sys",
         "",
-        f"sys.path.insert(0, {import_root(impl.target)!r})  # where {impl.target.partition(':')[0]} was imported from",
-        "",
-        "from refcheck.backend import configure_backend",
+        *([f"sys.path.insert(0, {root!r})  # where {impl.target.partition(':')[0]} was imported from", ""] if root else []),
         "from refcheck.case import Case",
-        "from refcheck.laws import check",
-        "from refcheck.registry import Implementation",
-        "from refcheck.strategies import Example",
+        "from refcheck.reproduce import law",
         "",
-        f"DEVICE = configure_backend({device!r})  # before the implementation (its Triton kernels) is imported",
-        f"impl = {implementation_expr(impl)}",
-        f"example = Example({example.case.to_python()},",
-        f"                  mode={example.mode!r}, knobs={dict(example.knobs)!r}, params={dict(example.params)!r})",
-        f"outcome = check({law.name!r}, impl, example, device=DEVICE, strict={strict!r})  # raises LawViolation",
-        f"print(f\"law {law.name} holds for {impl.op}/{impl.name} on this example\"",
-        "      + \"\".join(f\"\\n  note: {n}\" for n in outcome.notes))",
+        f"law({law.name!r}, {spec},",
+        f"    {example.case.to_python()},",
+        f"    mode={example.mode!r}, knobs={dict(example.knobs)!r}, params={dict(example.params)!r},",
+        f"    device={device!r}, strict={strict!r}" + "".join(f", {k}" for k in keywords)
+        + (f", budgets={list(paths)!r}" if paths else "") + ")  # raises LawViolation",
         ""])
 
 
 # --- command line ----------------------------------------------------------------------------------
 
 def add_parser(subparsers) -> None:
+    from .selection import add_options
+
     p = subparsers.add_parser("fuzz", help="search for a counterexample to every law of an op, for one implementation",
                               description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("op", help="the op: kda_gate, kda, gla, simple_gla or attention")
-    p.add_argument("--impl", dest="target", required=True, metavar="module:callable",
-                   help="the implementation: module:callable with the op's contract signature, module:attr naming "
-                        "a refcheck.registry.Implementation, or a registered name (triton, naive, ...)")
+    add_options(p, op=False)
+    p.add_argument("--law", action="append", default=[], metavar="NAME",
+                   help="only this law (repeatable, or comma-separated); default: every applicable one")
     p.add_argument("--max-examples", type=int, default=None, metavar="N",
                    help="examples per law, divided by the law's cost (default: the fuzz profile's, 500)")
     p.add_argument("--seconds", type=float, default=None, metavar="S",
                    help="search for S seconds of wall time, shared out among the laws (shrinking a counterexample a "
                         f"law found takes up to max(its share, {MIN_SHRINK_SECONDS:g} s) more)")
-    p.add_argument("--precision", default=None, metavar="MODE", help="only this precision mode: ieee, tf32, tf32x3")
-    p.add_argument("--device", default=None, help="cpu (the faithful Triton interpreter) or cuda (default: cuda if available)")
-    p.add_argument("--laws", default=None, metavar="NAME[,NAME]", help="only these laws (default: every applicable one)")
-    p.add_argument("--dtypes", default=None, metavar="DT[,DT]",
-                   help="input dtypes a plain callable supports (default: fp32,bf16,fp16)")
-    p.add_argument("--forward-only", action="store_true", help="a plain callable without a backward: no gradients")
+    p.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"), help="only this precision mode")
     p.add_argument("--strict-bitwise", action="store_true",
                    help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
     p.add_argument("--seed", type=int, default=None, help="seed of the search (default: random)")
@@ -358,15 +226,18 @@ def _count(n: int, what: str) -> str:
 
 def command_line(args) -> str:
     """The ``refcheck fuzz`` command line of ``args`` (for the reproducer's header)."""
-    words = ["refcheck", "fuzz", args.op, "--impl", args.target]
-    for name in ("max_examples", "seconds", "precision", "device", "laws", "dtypes", "seed"):
+    words = ["refcheck", "fuzz", args.op]
+    for name in ("impl", "dtype", "law", "budgets"):
+        for value in getattr(args, name):
+            words += [f"--{name}", value]
+    for name in ("max_examples", "seconds", "precision", "device", "seed"):
         if getattr(args, name) is not None:
             words += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     words += [f"--{name.replace('_', '-')}" for name in ("forward_only", "strict_bitwise") if getattr(args, name)]
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _laws_for(impl, names: str | None):
+def _laws_for(impl, names: list[str]):
     """The laws to search, and the skipped ones with the reason."""
     from .laws import LAWS
     from .laws import law as get_law
@@ -374,9 +245,9 @@ def _laws_for(impl, names: str | None):
     chosen = list(LAWS.values())
     if names:
         try:
-            chosen = [get_law(n.strip()) for n in names.split(",") if n.strip()]
+            chosen = [get_law(n) for n in names]
         except ValueError as err:
-            raise UsageError(f"--laws: {err}") from None
+            raise UsageError(f"--law: {err}") from None
     searched = [law for law in chosen if law.why_not(impl) is None]
     skipped = [(law, law.why_not(impl)) for law in chosen if law.why_not(impl) is not None]
     if not searched:
@@ -386,36 +257,40 @@ def _laws_for(impl, names: str | None):
 
 
 def _checked(args):
-    """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off."""
-    from .backend import configure_backend
-    from .case import DTYPES, PRECISION_MODES
+    """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off
+    (checked before any kernel runs: budgets, device, op, dtypes, the implementation)."""
+    from .ops import OPS
+    from .pytest_plugin import narrow
+    from .selection import SelectionError, items, select
 
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
     if args.seconds is not None and not args.seconds > 0:
         raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
-    if args.precision is not None and args.precision not in PRECISION_MODES:
-        raise UsageError(f"--precision: expected one of {', '.join(PRECISION_MODES)}, got {args.precision!r}")
     if not args.out_dir.is_dir():
         raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
-    dtypes = None
-    if args.dtypes:
-        dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
-        bad = [d for d in dtypes if d not in DTYPES]
-        if bad:
-            raise UsageError(f"--dtypes: unknown {', '.join(bad)}; expected some of {', '.join(DTYPES)}")
+    if args.op not in OPS:
+        raise UsageError(f"unknown op {args.op!r}; known ops: {', '.join(OPS)}")
+    specs = items(args.impl)
+    if len(specs) != 1:
+        raise UsageError(f"--impl: fuzz searches one implementation at a time, got {len(specs)}")
     try:
-        device = configure_backend(args.device)    # before the implementation's kernels are defined
-    except ValueError as err:
+        selection = select(impls=specs, ops=[args.op], dtypes=args.dtype, budgets=args.budgets, device=args.device,
+                           forward_only=args.forward_only)
+    except SelectionError as err:
         raise UsageError(str(err)) from None
-    impl = resolve(args.op, args.target, dtypes=dtypes, forward_only=args.forward_only)
-    why = impl.unavailable(device)
-    if why:
-        raise UsageError(f"{impl.op}/{impl.name} cannot run on {device}: {why}")
+    if len(selection.named) != 1:
+        raise UsageError(f"--impl {specs[0]}: names {len(selection.named)} implementations of {args.op}")
+    impl = narrow(selection.named[0], selection)
     if args.precision is not None and args.precision not in impl.modes:
         raise UsageError(f"--precision {args.precision}: {impl.target} offers {', '.join(impl.modes)} "
                          "(a callable gets the mode as a `precision` keyword argument)")
-    return device, impl
+    if ":" in impl.target and impl.name == impl.target and not impl.triton:
+        # a Triton package with autotuned kernels gets its configs pinned by path_agreement
+        from . import laws
+        if laws.autotuned_kernels(dataclasses.replace(impl, triton=True)):
+            impl = dataclasses.replace(impl, triton=True)
+    return selection.device, impl
 
 
 def search_all(impl, laws: list, settings, *, device: str, mode: str | None, seconds: float | None,
@@ -480,9 +355,10 @@ def run(args) -> int:
 
     from . import laws as laws_mod
     from . import profiles
+    from .selection import items
 
     device, impl = _checked(args)
-    to_search, skipped = _laws_for(impl, args.laws)
+    to_search, skipped = _laws_for(impl, items(args.law))
     profiles.register()
     base = hsettings.get_profile("fuzz")
     settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,

@@ -18,7 +18,7 @@ variable ``REFCHECK_STRICT_BITWISE=1`` or pytest's ``--strict-bitwise`` -- makes
 """
 from __future__ import annotations
 
-import importlib
+import inspect
 import itertools
 import math
 import os
@@ -29,7 +29,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
@@ -38,7 +38,7 @@ from . import registry, verify
 from .case import PRECISION_MODES, Case
 from .metrics import bitwise_equal, max_abs_diff, rel_rms
 from .ops import Inputs, card
-from .strategies import INTERPRETED, SMALL, Example, Limits, examples
+from .strategies import INTERPRETED, SMALL, Example, Limits, boundary_cases, examples
 
 STRICT_ENV = "REFCHECK_STRICT_BITWISE"
 LINEAR_OPS = ("kda", "gla", "simple_gla")
@@ -204,7 +204,9 @@ class Trial:
             f"  reproduce: {self.reproducer()}"])
 
     def reproducer(self) -> str:
-        args = [repr(self.law.name), repr(self.impl.name), self.case.to_python(), f"mode={self.mode!r}"]
+        """A one-liner rerunning this example (``refcheck.reproduce.law``), for a user's kernel too."""
+        from .reproduce import one_liner
+        args = [self.case.to_python(), f"mode={self.mode!r}"]
         if self.knobs:
             args.append(f"knobs={self.knobs!r}")
         if self.params:
@@ -213,8 +215,7 @@ class Trial:
             args.append(f"device={self.device!r}")
         if self.strict:
             args.append("strict=True")
-        return ("python -c \"from refcheck.laws import reproduce; from refcheck.case import Case; "
-                f"reproduce({', '.join(args)})\"")
+        return one_liner("law", self.impl, args, leading=[repr(self.law.name)])
 
 
 # --- cutting a case into pieces ------------------------------------------------------------------
@@ -591,14 +592,12 @@ def gate_monotone(t: Trial) -> None:
     step = torch.randn(g.shape, generator=gen).abs().to(g.device) * float(t.case.drawn.get("input_scale", 1.0))
     higher = inputs.map(lambda n, x: (x.double() + step).to(x.dtype) if n == "g" else x)
     low, high = t.evaluate(inputs)["gate"], t.evaluate(higher)["gate"]
-    budget = budgets_mod.load().get("kda_gate", "gate", t.case.dtype, t.mode, t.impl.name)
-    if budget.metric != "rel_rms":
-        raise ValueError(f"{budget.key}: gate_monotone reads a rel_rms budget, got {budget.metric}")
-    rise = (high.double() - low.double()) - budget.value * low.double().abs()
+    limit = verify.bound_of(t.impl, t.case, "gate", t.case.dtype, t.mode, device=t.device, grads=False)
+    rise = (high.double() - low.double()) - limit.bound * low.double().abs()
     if bool((rise > 0).any()):
         i = int(rise.flatten().argmax())
         t.fail(f"gate rises with g at {int((rise > 0).sum())} elements beyond the relative budget "
-               f"{budget.value:g}: e.g. g {g.flatten()[i].item():.4g} -> {higher.tensors['g'].flatten()[i].item():.4g} "
+               f"{limit.bound:.2g} ({limit.explanation}): e.g. g {g.flatten()[i].item():.4g} -> {higher.tensors['g'].flatten()[i].item():.4g} "
                f"moves the gate {low.flatten()[i].item():.6g} -> {high.flatten()[i].item():.6g}")
 
 
@@ -695,6 +694,8 @@ class Law:
         """None when the law applies to ``impl``, else why not."""
         if impl.op not in self.ops:
             return f"law {self.name} does not concern {impl.op}"
+        if "dtype" in self.requires and self.requires["dtype"] not in impl.dtypes:
+            return f"needs {self.requires['dtype']} inputs"
         return self.applies(impl)
 
 
@@ -726,6 +727,28 @@ def law(name: str) -> Law:
         raise ValueError(f"unknown law {name!r}; known laws: {', '.join(LAWS)}") from None
 
 
+# --- fixed examples -------------------------------------------------------------------------------
+
+FIXED_PARAMS = {
+    "cut": lambda case: (case.dim["T"] - 1) // 2,     # causality: change everything after mid-sequence
+    "split": lambda case: case.dim["T"] // 2,         # state chaining: carry the state across mid-sequence
+}
+"""A fixed value for each required parameter of a law (a keyword-only argument of its function
+without a default), chosen from the case: mid-sequence, inside a chunk of a chunked kernel."""
+
+
+def fixed_params(law, case) -> dict:
+    """The law's required parameters, fixed for ``case`` (``FIXED_PARAMS``)."""
+    params = {}
+    for p in inspect.signature(law.fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            if p.name not in FIXED_PARAMS:
+                raise ValueError(f"law {law.name}: no fixed value for its parameter {p.name!r} "
+                                 "(add one to refcheck.report.FIXED_PARAMS)")
+            params[p.name] = FIXED_PARAMS[p.name](case)
+    return params
+
+
 # --- running laws --------------------------------------------------------------------------------
 
 def check(law_: Law | str, impl: registry.Implementation, example: Example, *, device: str = "cpu",
@@ -754,14 +777,22 @@ def examples_for(law_: Law, base: hsettings | None = None, *, interpreted: bool 
     return max(2, math.ceil(base.max_examples / law_.cost * (INTERPRETED_SHARE if interpreted else 1.0)))
 
 
+def boundary_examples(law_: Law, impl: registry.Implementation, mode: str | None = None) -> list[Example]:
+    """The law's fixed examples at chunk boundaries (``strategies.boundary_cases``): default knobs,
+    the implementation's first mode (or ``mode``), the law's parameters fixed for the case."""
+    return [Example(case, mode or impl.modes[0], path_knobs(impl)[0], fixed_params(law_, case))
+            for case in boundary_cases(impl.op, impl, dict(law_.requires))]
+
+
 def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings: hsettings | None = None,
                      limits: Limits | None = None, mode: str | None = None, device: str = "cpu",
-                     strict: bool | None = None, max_examples: int | None = None) -> list[str]:
+                     strict: bool | None = None, max_examples: int | None = None,
+                     boundaries: bool = False) -> list[str]:
     """Search for a counterexample to a law with Hypothesis (the current profile unless
     ``settings``; ``examples_for`` examples unless ``max_examples``; sizes ``SMALL``, or
-    ``INTERPRETED`` for an interpreted kernel, unless ``limits``); raise the shrunk example's
-    ``LawViolation``, else return the bitwise notes (one line per distinct check, with how many
-    examples it concerned)."""
+    ``INTERPRETED`` for an interpreted kernel, unless ``limits``; with ``boundaries`` the fixed
+    ``boundary_examples`` first); raise the shrunk example's ``LawViolation``, else return the
+    bitwise notes (one line per distinct check, with how many examples it concerned)."""
     law_ = law(law_) if isinstance(law_, str) else law_
     why = law_.why_not(impl)
     if why:
@@ -780,34 +811,7 @@ def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings
     limits = limits or (INTERPRETED if slow else SMALL)
     count = max_examples or examples_for(law_, base, interpreted=slow)
     test = hsettings(base, max_examples=count, report_multiple_bugs=False)(given(examples(law_, impl, limits, mode))(run))
+    for fixed in boundary_examples(law_, impl, mode) if boundaries else ():
+        test = example(fixed)(test)
     test()
     return [f"{line} in {count} example(s)" for line, count in notes.items()]
-
-
-def resolve(op: str, impl: str) -> registry.Implementation:
-    """An implementation by registered name, ``module:attr`` naming an ``Implementation`` record,
-    or ``module:callable`` (registered for ``op`` on the fly)."""
-    try:
-        return registry.get(op, impl)
-    except ValueError:
-        if ":" not in impl:
-            raise
-    module, _, attr = impl.partition(":")
-    obj = getattr(importlib.import_module(module), attr)
-    if isinstance(obj, registry.Implementation):
-        return obj
-    return registry.register(f"{op}={impl}")
-
-
-def reproduce(law_name: str, impl: str, case: Case, *, mode: str | None = None, knobs: dict | None = None,
-              params: dict | None = None, device: str | None = None, strict: bool = False) -> Outcome:
-    """Rerun one law on one example, as a failure message prints it: configures the backend first
-    (the Triton interpreter on the CPU), raises ``LawViolation`` again if it still fails."""
-    from .backend import configure_backend
-    device = configure_backend(device)
-    implementation = resolve(case.op, impl)
-    example = Example(case, mode or implementation.modes[0], dict(knobs or {}), dict(params or {}))
-    outcome = check(law_name, implementation, example, device=device, strict=strict)
-    print(f"law {law_name} holds for {case.op}/{impl} on this example"
-          + "".join(f"\n  note: {n}" for n in outcome.notes))
-    return outcome

@@ -20,9 +20,7 @@ implementation broke its contract or a law, else 0; 2 for usage errors.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
 import json
 import math
 import time
@@ -31,67 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cli import UsageError
-from .workers import MAX_JOBS, Unit, default_jobs, execute, shipped
+from .workers import MAX_JOBS, Unit, default_jobs, execute
 
 FORMAT = "refcheck-report"
 FORMAT_VERSION = 1
 
 """Default worker processes on the CPU (capped by the cores available): beyond this the longest
 single unit (a law on an interpreted kernel) bounds the wall time anyway."""
-
-FIXED_PARAMS = {
-    "cut": lambda case: (case.dim["T"] - 1) // 2,     # causality: change everything after mid-sequence
-    "split": lambda case: case.dim["T"] // 2,         # state chaining: carry the state across mid-sequence
-}
-"""A fixed value for each required parameter of a law (a keyword-only argument of its function
-without a default), chosen from the case: mid-sequence, inside a chunk of a chunked kernel."""
-
-
-# --- which grid case a law runs on ----------------------------------------------------------------
-
-def _rows_without_keys(case) -> bool:
-    """Attention: some query row sees no key (causal is bottom-right aligned: a span with more
-    queries than keys; any span with queries but no keys)."""
-    d = case.dim
-    spans = list(zip(case.seqlens, case.seqlens_k)) if case.seqlens is not None else [(d["T"], d["S"])]
-    causal = bool(case.opts.get("causal"))
-    return any(q > 0 and (k == 0 or (causal and q > k)) for q, k in spans)
-
-
-def meets(case, require: dict) -> bool:
-    """Whether a fixed ``case`` meets a law's requirements (``Law.requires``: the keyword arguments
-    of ``strategies.cases``, with the same meaning; a requirement that does not concern the op is met)."""
-    d, op = case.dim, case.op
-    attention, linear = op == "attention", op in ("kda", "gla", "simple_gla")
-    packed = case.seqlens is not None
-    checks = {
-        "min_len": lambda n: d["T"] >= n,
-        "varlen": lambda want: want is None or op == "kda_gate" or packed == want,
-        "min_seqs": lambda n: not packed or len(case.seqlens) >= n,
-        "min_batch": lambda n: not packed and d["B"] >= n,
-        "dtype": lambda want: case.dtype == want,
-        "gate_dtype": lambda want: not linear or case.drawn.get("gate_dtype", case.dtype) == want,
-        "causal": lambda want: not attention or bool(case.opts.get("causal")) == want,
-        "min_keys": lambda n: not attention or max(case.seqlens_k or (d["S"],), default=0) >= n,
-        "rows_without_keys": lambda want: not attention or not want or _rows_without_keys(case),
-    }
-    unknown = set(require) - set(checks)
-    if unknown:
-        raise ValueError(f"requirements {sorted(unknown)} unknown to refcheck.report.meets")
-    return all(checks[key](want) for key, want in require.items())
-
-
-def fixed_params(law, case) -> dict:
-    """The law's required parameters, fixed for ``case`` (``FIXED_PARAMS``)."""
-    params = {}
-    for p in inspect.signature(law.fn).parameters.values():
-        if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
-            if p.name not in FIXED_PARAMS:
-                raise ValueError(f"law {law.name}: no fixed value for its parameter {p.name!r} "
-                                 "(add one to refcheck.report.FIXED_PARAMS)")
-            params[p.name] = FIXED_PARAMS[p.name](case)
-    return params
-
 
 # --- units of work --------------------------------------------------------------------------------
 
@@ -108,10 +52,10 @@ class PointResult:
     def passed(self) -> bool:
         return self.crash is None and self.verdict.passed
 
-    def reproducer(self) -> str:
+    def reproducer(self, device: str = "cpu") -> str:
         from .verify import Verdict
         p = self.point
-        return (self.verdict or Verdict(p.case.op, p.impl.name, p.case, p.mode, {})).reproducer()
+        return (self.verdict or Verdict(p.case.op, p.impl.name, p.case, p.mode, {}, record=p.impl)).reproducer(device)
 
 
 @dataclass
@@ -173,8 +117,8 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
     """For every implementation and law: a unit running the law on its first matching base case
     (in the implementation's first precision mode and default knobs), or why it is not run."""
     from . import grid
-    from .laws import LAWS, path_knobs
-    from .strategies import Example
+    from .laws import LAWS, fixed_params, path_knobs
+    from .strategies import Example, meets
 
     units, skipped = [], []
     for impl in impls:
@@ -193,7 +137,7 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
 
             def wrap(result, law=law, impl=impl, example=example):
                 return [LawResult(law, impl, result[0], example, *result[1:])]
-            units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, shipped(impl), example),
+            units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, impl, example),
                               law.cost * _weight(impl, entry.case), wrap))
     return units, skipped
 
@@ -212,7 +156,7 @@ def point_units(points: list) -> list[Unit]:
     def wrap(results, points):
         return [PointResult(p, *result) for p, result in zip(points, results)]
     return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label}", run_points,
-                 ([dataclasses.replace(p, impl=shipped(p.impl)) for p in ps],),
+                 (ps,),
                  sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps))
             for c, ps in groups.items()]
 
@@ -315,18 +259,18 @@ def law_table(laws_run: list[LawResult], impls: list):
     return t
 
 
-def point_json(r: PointResult) -> dict:
+def point_json(r: PointResult, device: str) -> dict:
     from .drift import encode_float
 
     p = r.point
     entry = {"id": p.id, "op": p.case.op, "impl": p.impl.name, "dtype": p.case.dtype, "mode": p.mode,
              "label": p.entry.label, "case": p.case.to_python(), "passed": r.passed, "crash": r.crash,
-             "problems": [], "outputs": {}, "reproduce": r.reproducer(), "seconds": round(r.seconds, 3)}
+             "problems": [], "outputs": {}, "reproduce": r.reproducer(device), "seconds": round(r.seconds, 3)}
     if r.verdict is not None:
         entry["problems"] = list(r.verdict.problems)
         entry["outputs"] = {m.output: {"error": encode_float(m.error), "bound": encode_float(m.bound),
                                        "headroom": encode_float(m.headroom), "passed": m.passed,
-                                       "budget": m.budget.key, "metric": m.budget.metric}
+                                       "budget": m.budget.key, "metric": m.budget.metric, "made_of": m.explanation}
                             for m in r.verdict.measurements}
     return entry
 
@@ -353,15 +297,12 @@ def time_by_impl(points: list[PointResult], laws_run: list[LawResult]) -> dict[s
 # --- command line ---------------------------------------------------------------------------------
 
 def add_parser(subparsers) -> None:
+    from .selection import add_options
+
     p = subparsers.add_parser("report", help="the verification report: errors against budgets on the seeded grid, "
                                              "and which laws hold for which implementation",
                               description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("--impl", dest="impls", action="extend", nargs="+", default=None, metavar="NAME",
-                   help="only these implementations (registered names, or OP=module:callable to add one); "
-                        "default: every available one")
-    p.add_argument("--ops", action="extend", nargs="+", default=None, metavar="OP", help="only these ops")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else the CPU "
-                                                  "with the faithful Triton interpreter)")
+    add_options(p)
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the whole report as JSON")
     p.add_argument("--quick", action="store_true", help="the small grid (one tiny case per op and dtype)")
     p.add_argument("--no-laws", dest="laws", action="store_false", help="skip the law summary")
@@ -370,36 +311,30 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-
-
 def run(args) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from . import __version__, grid, registry
-    from .backend import configure_backend
+    from . import __version__, grid
+    from .selection import SelectionError, select
 
-    console = Console(highlight=False, width=max(Console().width, 150))
-    try:
-        device = configure_backend(args.device)
-        names, given = None, []
-        if args.impls:
-            given = [registry.register(n) for n in args.impls if "=" in n]
-            names = [n for n in args.impls if "=" not in n] + [i.name for i in given]
-        the_grid = grid.build(device, ops=args.ops, impls=names, quick=args.quick)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    for impl in given:        # an implementation the user names must run; a missing peer is only listed
-        why = impl.unavailable(device)
-        if why:
-            raise UsageError(f"--impl {impl.op}={impl.target}: {why}")
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs: expected a positive count, got {args.jobs}")
     if args.json is not None and not args.json.parent.is_dir():
         raise UsageError(f"--json: folder {args.json.parent} does not exist")
+    try:
+        selection = select(impls=args.impl, ops=args.op, dtypes=args.dtype, budgets=args.budgets,
+                           device=args.device, forward_only=args.forward_only)
+        device = selection.device
+        names = [i.name for i in selection.named] or None
+        the_grid = grid.build(device, ops=list(selection.ops) or None, impls=names, quick=args.quick,
+                              dtypes=selection.dtypes or None)
+    except (SelectionError, ValueError) as err:
+        raise UsageError(str(err)) from None
     jobs = args.jobs or default_jobs(device)
     started = time.perf_counter()
 
+    console = Console(highlight=False, width=max(Console().width, 150))
     points = [p for p in the_grid.points if not p.entry.sweep]
     impls = list({(p.impl.op, p.impl.name): p.impl for p in points}.values())
     units = point_units(points)
@@ -432,8 +367,8 @@ def run(args) -> int:
     failed_laws = [r for r in laws_run if r.failed]
     for r in failed_points:
         console.print(f"\n[bold red]FAIL[/] {escape(r.point.id)}")
-        console.print(r.verdict.failure_message() if r.crash is None else
-                      f"  raised {r.crash}\n  case: {r.point.case.describe()}\n  reproduce: {r.reproducer()}",
+        console.print(r.verdict.failure_message(device) if r.crash is None else
+                      f"  raised {r.crash}\n  case: {r.point.case.describe()}\n  reproduce: {r.reproducer(device)}",
                       markup=False, soft_wrap=True)
     for r in failed_laws:
         console.print(f"\n[bold red]law {r.law.name} FAILS[/] for {r.impl.op}/{escape(r.impl.name)}")
@@ -450,7 +385,7 @@ def run(args) -> int:
                   "environment": environment(device),
                   "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},
                   "unavailable": [{"op": op, "impl": impl, "why": why} for op, impl, why in the_grid.unavailable],
-                  "points": [point_json(r) for r in point_results], "laws": [law_json(r) for r in laws_run]}
+                  "points": [point_json(r, device) for r in point_results], "laws": [law_json(r) for r in laws_run]}
         write_atomic(args.json, json.dumps(report, indent=1, allow_nan=False) + "\n")
     console.print("\nwall seconds in workers per implementation (grid + laws): " + ", ".join(
         f"{name} {grid_s + law_s:.0f} s ({grid_s:.0f} + {law_s:.0f})"

@@ -321,6 +321,79 @@ def cases(op: str, impl: Implementation | None = None, limits: Limits = SMALL, *
     raise ValueError(f"op: no case strategy for {op!r}")
 
 
+# --- checking a fixed case against the same requirements -----------------------------------------
+
+def _rows_without_keys(case) -> bool:
+    """Attention: some query row sees no key (causal is bottom-right aligned: a span with more
+    queries than keys; any span with queries but no keys)."""
+    d = case.dim
+    spans = list(zip(case.seqlens, case.seqlens_k)) if case.seqlens is not None else [(d["T"], d["S"])]
+    causal = bool(case.opts.get("causal"))
+    return any(q > 0 and (k == 0 or (causal and q > k)) for q, k in spans)
+
+
+def meets(case, require: dict) -> bool:
+    """Whether a fixed ``case`` meets a law's requirements (``Law.requires``: the keyword arguments
+    of ``strategies.cases``, with the same meaning; a requirement that does not concern the op is met)."""
+    d, op = case.dim, case.op
+    attention, linear = op == "attention", op in ("kda", "gla", "simple_gla")
+    packed = case.seqlens is not None
+    checks = {
+        "min_len": lambda n: d["T"] >= n,
+        "varlen": lambda want: want is None or op == "kda_gate" or packed == want,
+        "min_seqs": lambda n: not packed or len(case.seqlens) >= n,
+        "min_batch": lambda n: not packed and d["B"] >= n,
+        "dtype": lambda want: case.dtype == want,
+        "gate_dtype": lambda want: not linear or case.drawn.get("gate_dtype", case.dtype) == want,
+        "causal": lambda want: not attention or bool(case.opts.get("causal")) == want,
+        "min_keys": lambda n: not attention or max(case.seqlens_k or (d["S"],), default=0) >= n,
+        "rows_without_keys": lambda want: not attention or not want or _rows_without_keys(case),
+    }
+    unknown = set(require) - set(checks)
+    if unknown:
+        raise ValueError(f"requirements {sorted(unknown)} unknown to refcheck.strategies.meets")
+    return all(checks[key](want) for key, want in require.items())
+
+
+BOUNDARY_LENGTHS = (63, 64, 65, 129)
+"""Sequence lengths at chunk boundaries (one short of, at, one past, one past two chunks of 64):
+every law meets them as fixed examples in the ci profile, before the drawn ones."""
+
+
+def boundary_cases(op: str, impl: Implementation | None, require: dict, lengths=BOUNDARY_LENGTHS) -> list[Case]:
+    """Fixed cases of ``op`` at each length in ``lengths`` that meet ``require`` (``meets``) and
+    that ``impl`` takes: small heads, no initial state (a state that leaks between packed
+    sequences or batch rows shows), the final state returned, default gates and options; packed
+    as two sequences (1 token, then T) where the law needs packing. Ops without a sequence axis of
+    queries and keys alike (kda_gate) get none."""
+    if op == "kda_gate":
+        return []
+    dtypes = [d for d in card(op).dtypes if impl is None or d in impl.dtypes]
+    want = require.get("dtype")
+    dtype = want if want in dtypes else ("fp32" if "fp32" in dtypes else dtypes[0] if dtypes else None)
+    if dtype is None or (want is not None and want != dtype):
+        return []
+    found = []
+    for t in lengths:
+        packed = require.get("varlen") is True
+        batch = max(1, int(require.get("min_batch", 1)))
+        seqs = (1, t) if packed else None
+        total = t + 1 if packed else t
+        draw, options = {}, {}
+        if op == "attention":
+            dims = {"B": 1 if packed else batch, "T": total, "S": total, "H": 2, "Hk": 1, "Dqk": 16, "Dv": 16}
+            options["causal"] = require.get("causal", True)
+            case = Case.make(op, dims, dtype, t, seqlens=seqs, seqlens_k=seqs, options=options)
+        else:
+            dims = {"B": 1 if packed else batch, "T": total, "H": 1, "K": 16, "V": 16}
+            options["output_final_state"] = True
+            draw = {"initial_state": False, "gate_dtype": require.get("gate_dtype", dtype)}
+            case = Case.make(op, dims, dtype, t, seqlens=seqs, options=options, draw=draw)
+        if meets(case, require):
+            found.append(case)
+    return found
+
+
 @dataclass(frozen=True)
 class Example:
     """One drawn input of a law: a case, the precision mode, the implementation's knobs and the

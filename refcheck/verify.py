@@ -28,17 +28,25 @@ CHUNKED_TRUTH_MIN_T = 256
 
 @dataclass
 class Measurement:
-    """One output's error against its budget."""
+    """One output's error against its budget; ``naive_error`` and ``naive_form`` are the yardstick of
+    a ``naive_ratio`` bound (``yardstick``), ``dtype`` the dtype whose budget applies."""
 
     output: str
     error: float
     bound: float
     budget: budgets_mod.Budget
     naive_error: float | None = None
+    naive_form: str = ""
+    dtype: str = ""
 
     @property
     def passed(self) -> bool:
         return self.error <= self.bound
+
+    @property
+    def explanation(self) -> str:
+        """What the bound is made of (``Budget.explain``)."""
+        return self.budget.explain(self.naive_error, self.naive_form, self.dtype)
 
     @property
     def headroom(self) -> float:
@@ -57,25 +65,30 @@ class Verdict:
     knobs: dict
     measurements: list[Measurement] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    record: registry.Implementation | None = None   # the implementation measured (for the reproducer)
 
     @property
     def passed(self) -> bool:
         return not self.problems and all(m.passed for m in self.measurements)
 
-    def reproducer(self) -> str:
-        knobs = "".join(f", {k}={v!r}" for k, v in self.knobs.items() if k != "precision")
-        return (f"python -c \"from refcheck.verify import verify; from refcheck.case import Case; "
-                f"print(verify({self.impl!r}, {self.case.to_python()}, mode={self.mode!r}{knobs}).table())\"")
+    def reproducer(self, device: str = "cpu") -> str:
+        """A one-liner that measures this point again and fails while it is over budget
+        (``refcheck.reproduce.point``), from any folder, for a user's kernel too."""
+        from .reproduce import one_liner
+        knobs = {k: v for k, v in self.knobs.items() if k != "precision"}
+        args = [self.case.to_python(), f"mode={self.mode!r}"] + ([f"knobs={knobs!r}"] if knobs else []) \
+            + ([f"device={device!r}"] if device != "cpu" else [])
+        return one_liner("point", self.record or registry.get(self.op, self.impl), args)
 
     def table(self) -> str:
         head = f"{self.op} [{self.impl}] mode={self.mode} knobs={self.knobs}\n  case: {self.case.describe()}"
-        rows = [f"  {m.output:<12} error {m.error:9.3e}  bound {m.bound:9.3e}  "
-                f"{'ok  ' if m.passed else 'FAIL'}  ({m.budget.key}, {m.budget.metric})" for m in self.measurements]
+        rows = [f"  {m.output:<12} error {m.error:9.3e}  bound {m.bound:9.3e}  {'ok  ' if m.passed else 'FAIL'}"
+                f"  bound = {m.explanation}" for m in self.measurements]
         rows += [f"  problem: {p}" for p in self.problems]
         return "\n".join([head, *rows])
 
-    def failure_message(self) -> str:
-        return f"{self.table()}\n  reproduce: {self.reproducer()}"
+    def failure_message(self, device: str = "cpu") -> str:
+        return f"{self.table()}\n  reproduce: {self.reproducer(device)}"
 
 
 def upstream_gradients(op: OpCard, case: Case, outputs: dict[str, torch.Tensor],
@@ -172,12 +185,34 @@ def run(impl: registry.Implementation, case: Case, device: str = "cpu", grads: b
 
 @lru_cache(maxsize=256)
 def naive_outputs(case: Case, device: str = "cpu", grads: bool = True,
-                  outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-    """The naive implementation's results on a case (cotangents of ``outputs`` only, as ``truth``):
-    the yardstick of ``naive_ratio`` budgets."""
+                  outputs: tuple[str, ...] | None = None, form: str = "recurrent") -> dict[str, torch.Tensor]:
+    """The results of a naive form (``registry.NAIVE_FORMS``: the reference evaluated in the input
+    dtype) on a case, cotangents of ``outputs`` only (as ``truth``)."""
     op = card(case.op)
-    return evaluate(registry.get(case.op, "naive").fn, op, op.make_inputs(case, torch.device(device)),
+    return evaluate(registry.get(case.op, registry.NAIVE_FORMS[form]).fn, op,
+                    op.make_inputs(case, torch.device(device)),
                     grads=grads, cotangents=lambda o: upstream_gradients(op, case, o, outputs))
+
+
+def yardstick(case: Case, name: str, floor: float, *, device: str = "cpu", grads: bool = True,
+              outputs: tuple[str, ...] | None = None) -> tuple[float | None, str]:
+    """The naive error of output ``name`` on ``case``: the largest relative RMS error against the
+    float64 truth among the naive forms of the op (the reference evaluated in the input dtype,
+    recurrent, and chunked with decays differenced as kernels do), and which form it was. A form
+    whose result is not finite (an overflow of the input dtype) is no yardstick; ``(None, "")``
+    when none is."""
+    base = truth(case, device, grads, outputs)
+    errors = {}
+    for form in registry.naive_forms(case.op):
+        out = naive_outputs(case, device, grads, outputs, form)
+        if name in out and name in base:
+            error = rel_rms(out[name], base[name], floor=floor)
+            if math.isfinite(error):
+                errors[form] = error
+    if not errors:
+        return None, ""
+    form = max(errors, key=errors.get)
+    return errors[form], form
 
 
 def output_dtype(case: Case, name: str) -> torch.dtype:
@@ -198,6 +233,20 @@ def budget_dtype(case: Case, name: str, value: torch.Tensor) -> str:
     return DTYPE_NAMES[coarser]
 
 
+def bound_of(impl: registry.Implementation, case: Case, name: str, dtype: str, mode: str, *, device: str = "cpu",
+             grads: bool = True, budgets: budgets_mod.Budgets | None = None) -> Measurement:
+    """The bound on output ``name`` of ``impl`` on ``case`` (dtype ``dtype``, mode ``mode``), with
+    what it is made of, as a ``Measurement`` whose error is not yet known (0)."""
+    budgets = budgets or budgets_mod.load()
+    budget = budgets.get(case.op, name, dtype, mode, impl.name)
+    naive_error, form = None, ""
+    if budget.metric == "naive_ratio":
+        naive_error, form = yardstick(case, name, budget.floor, device=device, grads=grads,
+                                      outputs=cotangent_names(card(case.op), impl.provides))
+    bound = budget.bound(naive_error) if naive_error is not None or budget.metric == "rel_rms" else budget.slack
+    return Measurement(name, 0.0, bound, budget, naive_error, form, dtype)
+
+
 def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tensor],
             ref: dict[str, torch.Tensor], *, mode: str, device: str = "cpu", grads: bool = True,
             budgets: budgets_mod.Budgets | None = None, knobs: dict | None = None) -> Verdict:
@@ -211,8 +260,7 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
     """
     op = card(case.op)
     budgets = budgets or budgets_mod.load()
-    verdict = Verdict(case.op, impl.name, case, mode, dict(knobs or {}))
-    cot_names = cotangent_names(op, impl.provides)
+    verdict = Verdict(case.op, impl.name, case, mode, dict(knobs or {}), record=impl)
     for name in ref:
         if name in op.outputs and name not in impl.provides:
             continue
@@ -222,14 +270,10 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
         want = output_dtype(case, name)
         if name in op.outputs and out[name].dtype != want:
             verdict.problems.append(f"{name}: dtype {out[name].dtype}, contract says {want}")
-        budget = budgets.get(case.op, name, budget_dtype(case, name, out[name]), mode, impl.name)
-        error = rel_rms(out[name], ref[name], floor=budget.floor)
-        naive_error = None
-        if budget.metric == "naive_ratio":
-            naive = naive_outputs(case, device, grads, cot_names)
-            base = truth(case, device, grads, cot_names)
-            naive_error = rel_rms(naive[name], base[name], floor=budget.floor) if name in naive else math.inf
-        verdict.measurements.append(Measurement(name, error, budget.bound(naive_error), budget, naive_error))
+        limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, device=device, grads=grads,
+                         budgets=budgets)
+        limit.error = rel_rms(out[name], ref[name], floor=limit.budget.floor)
+        verdict.measurements.append(limit)
     return verdict
 
 
@@ -240,7 +284,7 @@ def verify(impl: str | registry.Implementation, case: Case, *, mode: str | None 
     ``mode`` selects the precision mode (passed as the ``precision`` knob where the implementation
     has it; budgets are looked up under it). Extra keyword arguments are the implementation's knobs.
     """
-    impl = impl if isinstance(impl, registry.Implementation) else registry.get(case.op, impl)
+    impl = impl if isinstance(impl, registry.Implementation) else registry.resolve(impl, case.op)[0]
     mode = mode or impl.modes[0]
     if "precision" in impl.knobs:
         knobs = {"precision": mode, **knobs}

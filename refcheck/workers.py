@@ -7,7 +7,6 @@ order the processes finish in, so a run does not depend on ``jobs``.
 """
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -36,13 +35,6 @@ def default_jobs(device: str) -> int:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(MAX_JOBS, cores))
-
-
-def shipped(impl):
-    """A copy of ``impl`` without its cached callable, to send to a worker process: a callable is
-    pickled by its name, which fails for one reached through another name (a record that took its
-    function's name); the worker imports ``impl.target`` itself."""
-    return dataclasses.replace(impl)
 
 
 def _init_worker(device: str) -> None:

@@ -113,22 +113,60 @@ def decayed_gram(x: torch.Tensor, y: torch.Tensor, decays: PairDecays) -> torch.
     return gram.flatten(-3, -2)[..., :c, :c]
 
 
+def differenced_pair_decays(G: torch.Tensor) -> PairDecays:
+    """The factors of ``pair_decays``, formed the way chunked kernels form them: ``exp`` of
+    differences ``G_i - G_j`` of the chunk's cumulative log-decay ``G [..., C, K]`` (masked to
+    ``-inf`` above the diagonal before ``exp``). In a dtype of p mantissa bits a difference carries
+    an absolute error ~ ``|G| 2^-p``, so with steep decays (``|G|`` in the thousands) the decays lose
+    precision that ``pair_decays`` keeps: the cancellation of real chunked kernels, which the naive
+    chunked yardstick (``naive_chunked``) must share to judge them fairly."""
+    s = SUB_CHUNK
+    nb = -(-G.shape[-2] // s)
+    # pad by repeating the last row (a step of decay 1): every exponent below stays <= 0, so no
+    # padded entry overflows (an inf there would turn into NaN gradients through 0 * inf)
+    G = torch.cat([G, G[..., -1:, :].expand(*G.shape[:-2], nb * s - G.shape[-2], G.shape[-1])], -2)
+    Gb = G.unflatten(-2, (nb, s))                                            # [..., nb, s, K]
+    ones = torch.ones(s, s, dtype=torch.bool, device=G.device)
+    square = torch.exp((Gb.unsqueeze(-2) - Gb.unsqueeze(-3)).masked_fill(~ones.tril().unsqueeze(-1), float("-inf")))
+    ref = torch.cat([torch.zeros_like(G[..., :1, :]), G[..., s - 1:-1:s, :]], -2)  # G at r_b = b*s - 1 (G_-1 = 0)
+    rows = torch.exp(Gb - ref.unsqueeze(-2))
+    t = torch.arange(nb * s, device=G.device)
+    before = (t < s * torch.arange(nb, device=G.device).unsqueeze(-1)).unsqueeze(-1)  # [nb, nb*s, 1]
+    cols = torch.exp((ref.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill(~before, float("-inf")))
+    return PairDecays(square, rows, cols)
+
+
+DECAY_FORMS = ("stable", "differenced")
+"""How a chunk's decays are formed: ``stable`` (``pair_decays``: every exponent a sum of log-decays
+from its own start; the float64 truth) or ``differenced`` (``differenced_pair_decays``: differences
+of the cumulative log-decay, as kernels do; the naive chunked yardstick)."""
+
+
+def check_decay_form(decays) -> str:
+    if decays not in DECAY_FORMS:
+        raise ValueError(f"decays: expected one of {DECAY_FORMS}, got {decays!r}")
+    return decays
+
+
 def chunk_step(state: torch.Tensor, x: dict[str, torch.Tensor], write: Write,
-               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+               scale: float, decay_form: str = "stable") -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the module docstring's algebra, for all heads at once.
 
     state ``[H, K, V]`` (S0); x: the chunk's q, k, g ``[H, C, K]``, v ``[H, C, V]`` and what ``write``
-    reads; ``write(x, G, decays) -> (Wv [H, C, V], Wk [H, C, K] or None)`` gives ``U = Wv - Wk S0``.
-    Returns ``(S_end [H, K, V], O [H, C, V])``.
+    reads; ``write(x, G, decays) -> (Wv [H, C, V], Wk [H, C, K] or None)`` gives ``U = Wv - Wk S0``;
+    ``decay_form``: see ``DECAY_FORMS``. Returns ``(S_end [H, K, V], O [H, C, V])``.
     """
     q, k, g = x["q"], x["k"], x["g"]
     G = g.cumsum(-2)
-    decays = pair_decays(g)
+    if decay_form == "stable":
+        decays, after = pair_decays(g), torch.exp(sums_after(g))
+    else:
+        decays, after = differenced_pair_decays(G), torch.exp(G[..., -1:, :] - G)
     w_v, w_k = write(x, G, decays)
     u = w_v if w_k is None else w_v - w_k @ state
     o = scale * ((q * torch.exp(G)) @ state + decayed_gram(q, k, decays) @ u)
     carry = torch.exp(G[..., -1, :]).unsqueeze(-1)
-    state = carry * state + (k * torch.exp(sums_after(g))).transpose(-1, -2) @ u
+    state = carry * state + (k * after).transpose(-1, -2) @ u
     return state, o
 
 
@@ -144,20 +182,23 @@ def to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
 
 def chunk_scan(inputs: dict[str, torch.Tensor], write: Write, scale: float, k_dim: int, v_dim: int,
                initial_state: torch.Tensor | None, output_final_state: bool,
-               cu_seqlens: torch.Tensor | None, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run ``chunk_step`` over the chunks of each sequence.
+               cu_seqlens: torch.Tensor | None, chunk_size: int,
+               decays: str = "stable") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run ``chunk_step`` over the chunks of each sequence (decays formed as ``decays`` says).
 
     inputs: name -> ``[B, T, H, ...]`` in the compute dtype, holding q, k, g ``[B, T, H, K]``,
     v ``[B, T, H, V]`` and whatever ``write`` reads. The state starts at ``initial_state[n]``
     (``[N, H, K, V]``) or 0. Returns ``o [B, T, H, V]`` and, if asked, the final states ``[N, H, K, V]``.
     """
+    check_decay_form(decays)
+
     def run_sequence(state, seq):
         length = next(iter(seq.values())).shape[0]
         # unbind, not indexing: its backward assembles the gradient once, not once per chunk.
         chunks = {name: to_chunks(x, chunk_size).unbind(0) for name, x in seq.items()}
         outs = [state.new_zeros(0, state.shape[0], v_dim)]
         for values in zip(*chunks.values()):
-            state, o = chunk_step(state, dict(zip(chunks, values)), write, scale)
+            state, o = chunk_step(state, dict(zip(chunks, values)), write, scale, decays)
             outs.append(o.transpose(0, 1))
         return state, torch.cat(outs)[:length]
 

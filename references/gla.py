@@ -68,21 +68,24 @@ def write_values(x: dict[str, torch.Tensor], G: torch.Tensor, decays: PairDecays
 
 
 def gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-                chunk_size=64):
+                chunk_size=64, decays="stable"):
     """GLA in chunks of ``chunk_size`` steps (``chunk.chunk_scan`` writing ``u_t = v_t``): same
-    contract and result as ``gla`` (to rounding); ``chunk_size`` is any positive int.
+    contract and result as ``gla`` (to rounding); ``chunk_size`` is any positive int; ``decays``
+    how the in-chunk decays are formed (``chunk.DECAY_FORMS``: ``stable`` for the truth,
+    ``differenced`` as kernels form them).
 
     Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
     """
     chunk_size = check_chunk_size(chunk_size)
     q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
     return chunk_scan(dict(q=q, k=k, v=v, g=g), write_values, scale, kd, vd, initial_state,
-                      output_final_state, cu_seqlens, chunk_size)
+                      output_final_state, cu_seqlens, chunk_size, decays)
 
 
 def simple_gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
-                       cu_seqlens=None, chunk_size=64):
+                       cu_seqlens=None, chunk_size=64, decays="stable"):
     """simple GLA in chunks: ``gla_chunked`` with the per-head decay ``g [B, T, H]`` broadcast over K."""
     check_gla_inputs(q, k, v, g, scalar_gate=True)
     return gla_chunked(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
-                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                       decays=decays)

@@ -98,6 +98,19 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                 cu_seqlens)
 
 
+def unit_lower_solve(lower: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """``(I + L)^{-1} rhs`` for a strictly lower ``L [..., C, C]`` (only its strict lower part is
+    read) in the dtype of the operands: LAPACK's triangular solve where torch has one (float32,
+    float64), else forward substitution row by row (bf16, fp16 on the CPU: the naive yardstick)."""
+    if lower.dtype in (torch.float32, torch.float64):
+        return torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    rows = []
+    for i in range(rhs.shape[-2]):
+        done = torch.stack(rows, -2) if rows else rhs[..., :0, :]
+        rows.append(rhs[..., i, :] - (lower[..., i:i + 1, :i] @ done).squeeze(-2))
+    return torch.stack(rows, -2)
+
+
 def delta_rule_write(x: dict[str, torch.Tensor], G: torch.Tensor,
                      decays: PairDecays) -> tuple[torch.Tensor, torch.Tensor]:
     """The values KDA writes in a chunk, affine in the chunk's entry state S0: ``U = Wv - Wk S0``.
@@ -115,18 +128,18 @@ def delta_rule_write(x: dict[str, torch.Tensor], G: torch.Tensor,
     k, v, beta = x["k"], x["v"], x["beta"].unsqueeze(-1)
     lower = beta * decayed_gram(k, k, decays).tril(-1)
     rhs = beta * torch.cat([v, k * torch.exp(G)], -1)
-    # unitriangular: the unit diagonal of I + L is implied, only L (strictly lower) is read.
-    w = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+    w = unit_lower_solve(lower, rhs)
     return w[..., :v.shape[-1]], w[..., v.shape[-1]:]
 
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                 cu_seqlens=None, use_qk_l2norm=False, safe_gate=False, lower_bound=None,
-                use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64):
+                use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64, decays="stable"):
     """KDA in chunks of ``chunk_size`` steps (``chunk.chunk_scan`` with ``delta_rule_write``).
 
     Same contract and result as ``kda`` (to rounding), in ``q.dtype``; ``chunk_size`` is any positive
-    int (a sequence's last chunk may be partial). Returns ``(o [B, T, H, V], final_state
+    int (a sequence's last chunk may be partial); ``decays`` how the in-chunk decays are formed
+    (``chunk.DECAY_FORMS``: ``stable`` for the truth, ``differenced`` as kernels form them). Returns ``(o [B, T, H, V], final_state
     [N, H, K, V] or None)``.
     """
     chunk_size = check_chunk_size(chunk_size)
@@ -134,4 +147,4 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
         q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, safe_gate=safe_gate,
         lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
     return chunk_scan(dict(q=q, k=k, v=v, g=g, beta=beta), delta_rule_write, scale, kd, vd, initial_state,
-                      output_final_state, cu_seqlens, chunk_size)
+                      output_final_state, cu_seqlens, chunk_size, decays)

@@ -25,7 +25,7 @@ from refcheck.ops import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPL = "degradable_kda:kda"
-RECORD_ARGS = ["--impl", f"kda={IMPL}", "drift", "record", "--quick", "--ops", "kda", "--impls", f"{IMPL},fla"]
+RECORD_ARGS = ["drift", "record", "--quick", "--op", "kda", "--impl", f"kda={IMPL}"]
 
 
 def _env(**extra) -> dict:
@@ -76,13 +76,12 @@ def test_two_records_of_the_same_code_are_identical(records):
     assert records["base"].read_bytes() != records["head"].read_bytes()
 
 
-def test_record_holds_environment_grid_points_and_unavailable_implementations(records):
+def test_record_holds_environment_and_grid_points(records):
     rec = drift.load(records["base"])
     env = rec["environment"]
     assert env["device"] == "cpu" and env["interpreted"] is True
     assert {"python", "torch", "triton", "refcheck", "git_revision", "git_dirty", "device_name"} <= set(env)
     assert rec["grid"]["ops"] == ["kda"] and rec["grid"]["quick"] is True and len(rec["grid"]["hash"]) == 64
-    assert {"op": "kda", "impl": "fla", "why": "runs on cuda only"} in rec["unavailable"]
     ids = [p["id"] for p in rec["points"]]
     assert len(ids) == len(set(ids)) == 9                     # 3 dtypes x (1 base case + 2 sweep lengths)
     dense = next(p for p in rec["points"] if p["id"] == f"kda/{IMPL}/bf16/ieee/dense")
@@ -295,14 +294,15 @@ def _git(repo: Path, *args: str) -> None:
 
 def test_budgets_diff_between_git_revisions(tmp_path, capsys):
     _git(tmp_path, "init", "-q")
-    (tmp_path / "tolerances.toml").write_text(BUDGETS)
-    _git(tmp_path, "add", "tolerances.toml")
+    (tmp_path / "refcheck").mkdir()
+    (tmp_path / "refcheck" / "tolerances.toml").write_text(BUDGETS)
+    _git(tmp_path, "add", "refcheck/tolerances.toml")
     _git(tmp_path, "commit", "-q", "-m", "base")
-    (tmp_path / "tolerances.toml").write_text(CHANGED)
+    (tmp_path / "refcheck" / "tolerances.toml").write_text(CHANGED)
 
     assert cli.main(["budgets", "diff", "--repo", str(tmp_path)]) == 0          # HEAD -> working tree
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "budgets diff: tolerances.toml HEAD -> working tree"
+    assert out.splitlines()[0] == "budgets diff: refcheck/tolerances.toml HEAD -> working tree"
     sections = [out.index(f"{kind} (1):") for kind in ("loosened", "tightened", "added", "removed")]
     assert sections == sorted(sections)
     assert "  kda.o.bf16: tf32 0.02 -> 0.03 (x1.5)\n      reason: safe_gate path: tf32 measured 1.2e-2\n" in out
@@ -314,4 +314,4 @@ def test_budgets_diff_between_git_revisions(tmp_path, capsys):
     assert "#### loosened (1) :warning:" in out and "| `kda.o.bf16` | tf32 0.02 -> 0.03 (x1.5) |" in out
 
     assert cli.main(["budgets", "diff", "nosuch", "--repo", str(tmp_path)]) == 2
-    assert "git show nosuch:tolerances.toml failed" in capsys.readouterr().err
+    assert "git show nosuch:refcheck/tolerances.toml failed" in capsys.readouterr().err

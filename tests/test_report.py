@@ -10,7 +10,8 @@ import pytest
 from refcheck import cli, grid, registry
 from refcheck.case import Case
 from refcheck.laws import LAWS
-from refcheck.report import fixed_params, meets
+from refcheck.laws import fixed_params
+from refcheck.strategies import meets
 from tests.mutants import MUTANTS
 
 
@@ -28,20 +29,20 @@ def own_registry(monkeypatch):
 
 def test_report_prints_the_tables_and_writes_json(tmp_path, capsys):
     path = tmp_path / "report.json"
-    code, out, _ = report(capsys, "--ops", "kda_gate", "attention", "--impl", "naive", "sdpa", "fa4",
+    code, out, _ = report(capsys, "--op", "kda_gate,attention", "--impl", "naive", "--impl", "sdpa",
                           "--jobs", "1", "--json", str(path))
     assert code == 0, out
     assert "kda_gate: worst error / budget, headroom" in out and "attention: worst error / budget" in out
-    assert "not run: attention [fa4]:" in out                         # listed with the reason, not failed
     assert "laws on fixed grid cases" in out and "gate_bounds (10)" in out and "PASS" in out
     data = json.loads(path.read_text())
     assert data["format"] == "refcheck-report" and data["passed"] is True
     assert {(p["op"], p["impl"]) for p in data["points"]} == {("kda_gate", "naive"), ("attention", "naive"),
                                                                ("attention", "sdpa")}
-    assert [u["impl"] for u in data["unavailable"]] == ["fa4"]
+    assert data["unavailable"] == []
     gate = next(p for p in data["points"] if p["op"] == "kda_gate" and p["dtype"] == "bf16")
     m = gate["outputs"]["gate"]
     assert m["passed"] and m["error"] <= m["bound"] and m["budget"] == "kda_gate.gate.bf16"
+    assert "naive error on this case" in m["made_of"]
     statuses = {(r["law"], r["op"], r["impl"]): r["status"] for r in data["laws"]}
     assert statuses[("gate_bounds", "kda_gate", "naive")] == "holds"
     assert statuses[("path_agreement", "attention", "sdpa")] == "n/a"
@@ -50,7 +51,7 @@ def test_report_prints_the_tables_and_writes_json(tmp_path, capsys):
 
 def test_a_broken_implementation_fails_the_report(tmp_path, capsys, own_registry):
     broken = "attention=" + MUTANTS["attention_top_left_causal"].impl.target
-    code, out, _ = report(capsys, "--ops", "attention", "--impl", broken, "--json", str(tmp_path / "r.json"))
+    code, out, _ = report(capsys, "--op", "attention", "--impl", broken, "--json", str(tmp_path / "r.json"))
     assert code == 1
     assert "FAIL" in out and "reproduce: python -c" in out
     assert "law agreement FAILS" in out
@@ -59,14 +60,18 @@ def test_a_broken_implementation_fails_the_report(tmp_path, capsys, own_registry
 
 
 def test_worker_processes_give_the_same_verdicts(capsys):
-    code, out, _ = report(capsys, "--ops", "kda_gate", "--impl", "naive", "--jobs", "2")
+    code, out, _ = report(capsys, "--op", "kda_gate", "--impl", "naive", "--jobs", "2")
     assert code == 0, out
     assert "with 2 workers" in out and "PASS" in out
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--ops", "kdaa"), "unknown op 'kdaa'"),
-    (("--impl", "nope"), "nope not registered"),
+    (("--op", "kdaa"), "unknown op"),
+    (("--impl", "nope"), "no implementation 'nope'"),
+    (("--impl", "fa4"), "attention/fa4 cannot run on cpu"),        # a named peer that cannot run: no skip
+    (("--impl", "attention=no_such_module:attention"), "cannot import module 'no_such_module'"),
+    (("--op", "simple_gla", "--dtype", "fp8"), "simple_gla has no such inputs"),
+    (("--budgets", "no_such_file.toml"), "no such file"),
     (("--jobs", "0"), "--jobs"),
 ])
 def test_usage_errors_exit_2(capsys, args, message):

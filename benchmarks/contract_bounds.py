@@ -1,0 +1,104 @@
+"""Measure what the contract bounds of ``tolerances.toml`` rest on: for correct implementations that
+round differently, the ratio of each output's error against the float64 truth to the naive error on
+the same case (``refcheck.verify.yardstick``), over random draws of refcheck's own strategies.
+
+    python benchmarks/contract_bounds.py --draws 40 --out benchmarks/results/contract_bounds_cpu.json
+
+Implementations: ours (the Triton kernels, interpreted on the CPU, every precision mode and knob),
+the naive forms, torch SDPA, and the example package's plain-PyTorch chunked simple GLA in both
+precisions (``examples/my_simple_gla``). The result, per op, output, dtype and mode: the worst
+ratio ``(error - slack) / naive`` with its case, and the worst error where the naive error is 0.
+A contract factor of about 3x the worst ratio leaves room for draws not seen here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def implementations():
+    from refcheck import registry
+    sys.path.insert(0, str(ROOT / "examples" / "my_simple_gla"))
+    impls = [i for i in registry.implementations() if i.name in ("triton", "naive_chunked", "sdpa")]
+    for fn in ("chunk_simple_gla", "chunk_simple_gla_input_dtype"):
+        impls += registry.resolve(f"simple_gla=mykernels:{fn}")
+    return impls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draws", type=int, default=30, help="random cases per implementation and dtype")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--impl", action="append", default=[], help="only these implementation names")
+    args = parser.parse_args()
+
+    from hypothesis import HealthCheck, given, seed, settings
+    from hypothesis import strategies as st
+
+    from refcheck.backend import configure_backend
+    configure_backend("cpu")
+    import torch
+    torch.set_num_threads(1)
+    from refcheck import budgets, verify
+    from refcheck.laws import interpreted, path_knobs
+    from refcheck.strategies import INTERPRETED, SMALL, cases
+
+    loaded = budgets.load()
+    worst: dict[str, dict] = {}
+    started = time.time()
+    for impl in implementations():
+        if args.impl and impl.name not in args.impl:
+            continue
+        limits = INTERPRETED if interpreted(impl, "cpu") else SMALL
+        count = max(2, args.draws // (4 if interpreted(impl, "cpu") else 1))
+
+        @settings(max_examples=count, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @seed(args.seed)
+        @given(case=cases(impl.op, impl, limits), mode=st.sampled_from(list(impl.modes)),
+               knobs=st.sampled_from(path_knobs(impl)))
+        def measure(case, mode, knobs, impl=impl):
+            out = verify.run(impl, case, "cpu", True, **({"precision": mode} if "precision" in impl.knobs else {}),
+                             **knobs)
+            ref = verify.truth(case, "cpu", impl.backward, verify.cotangent_names(verify.card(case.op), impl.provides))
+            for name in ref:
+                if name not in out:
+                    continue
+                dtype = verify.budget_dtype(case, name, out[name])
+                budget = loaded.get(case.op, name, dtype, mode)          # the contract bound (no guard)
+                error = verify.rel_rms(out[name], ref[name], budget.floor)
+                naive, form = verify.yardstick(case, name, budget.floor, outputs=verify.cotangent_names(
+                    verify.card(case.op), impl.provides))
+                key = f"{case.op}.{name}.{dtype}.{mode}"
+                row = worst.setdefault(key, {"ratio": 0.0, "draws": 0, "of": set(), "at_zero": 0.0})
+                row["draws"] += 1
+                row["of"].add(impl.name)
+                if naive is None or naive == 0:
+                    row["at_zero"] = max(row["at_zero"], error)
+                    continue
+                ratio = max(0.0, error - budget.slack) / naive
+                if ratio > row["ratio"]:
+                    row.update(ratio=ratio, error=error, naive=naive, form=form, impl=impl.name,
+                               case=case.describe(), bound=budget.bound(naive))
+        t0 = time.time()
+        measure()
+        print(f"{impl.op}/{impl.name}: {count} draws in {time.time() - t0:.0f} s", file=sys.stderr)
+    rows = {k: {**v, "of": sorted(v["of"])} for k, v in sorted(worst.items())}
+    args.out.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "seconds": round(time.time() - started),
+                                    "worst": rows}, indent=1, allow_nan=False, default=str) + "\n")
+    over = {k: v for k, v in rows.items() if "bound" in v and v["error"] > v["bound"]}
+    for k, v in rows.items():
+        flag = "OVER" if k in over else ""
+        print(f"{k:<34} ratio {v['ratio']:8.3g} ({v.get('impl', '-')}, {v.get('form', '-')}) "
+              f"at_zero {v['at_zero']:.1e} {flag}")
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

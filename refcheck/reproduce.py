@@ -1,0 +1,101 @@
+"""Reproducers: the one-liners every failure prints, and the functions they call.
+
+A reproducer must work where the user stands: for a kernel of their own package (the folder it was
+imported from goes on ``sys.path``), under their budget files (``--budgets``), with the dtypes and
+backward they declared. ``law`` reruns one law on one example and ``point`` one grid point; both
+raise while the failure is still there (exit status 1), and print that it holds once fixed.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import budgets as budgets_mod
+from . import registry
+from .case import Case
+
+
+def import_root(impl: registry.Implementation) -> str | None:
+    """The ``sys.path`` entry the module of a user's implementation was imported from (None for
+    refcheck's own implementations and modules it cannot locate)."""
+    name = impl.target.partition(":")[0]
+    top = name.split(".")[0]
+    if top in ("refcheck", "references", "optimized"):
+        return None
+    module = sys.modules.get(name)
+    if module is None or not getattr(module, "__file__", None):
+        return None
+    path = Path(module.__file__).resolve()
+    if path.name == "__init__.py":
+        path = path.parent
+    for _ in name.split("."):
+        path = path.parent
+    return str(path)
+
+
+def impl_arguments(impl: registry.Implementation) -> tuple[str, list[str]]:
+    """The implementation as arguments of ``law``/``point``: its spec, and keyword arguments saying
+    how a callable given on the command line was declared (dtypes, backward) when not the defaults."""
+    from .ops import card
+    if impl.target != impl.name:            # registered by name, or a record reachable as module:attr
+        return repr(impl.name), []
+    keywords = []
+    if tuple(impl.dtypes) != tuple(card(impl.op).dtypes):
+        keywords.append(f"dtypes={tuple(impl.dtypes)!r}")
+    if not impl.backward:
+        keywords.append("backward=False")
+    return repr(f"{impl.op}={impl.name}"), keywords
+
+
+def one_liner(function: str, impl: registry.Implementation, arguments: list[str], leading: list[str] = ()) -> str:
+    """``python -c "..."`` calling ``refcheck.reproduce.<function>(*leading, impl, *arguments)``, with
+    the user's import root and the budget files in force."""
+    prelude = []
+    root = import_root(impl)
+    if root:
+        prelude.append(f"import sys; sys.path.insert(0, {root!r})")
+    paths = budgets_mod.user_paths()
+    spec, keywords = impl_arguments(impl)
+    args = [*leading, spec, *arguments, *keywords] + ([f"budgets={list(paths)!r}"] if paths else [])
+    prelude.append(f"from refcheck.reproduce import {function}; from refcheck.case import Case")
+    return f"python -c \"{'; '.join(prelude)}; {function}({', '.join(args)})\""
+
+
+def _setup(impl: str, op: str, device: str | None, budgets, dtypes, backward) -> tuple[registry.Implementation, str]:
+    from .backend import configure_backend
+    budgets_mod.use(budgets or ())
+    device = configure_backend(device)   # before the implementation's kernels are imported
+    found = registry.resolve(impl, op, dtypes=dtypes, backward=backward)
+    return found[0], device
+
+
+def law(law_name: str, impl: str, case: Case, *, mode: str | None = None, knobs: dict | None = None,
+        params: dict | None = None, device: str | None = None, strict: bool = False, budgets=(),
+        dtypes: tuple[str, ...] | None = None, backward: bool = True):
+    """Rerun one law on one example, as a failure message prints it: raises ``LawViolation`` again
+    if it still fails, else prints that the law holds and returns the ``Outcome``."""
+    from .laws import check
+    from .strategies import Example
+    implementation, device = _setup(impl, case.op, device, budgets, dtypes, backward)
+    example = Example(case, mode or implementation.modes[0], dict(knobs or {}), dict(params or {}))
+    outcome = check(law_name, implementation, example, device=device, strict=strict)
+    print(f"law {law_name} holds for {case.op}/{implementation.name} on this example"
+          + "".join(f"\n  note: {n}" for n in outcome.notes))
+    return outcome
+
+
+class PointFailure(AssertionError):
+    """A grid point (one implementation on one case) is over budget or broke its contract."""
+
+
+def point(impl: str, case: Case, *, mode: str | None = None, knobs: dict | None = None, device: str | None = None,
+          budgets=(), dtypes: tuple[str, ...] | None = None, backward: bool = True):
+    """Measure one implementation on one case (``verify.verify``), print the verdict table, and
+    raise ``PointFailure`` while anything is over budget."""
+    from .verify import verify
+    implementation, device = _setup(impl, case.op, device, budgets, dtypes, backward)
+    verdict = verify(implementation, case, mode=mode, device=device, **dict(knobs or {}))
+    print(verdict.table())
+    if not verdict.passed:
+        raise PointFailure(f"{case.op}/{implementation.name}: over budget or off contract on this case")
+    return verdict
