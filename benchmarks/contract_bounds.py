@@ -58,12 +58,7 @@ def main() -> int:
         limits = INTERPRETED if interpreted(impl, "cpu") else SMALL
         count = max(2, args.draws // (4 if interpreted(impl, "cpu") else 1))
 
-        @settings(max_examples=count, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @seed(args.seed)
-        @given(case=cases(impl.op, impl, limits), mode=st.sampled_from(list(impl.modes)),
-               knobs=st.sampled_from(path_knobs(impl)))
-        def measure(case, mode, knobs, impl=impl):
+        def measure(case, mode, knobs):
             out = verify.run(impl, case, "cpu", True, **({"precision": mode} if "precision" in impl.knobs else {}),
                              **knobs)
             ref = verify.truth(case, "cpu", impl.backward, verify.cotangent_names(verify.card(case.op), impl.provides))
@@ -87,7 +82,10 @@ def main() -> int:
                     row.update(ratio=ratio, error=error, naive=naive, form=form, impl=impl.name,
                                case=case.describe(), bound=budget.bound(naive))
         t0 = time.time()
-        measure()
+        strategy = dict(case=cases(impl.op, impl, limits), mode=st.sampled_from(list(impl.modes)),
+                        knobs=st.sampled_from(path_knobs(impl)))
+        settings(max_examples=count, deadline=None, database=None, suppress_health_check=list(HealthCheck))(
+            seed(args.seed)(given(**strategy)(measure)))()
         print(f"{impl.op}/{impl.name}: {count} draws in {time.time() - t0:.0f} s", file=sys.stderr)
     rows = {k: {**v, "of": sorted(v["of"])} for k, v in sorted(worst.items())}
     args.out.write_text(json.dumps({"draws": args.draws, "seed": args.seed, "seconds": round(time.time() - started),

@@ -811,7 +811,7 @@ def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings
     limits = limits or (INTERPRETED if slow else SMALL)
     count = max_examples or examples_for(law_, base, interpreted=slow)
     test = hsettings(base, max_examples=count, report_multiple_bugs=False)(given(examples(law_, impl, limits, mode))(run))
-    for fixed in boundary_examples(law_, impl, mode) if boundaries else ():
+    for fixed in reversed(boundary_examples(law_, impl, mode)) if boundaries else ():   # run in order of T
         test = example(fixed)(test)
     test()
     return [f"{line} in {count} example(s)" for line, count in notes.items()]

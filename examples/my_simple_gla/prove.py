@@ -1,0 +1,155 @@
+"""Point refcheck at this package as its author would, and check every verdict: the correct kernel (in
+both precisions) raises no alarm, every bug fails with a small example, every printed reproducer
+reproduces, and bad command lines are usage errors before any kernel runs.
+
+Run it from this folder, in an environment where refcheck is installed (from a wheel, not from its
+checkout): ``python prove.py``. It prints one line per check and a table last; exit status 1 when
+any verdict is not the expected one. ``examples/out_of_tree.sh`` does the install and runs it.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CORRECT = ("chunk_simple_gla", "chunk_simple_gla_input_dtype")
+BUGS = ("bug_state_leak", "bug_chunk_boundary", "bug_double_scale", "bug_last_gate")
+PYTEST = [sys.executable, "-m", "pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider", "-q",
+          "-n", "2"]
+REFCHECK = [sys.executable, "-m", "refcheck.cli"]
+rows: list[tuple[str, str, str, str]] = []   # (kernel, command, expected, got)
+problems: list[str] = []
+
+
+def run(args: list[str], timeout: int = 900) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - started
+
+
+def expect(kernel: str, what: str, code: int, want: int | str, output: str, seconds: float, note: str = "") -> bool:
+    ok = code == want if isinstance(want, int) else (code != 0 and code != 5)
+    rows.append((kernel, what, f"exit {want}", f"exit {code} in {seconds:.0f} s{note}" + ("" if ok else "  <-- WRONG")))
+    print(f"{'ok ' if ok else 'BAD'} {kernel}: {what}: exit {code} ({seconds:.0f} s){note}", flush=True)
+    if not ok:
+        problems.append(f"{kernel}: {what}: expected exit {want}, got {code}\n{output[-3000:]}")
+    return ok
+
+
+def reproduces(kernel: str, what: str, command: list[str] | str) -> None:
+    """A printed reproducer, run on its own, fails again (and says why)."""
+    args = shlex.split(command) if isinstance(command, str) else command
+    code, out, seconds = run(args, timeout=600)
+    failed = code != 0 and ("LawViolation" in out or "PointFailure" in out)
+    expect(kernel, f"{what} reproducer", code, "non-zero", out, seconds, "" if failed else " (no LawViolation)")
+    if code != 0 and not failed:
+        problems.append(f"{kernel}: {what} reproducer failed without a verdict:\n{out[-2000:]}")
+
+
+def shrunk(output: str) -> str:
+    """The dims of the (first) failing case printed, e.g. ``bf16 B=1,H=1,K=1,T=65,V=1``."""
+    found = re.search(r"case: simple_gla (\S+) (\S+)", output)
+    return f" [{found.group(1)} {found.group(2)}]" if found else ""
+
+
+def usage_errors() -> None:
+    bad = Path("bad_budgets.toml")
+    bad.write_text('[simple_gla.o.bf16]\nmetric = "naive_ratio"\nieeee = 3\n')
+    checks = [
+        (PYTEST + ["--impl", "simple_gla=no_such_module:fn"], 4, "pytest, a module that does not import"),
+        (PYTEST + ["--impl", "simple_gla=mykernels:chunk_simple_gla", "--budgets", str(bad)], 4,
+         "pytest, a budgets file with a typo"),
+        (REFCHECK + ["report", "--op", "simple_gla", "--impl", "mykernels:no_such_kernel"], 2,
+         "report, a callable that does not exist"),
+        (REFCHECK + ["report", "--impl", "simple_gla=mykernels:chunk_simple_gla", "--budgets", str(bad)], 2,
+         "report, a budgets file with a typo"),
+        (REFCHECK + ["fuzz", "simple_gla", "--impl", "mykernels:chunk_simple_gla", "--dtype", "fp8"], 2,
+         "fuzz, a dtype simple_gla does not have"),
+        (REFCHECK + ["fuzz", "simple_gla", "--impl", "mykernels:CHUNK"], 2, "fuzz, not a callable"),
+        (REFCHECK + ["--version"], 0, "refcheck --version"),
+    ]
+    for args, want, what in checks:
+        code, out, seconds = run(args)
+        expect("-", what, code, want, out, seconds)
+    bad.unlink()
+
+
+def plugin(kernel: str, correct: bool) -> None:
+    code, out, seconds = run(PYTEST + ["--impl", f"simple_gla=mykernels:{kernel}"])
+    summary = out.strip().splitlines()[-1] if out.strip() else ""
+    expect(kernel, "pytest --pyargs refcheck.properties", code, 0 if correct else 1, out, seconds,
+           f" ({summary})" + ("" if correct else shrunk(out)))
+    if correct and "skipped" in summary:
+        problems.append(f"{kernel}: pytest skipped law tests: {summary}")
+    if not correct:
+        command = re.search(r"reproduce: (python -c .*)$", out, re.M)
+        if command is None:
+            problems.append(f"{kernel}: pytest printed no reproducer")
+        else:
+            reproduces(kernel, "pytest", command.group(1))
+
+
+def report(kernel: str, correct: bool) -> None:
+    code, out, seconds = run(REFCHECK + ["report", "--op", "simple_gla", "--impl", f"mykernels:{kernel}"])
+    expect(kernel, "refcheck report", code, 0 if correct else 1, out, seconds)
+    if not correct:
+        command = re.search(r"reproduce: (python -c .*)$", out, re.M)
+        if command is None:
+            problems.append(f"{kernel}: report printed no reproducer")
+        else:
+            reproduces(kernel, "report", command.group(1))
+
+
+def fuzz(kernel: str, correct: bool) -> None:
+    out_dir = Path("repro") / kernel
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = REFCHECK + ["fuzz", "simple_gla", "--impl", f"mykernels:{kernel}", "--seed", "0", "--out-dir", str(out_dir)]
+    args += ["--seconds", "40"] if correct else ["--law", "agreement", "--seconds", "15"]
+    code, out, seconds = run(args)
+    expect(kernel, "refcheck fuzz", code, 0 if correct else 1, out, seconds, "" if correct else shrunk(out))
+    if not correct:
+        files = sorted(out_dir.glob("refcheck-repro-*.py"))
+        if not files:
+            problems.append(f"{kernel}: fuzz wrote no reproducer")
+        else:
+            reproduces(kernel, "fuzz file", [sys.executable, str(files[0])])
+
+
+def layered_budgets() -> None:
+    """A budgets file of the user's, layered over the defaults, judges their kernel (here: an
+    impossible guard, so the report must fail and say where the bound came from)."""
+    mine = Path("my_budgets.toml")
+    mine.write_text('[simple_gla.o.fp32."mykernels:chunk_simple_gla"]\nmetric = "rel_rms"\n'
+                    'ieee = 1e-12\ntf32 = 1e-12\ntf32x3 = 1e-12\nreason = "demonstration: tighter than fp32 allows"\n')
+    code, out, seconds = run(REFCHECK + ["report", "--op", "simple_gla", "--impl", "mykernels:chunk_simple_gla",
+                                         "--no-laws", "--budgets", str(mine)])
+    expect("chunk_simple_gla", "report with my_budgets.toml (an impossible guard)", code, 1, out, seconds)
+    if "simple_gla.o.fp32.mykernels:chunk_simple_gla guard" not in out:
+        problems.append("the user's guard is not named in the verdict lines")
+    mine.unlink()
+
+
+def main() -> int:
+    started = time.monotonic()
+    usage_errors()
+    layered_budgets()
+    for kernel in CORRECT + BUGS:
+        correct = kernel in CORRECT
+        plugin(kernel, correct)
+        report(kernel, correct)
+        fuzz(kernel, correct)
+    width = max(len(r[1]) for r in rows)
+    print(f"\n{'kernel':<30} {'check':<{width}} {'expected':<11} got")
+    for kernel, what, want, got in rows:
+        print(f"{kernel:<30} {what:<{width}} {want:<11} {got}")
+    print(f"\n{len(rows) - len(problems)}/{len(rows)} verdicts as expected in {time.monotonic() - started:.0f} s")
+    for p in problems:
+        print(f"\nPROBLEM: {p}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# refcheck on a kernel author's own package, outside this checkout, as a new user gets it: refcheck
+# built as a wheel and installed (not editable) into a fresh virtual environment, the example package
+# copied to a folder of its own, and every command run from there (examples/my_simple_gla/prove.py
+# says what is checked). Usage: bash examples/out_of_tree.sh [WORKDIR]   (default: a new temp folder)
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+work="${1:-$(mktemp -d)}"
+mkdir -p "$work"
+echo "out-of-tree check in $work"
+python3 -m pip wheel -q --no-deps -w "$work/dist" "$repo"
+python3 -m venv "$work/venv"
+"$work/venv/bin/python" -m pip install -q --upgrade pip
+"$work/venv/bin/python" -m pip install -q torch==2.13.0 "$work"/dist/refcheck-*.whl
+rm -rf "$work/user" && cp -r "$repo/examples/my_simple_gla" "$work/user"
+cd "$work/user"
+"$work/venv/bin/python" -c "import refcheck, sys; assert '$repo' not in refcheck.__file__, refcheck.__file__; print('refcheck from', refcheck.__file__)"
+"$work/venv/bin/python" prove.py
