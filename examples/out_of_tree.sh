@@ -10,9 +10,10 @@ mkdir -p "$work"
 echo "out-of-tree check in $work"
 python3 -m pip wheel -q --no-deps -w "$work/dist" "$repo"
 python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q --upgrade pip
-"$work/venv/bin/python" -m pip install -q torch==2.13.0 "$work"/dist/refcheck-*.whl
+source "$work/venv/bin/activate"        # as the user has it: `python`, `pytest`, `refcheck` from this venv
+python -m pip install -q --upgrade pip
+python -m pip install -q torch==2.13.0 "$work"/dist/refcheck-*.whl
 rm -rf "$work/user" && cp -r "$repo/examples/my_simple_gla" "$work/user"
 cd "$work/user"
-"$work/venv/bin/python" -c "import refcheck, sys; assert '$repo' not in refcheck.__file__, refcheck.__file__; print('refcheck from', refcheck.__file__)"
-"$work/venv/bin/python" prove.py
+python -c "import refcheck; assert '$repo' not in refcheck.__file__, refcheck.__file__; print('refcheck from', refcheck.__file__)"
+python prove.py

@@ -66,7 +66,3 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, SelectionError, BudgetError) as err:
         print(f"refcheck: error: {err}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

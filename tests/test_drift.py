@@ -35,7 +35,7 @@ def _env(**extra) -> dict:
 
 def _record_all(folder: Path) -> None:
     sides = {"base": ("1", {}), "again": ("2", {}), "head": ("1", {"REFCHECK_TEST_DEGRADE": "1"})}
-    procs = {name: subprocess.Popen([sys.executable, "-m", "refcheck.cli", *RECORD_ARGS, "--jobs", jobs, "--out",
+    procs = {name: subprocess.Popen([sys.executable, "-m", "refcheck", *RECORD_ARGS, "--jobs", jobs, "--out",
                                      str(folder / f"{name}.json")], cwd=ROOT, env=_env(**extra),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, (jobs, extra) in sides.items()}

@@ -17,9 +17,8 @@ from pathlib import Path
 
 CORRECT = ("chunk_simple_gla", "chunk_simple_gla_input_dtype")
 BUGS = ("bug_state_leak", "bug_chunk_boundary", "bug_double_scale", "bug_last_gate")
-PYTEST = [sys.executable, "-m", "pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider", "-q",
-          "-n", "2"]
-REFCHECK = [sys.executable, "-m", "refcheck.cli"]
+PYTEST = ["pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider", "-q", "-n", "2"]
+REFCHECK = ["refcheck"]     # the commands as the user types them, from the active environment
 rows: list[tuple[str, str, str, str]] = []   # (kernel, command, expected, got)
 problems: list[str] = []
 
@@ -115,7 +114,7 @@ def fuzz(kernel: str, correct: bool) -> None:
         if not files:
             problems.append(f"{kernel}: fuzz wrote no reproducer")
         else:
-            reproduces(kernel, "fuzz file", [sys.executable, str(files[0])])
+            reproduces(kernel, "fuzz file", ["python", str(files[0])])
 
 
 def layered_budgets() -> None:

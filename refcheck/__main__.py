@@ -1,0 +1,6 @@
+"""``python -m refcheck``: the ``refcheck`` command line."""
+import sys
+
+from refcheck.cli import main
+
+sys.exit(main())
