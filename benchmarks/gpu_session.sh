@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Everything refcheck runs on a lent GPU machine (see README "GPU runs"). Steps, in the order given:
-#   properties  the property laws over our Triton kda/kda_gate and FLA's chunk_kda, Hypothesis profile `gpu`
+#   properties  the property laws (Hypothesis profile `gpu`) over IMPLS on OPS (default: our Triton kernels and
+#               FLA on kda, kda_gate, gla, simple_gla), judged by the contract bounds (ours by their guards)
+#   report      refcheck report --device cuda: the grid and the fixed law checks, every available implementation
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 # e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
-# in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") picks the law runs'
-# implementations and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
+# in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") and OPS (default
+# "kda kda_gate gla simple_gla") pick the law runs' implementations and ops and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
 # PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call;
 # PROFILE_STAGES (e.g. "recurrence dstate") limits the profile to those stages.
 # Prints a short table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 source .gpu-wheels/a/device-install.sh
 export PYTHONUNBUFFERED=1
+# autotuning results on disk: every xdist worker and every later run reuses what one measured
+export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 JOBS=$(nproc)
@@ -24,10 +28,16 @@ for step in "$@"; do
   case $step in
     properties)
       REFCHECK_FAILURE_DIR="$OUT/failures" timeout -s INT "${PROPERTIES_S:-500}" \
-        python3 -m pytest properties -n "$JOBS" -p no:cacheprovider ${PROPERTIES_K:+-k "$PROPERTIES_K"} \
-        --device cuda --hypothesis-profile gpu --op kda --op kda_gate $(printf -- "--impl %s " ${IMPLS:-triton fla}) -o addopts="" -rfEs -v --durations=0 \
-        > "$OUT/gpu_properties.log" 2>&1
+        python3 -m pytest refcheck/properties -p refcheck.pytest_plugin -n "$JOBS" -p no:cacheprovider \
+        ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu \
+        $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
+        -o addopts="" -rfEs -v --durations=0 > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
+    report)
+      timeout -s INT "${REPORT_S:-300}" python3 -m refcheck report --device cuda --jobs "${REPORT_JOBS:-$JOBS}" \
+        --json "$OUT/gpu_report${REPORT_TAG:-}.json" \
+        > "$OUT/gpu_report${REPORT_TAG:-}.log" 2>&1
+      echo "report exit $?" >> "$OUT/gpu_report${REPORT_TAG:-}.log" ;;
     bench)
       timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --jobs "$JOBS" --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
       echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
@@ -46,6 +56,7 @@ for step in "$@"; do
   case $step in
     properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|properties exit" \
                   "$OUT/gpu_properties.log" | tail -12; ls "$OUT/failures" 2>/dev/null ;;
+    report) echo "== report${REPORT_TAG:-} =="; grep -E "PASS|FAIL|report exit|not run|wall seconds" "$OUT/gpu_report${REPORT_TAG:-}.log" | tail -20 ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
