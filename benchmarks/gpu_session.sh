@@ -2,7 +2,7 @@
 # Everything refcheck runs on a lent GPU machine (see README "GPU runs"). Steps, in the order given:
 #   properties  the property laws (Hypothesis profile `gpu`) over IMPLS on OPS (default: our Triton kernels and
 #               FLA on kda, kda_gate, gla, simple_gla), judged by the contract bounds (ours by their guards)
-#   report      refcheck report --device cuda: the grid and the fixed law checks, every available implementation
+#   report      refcheck report --device cuda (REPORT_ARGS: more options, REPORT_TAG: a suffix of its files)
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
@@ -34,7 +34,7 @@ for step in "$@"; do
         -o addopts="" -rfEs -v --durations=0 > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
     report)
-      timeout -s INT "${REPORT_S:-300}" python3 -m refcheck report --device cuda --jobs "${REPORT_JOBS:-$JOBS}" \
+      timeout -k 20 -s INT "${REPORT_S:-300}" python3 -m refcheck report --device cuda --jobs "${REPORT_JOBS:-$JOBS}" ${REPORT_ARGS:-} \
         --json "$OUT/gpu_report${REPORT_TAG:-}.json" \
         > "$OUT/gpu_report${REPORT_TAG:-}.log" 2>&1
       echo "report exit $?" >> "$OUT/gpu_report${REPORT_TAG:-}.log" ;;
