@@ -48,6 +48,15 @@ def reproduces(kernel: str, what: str, command: list[str] | str) -> None:
         problems.append(f"{kernel}: {what} reproducer failed without a verdict:\n{out[-2000:]}")
 
 
+def printed_reproducer(kernel: str, what: str, output: str) -> None:
+    """The first one-line reproducer ``what`` printed reproduces."""
+    command = re.search(r"reproduce: (python -c .*)$", output, re.M)
+    if command is None:
+        problems.append(f"{kernel}: {what} printed no reproducer")
+    else:
+        reproduces(kernel, what, command.group(1))
+
+
 def shrunk(output: str) -> str:
     """The dims of the (first) failing case printed, e.g. ``bf16 B=1,H=1,K=1,T=65,V=1``."""
     found = re.search(r"case: simple_gla (\S+) (\S+)", output)
@@ -84,22 +93,14 @@ def plugin(kernel: str, correct: bool) -> None:
     if correct and "skipped" in summary:
         problems.append(f"{kernel}: pytest skipped law tests: {summary}")
     if not correct:
-        command = re.search(r"reproduce: (python -c .*)$", out, re.M)
-        if command is None:
-            problems.append(f"{kernel}: pytest printed no reproducer")
-        else:
-            reproduces(kernel, "pytest", command.group(1))
+        printed_reproducer(kernel, "pytest", out)
 
 
 def report(kernel: str, correct: bool) -> None:
     code, out, seconds = run(REFCHECK + ["report", "--op", "simple_gla", "--impl", f"mykernels:{kernel}"])
     expect(kernel, "refcheck report", code, 0 if correct else 1, out, seconds)
     if not correct:
-        command = re.search(r"reproduce: (python -c .*)$", out, re.M)
-        if command is None:
-            problems.append(f"{kernel}: report printed no reproducer")
-        else:
-            reproduces(kernel, "report", command.group(1))
+        printed_reproducer(kernel, "report", out)
 
 
 def fuzz(kernel: str, correct: bool) -> None:
