@@ -91,7 +91,13 @@ def record_point(point: grid.Point, device: str) -> dict:
     except Exception as err:  # recorded, compared, and shown with its reproducer
         lines = [line.strip() for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
         crash = " ... ".join(dict.fromkeys([lines[0], lines[-1]]))   # a compiler's message ends with its cause
-        verdict = Verdict(point.case.op, point.impl.name, point.case, point.mode, {}, record=point.impl)
+        verdict = None
+    return point_entry(point, device, verdict, crash)
+
+
+def point_entry(point: grid.Point, device: str, verdict, crash: str | None) -> dict:
+    """A point of a record: the verdict's measurements, or the crash (``verdict`` None)."""
+    verdict = verdict or Verdict(point.case.op, point.impl.name, point.case, point.mode, {}, record=point.impl)
     return {"id": point.id, "op": point.case.op, "impl": point.impl.name, "dtype": point.case.dtype,
             "mode": point.mode, "label": point.entry.label, "sweep": point.entry.sweep, "T": point.entry.length,
             "case": point.case.to_python(), "reproduce": verdict.reproducer(device), "crash": crash,
@@ -113,8 +119,9 @@ def record(the_grid: grid.Grid, device: str, *, jobs: int = 1, console=None) -> 
     groups: dict = {}
     for point in the_grid.points:
         groups.setdefault(point.case, []).append(point)
-    units = [Unit(group[-1].id, _record_points, (group,),
-                  len(group), functools.partial(zip, group)) for group in groups.values()]
+    units = [Unit(group[-1].id, _record_points, (group,), len(group), functools.partial(zip, group),
+                  crashed=lambda message, group=group: [point_entry(p, device, None, message) for p in group])
+             for group in groups.values()]
     results = {p.id: entry for p, entry in execute(units, device, jobs, console, "drift record")}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},

@@ -138,8 +138,16 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
             def wrap(result, law=law, impl=impl, example=example):
                 return [LawResult(law, impl, result[0], example, *result[1:])]
             units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, impl, example),
-                              law.cost * _weight(impl, entry.case), wrap))
+                              law.cost * _weight(impl, entry.case), wrap,
+                              crashed=functools.partial(_law_crash, law, impl, example)))
     return units, skipped
+
+
+def _law_crash(law, impl, example, message: str) -> tuple:
+    """The result of a law check whose process died: it FAILS, with the case and its reproducer."""
+    from .laws import Trial
+    trial = Trial(law, impl, example.case, example.mode, dict(example.knobs), dict(example.params))
+    return "FAILS", f"{message}\n  case: {example.case.describe()}\n  reproduce: {trial.reproducer()}", [], 0.0
 
 
 def _weight(impl, case) -> float:
@@ -149,16 +157,18 @@ def _weight(impl, case) -> float:
 
 
 def point_units(points: list) -> list[Unit]:
-    """The grid points grouped by case (grid order is case by case)."""
+    """The grid points grouped by case and implementation (its modes share the float64 truth; an
+    implementation that kills its process takes only its own points with it)."""
     groups: dict = {}
     for p in points:
-        groups.setdefault(p.case, []).append(p)
+        groups.setdefault((p.case, p.impl.name), []).append(p)
     def wrap(results, points):
         return [PointResult(p, *result) for p, result in zip(points, results)]
-    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label}", run_points,
+    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label} {name}", run_points,
                  (ps,),
-                 sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps))
-            for c, ps in groups.items()]
+                 sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps),
+                 crashed=lambda message, n=len(ps): [(None, message, 0.0)] * n)
+            for (c, name), ps in groups.items()]
 
 
 # --- rendering ------------------------------------------------------------------------------------

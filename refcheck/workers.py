@@ -1,8 +1,10 @@
 """Running the grid's work in worker processes, shared by ``refcheck report`` and ``drift record``.
 
 Interpreted Triton kernels are single-threaded Python, so on the CPU the work is spread over
-spawned processes (each configures the backend before any kernel module is imported); on a GPU one
-process is best. Work comes as ``Unit``s; results come back in the order of the units, whatever
+spawned processes (each configures the backend before any kernel module is imported). On a GPU the
+work always runs in worker processes (one by default), so that a kernel that kills its process (an
+illegal memory access, a device-side assert, a segfault) is a finding about its unit, reported with
+its reproducer, and the run goes on with a fresh process. Work comes as ``Unit``s; results come back in the order of the units, whatever
 order the processes finish in, so a run does not depend on ``jobs``.
 """
 from __future__ import annotations
@@ -11,6 +13,7 @@ import multiprocessing
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 MAX_JOBS = 4
@@ -27,6 +30,14 @@ class Unit:
     args: tuple
     cost: float
     wrap: Callable[[object], list]
+    crashed: Callable[[str], object] | None = None   # the result to record when its process died
+
+    def died(self, message: str):
+        """What the unit's result is when the process running it died (a segfault, an abort, a
+        device-side assert): its ``crashed`` result, else the run cannot go on."""
+        if self.crashed is None:
+            raise RuntimeError(f"{self.name}: {message}")
+        return self.crashed(message)
 
 
 def default_jobs(device: str) -> int:
@@ -57,20 +68,60 @@ def execute(units: list[Unit], device: str, jobs: int, console, title: str) -> l
     columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress, grid.threads(device):
         task = progress.add_task(title, total=len(units))
-        if jobs <= 1:
+        def done(i: int) -> None:
+            progress.update(task, description=units[i].name)
+            progress.advance(task)
+
+        if jobs <= 1 and device == "cpu":
             for i, unit in enumerate(units):
-                progress.update(task, description=unit.name)
                 results[i] = unit.fn(*unit.args, device)
-                progress.advance(task)
+                done(i)
         else:
-            order = sorted(range(len(units)), key=lambda i: -units[i].cost)
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_init_worker, initargs=(device,)) as pool:
-                futures = {pool.submit(units[i].fn, *units[i].args, device): i for i in order}
-                for future in as_completed(futures):
-                    i = futures[future]
-                    results[i] = future.result()
-                    progress.update(task, description=units[i].name)
-                    progress.advance(task)
+            pending = sorted(range(len(units)), key=lambda i: -units[i].cost)
+            while pending:
+                left = _in_pool(units, pending, results, device, jobs, done)
+                if len(left) == len(pending):      # no unit finished: run each alone, to find the culprit
+                    for i in left:
+                        results[i] = _alone(units[i], device)
+                        done(i)
+                    left = []
+                pending = left
         progress.update(task, description=f"{title}: done")
     return [r for unit, result in zip(units, results) for r in unit.wrap(result)]
+
+
+def _in_pool(units: list[Unit], pending: list[int], results: list, device: str, jobs: int, done) -> list[int]:
+    """Run the ``pending`` units in a pool of ``jobs`` processes; the units left unfinished when a
+    worker process died (the pool breaks then), to run again."""
+    lost = []
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(device,)) as pool:
+        futures = {pool.submit(units[i].fn, *units[i].args, device): i for i in pending}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except BrokenProcessPool:
+                lost.append(i)
+                continue
+            done(i)
+    return lost
+
+
+def _run_child(fn, args, device: str, queue) -> None:
+    _init_worker(device)
+    queue.put(fn(*args, device))
+
+
+def _alone(unit: Unit, device: str):
+    """Run one unit in a process of its own; its result, or ``unit.died`` with the exit status."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.SimpleQueue()
+    child = context.Process(target=_run_child, args=(unit.fn, unit.args, device, queue))
+    child.start()
+    child.join()
+    if child.exitcode == 0 and not queue.empty():
+        return queue.get()
+    code = child.exitcode
+    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+    return unit.died(f"the worker process running it died ({how}): the implementation crashed the process")

@@ -4,13 +4,13 @@ not failed, usage errors exit 2; which fixed grid case each law runs on."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from refcheck import cli, grid, registry
 from refcheck.case import Case
-from refcheck.laws import LAWS
-from refcheck.laws import fixed_params
+from refcheck.laws import LAWS, fixed_params
 from refcheck.strategies import meets
 from tests.mutants import MUTANTS
 
@@ -100,3 +100,19 @@ def test_law_parameters_are_fixed_mid_sequence():
     assert fixed_params(LAWS["causality"], case) == {"cut": 34}
     assert fixed_params(LAWS["state_chaining"], case) == {"split": 35}
     assert fixed_params(LAWS["path_agreement"], case) == {}
+
+
+def test_an_implementation_that_kills_its_process_is_a_finding_and_the_report_goes_on(tmp_path, capsys,
+                                                                                      own_registry, monkeypatch):
+    (tmp_path / "crashy.py").write_text(
+        "import os\n\n"
+        "def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):\n"
+        "    os.abort()   # as an illegal memory access or a device-side assert ends a GPU process\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    code, out, _ = report(capsys, "--op", "attention", "--impl", "naive,attention=crashy:attention",
+                          "--dtype", "fp32", "--quick", "--no-laws", "--jobs", "2")
+    assert code == 1, out
+    assert "the worker process running it died (killed by signal 6)" in out
+    assert "FAIL attention/crashy:attention/fp32" in out and "reproduce: python -c" in out
+    assert "FAIL attention/naive/" not in out                          # the others were measured
