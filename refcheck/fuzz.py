@@ -260,7 +260,6 @@ def _checked(args):
     """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off
     (checked before any kernel runs: budgets, device, op, dtypes, the implementation)."""
     from .ops import OPS
-    from .pytest_plugin import narrow
     from .selection import SelectionError, items, select
 
     if args.max_examples is not None and args.max_examples < 1:
@@ -281,7 +280,7 @@ def _checked(args):
         raise UsageError(str(err)) from None
     if len(selection.named) != 1:
         raise UsageError(f"--impl {specs[0]}: names {len(selection.named)} implementations of {args.op}")
-    impl = narrow(selection.named[0], selection)
+    impl = selection.narrowed(selection.named[0])
     if args.precision is not None and args.precision not in impl.modes:
         raise UsageError(f"--precision {args.precision}: {impl.target} offers {', '.join(impl.modes)} "
                          "(a callable gets the mode as a `precision` keyword argument)")

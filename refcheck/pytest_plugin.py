@@ -115,7 +115,7 @@ def pytest_generate_tests(metafunc):
     params = []
     for op in law.ops:
         for impl in cfg.selection.implementations(op):
-            narrowed = narrow(impl, cfg.selection)
+            narrowed = cfg.selection.narrowed(impl)
             if narrowed is None or law.why_not(narrowed):
                 continue
             why = impl.unavailable(cfg.device)
@@ -124,15 +124,6 @@ def pytest_generate_tests(metafunc):
     if not params:
         params = [pytest.param(None, id="none", marks=pytest.mark.refcheck_nothing)]
     metafunc.parametrize("impl", params)
-
-
-def narrow(impl, selection):
-    """``impl`` drawing only the selected dtypes (``--dtype``); None when it takes none of them."""
-    import dataclasses
-    dtypes = selection.dtypes_of(impl)
-    if not dtypes:
-        return None
-    return impl if dtypes == tuple(impl.dtypes) else dataclasses.replace(impl, dtypes=dtypes)
 
 
 def pytest_collection_modifyitems(session, config, items):

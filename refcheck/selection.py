@@ -17,6 +17,7 @@ imported), ops, dtypes and implementations. A named implementation that cannot b
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -61,6 +62,13 @@ class Selection:
     def dtypes_of(self, impl: registry.Implementation) -> tuple[str, ...]:
         """The input dtypes drawn for ``impl``: its own, narrowed by ``--dtype``."""
         return tuple(d for d in impl.dtypes if not self.dtypes or d in self.dtypes)
+
+    def narrowed(self, impl: registry.Implementation) -> registry.Implementation | None:
+        """``impl`` drawing only the selected dtypes; None when it takes none of them."""
+        dtypes = self.dtypes_of(impl)
+        if not dtypes:
+            return None
+        return impl if dtypes == tuple(impl.dtypes) else dataclasses.replace(impl, dtypes=dtypes)
 
 
 def items(values: Iterable[str] | None) -> list[str]:
