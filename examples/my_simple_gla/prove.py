@@ -145,9 +145,10 @@ def main() -> int:
     print(f"\n{'kernel':<30} {'check':<{width}} {'expected':<11} got")
     for kernel, what, want, got in rows:
         print(f"{kernel:<30} {what:<{width}} {want:<11} {got}")
-    print(f"\n{len(rows) - len(problems)}/{len(rows)} verdicts as expected in {time.monotonic() - started:.0f} s")
     for p in problems:
         print(f"\nPROBLEM: {p}")
+    print(f"\n{len(rows) - len(problems)}/{len(rows)} verdicts as expected in {time.monotonic() - started:.0f} s")
+    print(f"out-of-tree: {len(rows) - len(problems)} passed, {len(problems)} failed")
     return 1 if problems else 0
 
 
