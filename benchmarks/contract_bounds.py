@@ -5,8 +5,8 @@ the same case (``refcheck.verify.yardstick``), over random draws of refcheck's o
     python benchmarks/contract_bounds.py --draws 40 --out benchmarks/results/contract_bounds_cpu.json
 
 Implementations: ours (the Triton kernels, interpreted on the CPU, every precision mode and knob),
-the naive forms, torch SDPA, and the example package's plain-PyTorch chunked simple GLA in both
-precisions (``examples/my_simple_gla``). The result, per op, output, dtype and mode: the worst
+the naive forms, torch SDPA, the example package's plain-PyTorch chunked simple GLA in both
+precisions (``examples/my_simple_gla``), and a mixed-precision chunked GLA (``mixed_chunk_gla``). The result, per op, output, dtype and mode: the worst
 ratio ``(error - slack) / naive`` with its case, and the worst error where the naive error is 0.
 A contract factor of about 3x the worst ratio leaves room for draws not seen here.
 """
@@ -21,12 +21,48 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def mixed_chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """GLA as a tensor-core kernel computes it, for calibration only: chunks of 64, every dot on
+    operands rounded to the input dtype with float32 sums, the state and the cumulative log-decay
+    ``G`` in float32, in-chunk decays ``exp(G_i - G_j)`` per channel (the same sequence and state
+    bookkeeping as the references: ``references.recurrence.over_sequences``)."""
+    import torch
+
+    from references.gla import gla_operands
+    from references.recurrence import over_sequences
+
+    dt = q.dtype
+    _, _, _, _, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
+
+    def dot(a, b):
+        return a.to(dt).float() @ b.to(dt).float()
+
+    def run_sequence(state, seq):
+        outs = [state.new_zeros(0, state.shape[0], vd)]
+        for s in range(0, seq["q"].shape[0], 64):
+            qc, kc, vc = (seq[n][s:s + 64].transpose(0, 1) for n in ("q", "k", "v"))      # [H, C, D]
+            G = seq["g"][s:s + 64].transpose(0, 1).float().cumsum(1)                      # [H, C, K]
+            c = G.shape[1]
+            mask = torch.ones(c, c, dtype=torch.bool, device=G.device).tril()[None, :, :, None]
+            decay = (G[:, :, None] - G[:, None, :]).masked_fill(~mask, float("-inf")).exp()  # [H, C, C, K]
+            scores = torch.einsum("hik,hjk,hijk->hij", qc.float(), kc.float(), decay)
+            o = scale * (dot(qc.float() * G.exp(), state) + dot(scores, vc))
+            state = G[:, -1, :, None].exp() * state + dot((kc.float() * (G[:, -1:] - G).exp()).transpose(1, 2), vc)
+            outs.append(o.transpose(0, 1).to(dt))
+        return state, torch.cat(outs)
+
+    o, final = over_sequences(run_sequence, dict(q=q, k=k, v=v, g=g), kd, vd,
+                              None if initial_state is None else initial_state.float(), output_final_state, cu_seqlens)
+    return o, None if final is None else final.float()
+
+
 def implementations():
     from refcheck import registry
     sys.path.insert(0, str(ROOT / "examples" / "my_simple_gla"))
     impls = [i for i in registry.implementations() if i.name in ("triton", "naive_chunked", "sdpa")]
     for fn in ("chunk_simple_gla", "chunk_simple_gla_input_dtype"):
         impls += registry.resolve(f"simple_gla=mykernels:{fn}")
+    impls += registry.resolve("gla=contract_bounds:mixed_chunk_gla")
     return impls
 
 
