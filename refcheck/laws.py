@@ -460,9 +460,17 @@ def no_side_effects(t: Trial) -> None:
     ref = verify.truth(t.case, t.device, t.grads, verify.cotangent_names(t.op, t.impl.provides))
     bad = [n for n in ref if n in out and math.isinf(rel_rms(out[n], ref[n], budgets_mod.DEFAULT_FLOOR))]
     if bad:
+        counts = _nonfinite(out, ref)
         t.fail("NaN/Inf (or an unwritten, NaN-poisoned element) where the float64 truth is finite: "
-               + ", ".join(f"{n} ({int((~torch.isfinite(out[n]) & torch.isfinite(ref[n].to(out[n].device))).sum())} elements)"
-                           for n in bad))
+               + ", ".join(f"{n} ({counts.get(n, 0)} elements)" for n in bad))
+
+
+def _nonfinite(out: dict, ref: dict) -> dict[str, int]:
+    """For each name in both: how many elements of ``out`` are NaN or Inf where ``ref`` is finite
+    (names with none left out)."""
+    counts = {n: int((~torch.isfinite(out[n]) & torch.isfinite(ref[n].to(out[n].device))).sum())
+              for n in ref if n in out}
+    return {n: c for n, c in counts.items() if c}
 
 
 def path_knobs(impl: registry.Implementation) -> list[dict]:
@@ -641,6 +649,63 @@ def rows_without_keys(t: Trial) -> None:
         t.fail("lse not within budget of the float64 truth\n" + verdict.table())
 
 
+POISON_INT = 2**30
+"""What the margins of an integer input (cu_seqlens) hold: a sequence boundary far past any T."""
+POISON_ALIGN = 16
+"""Bytes: the views of ``reads_past_input`` keep the alignment a contiguous tensor has (16 bytes, what
+vectorized and TMA loads need): their start always, their row stride where the row is a multiple."""
+
+
+def _poison(n: int, dtype: torch.dtype, device, nan_at: int) -> torch.Tensor:
+    """``n`` poison values: NaN at ``nan_at`` and every second position from there, between them
+    alternately +big and -big (the dtype's largest finite value, at most 1e30); integers: ``POISON_INT``."""
+    if not dtype.is_floating_point:
+        return torch.full((n,), POISON_INT, dtype=dtype, device=device)
+    big = min(1e30, torch.finfo(dtype).max)
+    cycle = torch.tensor([math.nan, big, math.nan, -big], dtype=torch.float64)
+    return cycle[(torch.arange(n) - nan_at) % 4].to(dtype).to(device)
+
+
+def in_poisoned_buffer(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values in a view into a larger buffer of ``_poison``: more than a row of poison before
+    the start and after the end, and (rank >= 2) each row of the last dimension followed by
+    ``16 bytes + d % 2`` elements of it (strides, unit stride in the last dimension kept). The element
+    right after every row and after the end is NaN."""
+    align = max(1, POISON_ALIGN // x.element_size())
+    flat = x.ndim < 2
+    d = x.numel() if flat else x.shape[-1]
+    rows = 1 if flat else math.prod(x.shape[:-1])
+    width = d if flat else d + align + d % 2                # even: every row end falls on a NaN
+    lead = (width // align + 1) * align
+    buffer = _poison(lead + rows * width + width + align, x.dtype, x.device, nan_at=lead + d)
+    body = buffer[lead:lead + rows * width]
+    view = body.view(x.shape) if flat else body.view(*x.shape[:-1], width)[..., :d]
+    return view.copy_(x.detach())
+
+
+def reads_past_input(t: Trial) -> None:
+    """Law 12: an implementation reads its inputs where they are and nowhere else. Every tensor
+    input (cu_seqlens included) is handed over as a view into a larger buffer
+    (``in_poisoned_buffer``): poison before its start and after its end, and every row of the last
+    dimension followed by poison, reached through the strides (the contract takes any strides; the
+    unit stride of the last dimension is kept). Floating poison is NaN, +1e30 and -1e30 (the dtype's
+    largest value where smaller), NaN right after each row and after the end; integer poison 2**30.
+    Forward and backward (the views are the leaves, their gradients compared), every output and
+    gradient is finite wherever that of a run on the plain contiguous inputs is, and within budget
+    of it (bitwise reported: a kernel that copies to contiguous memory computes the same bits)."""
+    inputs = t.inputs()
+    plain = t.evaluate(inputs)
+    out = t.composite(inputs.map(lambda _, x: in_poisoned_buffer(x)), t.call, t.cotangents(plain),
+                      fresh_leaves=False)
+    what = "inputs as views into poisoned buffers against the plain inputs"
+    bad = _nonfinite(out, plain)
+    if bad:
+        t.fail(f"{what}: NaN/Inf where the plain run is finite: poison from outside an input (before its "
+               "start, between its rows, after its end) reached "
+               + ", ".join(f"{n} ({c} elements)" for n, c in bad.items()))
+    t.compare(what, out, plain)
+
+
 # --- the registry of laws ------------------------------------------------------------------------
 
 def _always(impl: registry.Implementation) -> str | None:
@@ -717,6 +782,7 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("gate_monotone", "10", gate_monotone, ("kda_gate",), cost=2),
     Law("key_permutation", "11", key_permutation, ("attention",), {"causal": False, "min_keys": 2}, cost=2),
     Law("rows_without_keys", "11", rows_without_keys, ("attention",), {"rows_without_keys": True}),
+    Law("reads_past_input", "12", reads_past_input, ALL_OPS, cost=2),
 )}
 
 

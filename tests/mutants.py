@@ -429,6 +429,33 @@ def attention_finite_mask(q, k, v, **options):
     return _attention(q, k, v, fill=-1e4, **options)
 
 
+# --- law 12: reads past an input -----------------------------------------------------------------
+
+def _after_the_end(x: torch.Tensor) -> torch.Tensor:
+    """The element after ``x``'s last one in memory, as an unmasked load reads it; 0 where ``x``'s
+    storage ends there (a tight allocation, where a GPU would read a neighbour's bytes)."""
+    after = x.storage_offset() + sum((n - 1) * s for n, s in zip(x.shape, x.stride())) + 1
+    if x.numel() == 0 or after >= x.untyped_storage().nbytes() // x.element_size():
+        return x.new_zeros(())
+    return x.detach().as_strided((), (), after)
+
+
+@mutant("attention", "reads_past_input")
+def attention_v_rows_assumed_dense(q, k, v, **options):
+    """v is read with the strides of a contiguous tensor (row stride Dv), not its own: exact on
+    contiguous v, a strided v's rows are read across the gaps between them."""
+    dense = torch.empty(v.shape, device="meta").stride()
+    return naive.attention(q, k, v.as_strided(v.shape, dense), **options)
+
+
+@mutant("simple_gla", "reads_past_input")
+def simple_gla_unmasked_gate_tail(q, k, v, g, **options):
+    """The last block of gates is loaded without a mask and its tail zeroed by multiplying with 0:
+    the element after g's end enters every output as 0 * value (NaN there: 0 * NaN = NaN)."""
+    o, state = naive.simple_gla(q, k, v, g, **options)
+    return o + 0 * _after_the_end(g).to(o.dtype), state
+
+
 # --- law 7 again: an autotune config (Triton, interpreted on the CPU) ------------------------------
 
 gate_autotune_config_drops_tail = Implementation(
