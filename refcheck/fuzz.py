@@ -94,7 +94,8 @@ class _OutOfTime(BaseException):
 
 def search(law, impl, settings, *, limits, mode: str | None, device: str, strict: bool,
            deadlines: Deadlines = Deadlines(), seed: int | None = None, on_run=None) -> LawResult:
-    """Search for a counterexample to ``law`` on ``impl`` with Hypothesis under ``settings``.
+    """Search for a counterexample to ``law`` on ``impl``: the law's fixed chunk-boundary examples
+    first (``laws.boundary_examples``, already minimal), then Hypothesis under ``settings``.
 
     Every example goes through ``laws.check``; an exception of any kind is a failure of the law
     (the implementation raising on valid input arrives as a ``LawViolation`` with its traceback).
@@ -111,6 +112,17 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     failures: list[Failure] = []
     drawn = examples(law, impl, limits, mode)
     started = time.monotonic()
+    for example in laws.boundary_examples(law, impl, mode):   # chunk boundaries first, as the ci profile
+        result.examples += 1
+        try:
+            outcome = laws.check(law, impl, example, device=device, strict=strict)
+        except Exception as err:
+            result.failure = Failure.of(example, err)
+            result.seconds = result.search_seconds = time.monotonic() - started
+            return result
+        for line in outcome.notes:
+            key = line.split(" (max abs diff")[0]
+            result.notes[key] = result.notes.get(key, 0) + 1
 
     def attempt(data):
         example = data.draw(drawn)     # before stopping: Hypothesis checks that every run draws alike
