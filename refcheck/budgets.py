@@ -78,7 +78,7 @@ class Budget:
     floor: float
     slack: float
     reason: str
-    source: str = ""  # the file the entry came from
+    source: str = ""  # the file the entry came from (named in ``explain`` unless the defaults)
 
     @property
     def guard(self) -> bool:
@@ -96,7 +96,8 @@ class Budget:
     def explain(self, naive_error: float | None = None, naive_form: str = "", dtype: str = "") -> str:
         """What the bound is made of, in words: ``3 x the bf16 naive error on this case (chunked form),
         4.5e-02, + 1e-05 [simple_gla.o.bf16]``."""
-        where = f"[{self.key}{' guard' if self.guard else ''}]"
+        layer = "" if self.source == str(DEFAULT_PATH) else f", {Path(self.source).name}"
+        where = f"[{self.key}{' guard' if self.guard else ''}{layer}]"
         if self.metric == "rel_rms":
             return f"fixed {self.value:.2g} {where}"
         form = f" ({naive_form} form)" if naive_form else ""
@@ -267,10 +268,6 @@ def use(paths) -> Budgets:
     return load()
 
 
-def load(path: str | Path | None = None) -> Budgets:
-    """The budgets in force: the defaults with the ``REFCHECK_BUDGETS`` files layered over them, or
-    the single file ``path`` layered over the defaults (``path`` = the defaults: them alone)."""
-    if path is not None:
-        path = str(Path(path).resolve())
-        return _layered((str(DEFAULT_PATH),) if path == str(DEFAULT_PATH) else (str(DEFAULT_PATH), path))
+def load() -> Budgets:
+    """The budgets in force: the defaults with the ``REFCHECK_BUDGETS`` files layered over them."""
     return _layered((str(DEFAULT_PATH), *user_paths()))

@@ -69,6 +69,12 @@ class LawResult:
     seconds: float = 0.0
     search_seconds: float = 0.0   # until the first failure (the rest is shrinking)
 
+    def count_notes(self, outcome) -> None:
+        """Count the bitwise notes of an example where the law held, one key per distinct check."""
+        for line in outcome.notes:
+            key = line.split(" (max abs diff")[0]
+            self.notes[key] = self.notes.get(key, 0) + 1
+
     @property
     def status(self) -> str:
         if self.failure is not None:
@@ -120,9 +126,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
             result.failure = Failure.of(example, err)
             result.seconds = result.search_seconds = time.monotonic() - started
             return result
-        for line in outcome.notes:
-            key = line.split(" (max abs diff")[0]
-            result.notes[key] = result.notes.get(key, 0) + 1
+        result.count_notes(outcome)
 
     def attempt(data):
         example = data.draw(drawn)     # before stopping: Hypothesis checks that every run draws alike
@@ -143,9 +147,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         finally:
             if on_run:
                 on_run(result)
-        for line in outcome.notes:
-            key = line.split(" (max abs diff")[0]
-            result.notes[key] = result.notes.get(key, 0) + 1
+        result.count_notes(outcome)
 
     # one database entry per law and implementation (the source of ``attempt`` is the same for all)
     attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()

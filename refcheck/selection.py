@@ -43,13 +43,12 @@ class SelectionError(ValueError):
 @dataclass(frozen=True)
 class Selection:
     """A validated selection: the device, the ops (all when none named), the implementations named
-    (all registered ones when none), the dtypes (all when none) and the budgets in force."""
+    (all registered ones when none) and the dtypes (all when none)."""
 
     device: str
     ops: tuple[str, ...]
     named: tuple[registry.Implementation, ...]
     dtypes: tuple[str, ...]
-    budgets: budgets_mod.Budgets
 
     def implementations(self, op: str) -> list[registry.Implementation]:
         """The implementations of ``op`` this run checks."""
@@ -144,4 +143,4 @@ def select(*, impls: Iterable[str] = (), ops: Iterable[str] = (), dtypes: Iterab
         if missing:
             raise SelectionError(f"--impl {impl.op}/{impl.name}: no budget for {', '.join(missing[:4])}"
                                  f"{' ...' if len(missing) > 4 else ''}: give one with --budgets FILE")
-    return Selection(device, op_names, tuple(named), dtype_names, loaded)
+    return Selection(device, op_names, tuple(named), dtype_names)

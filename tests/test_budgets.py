@@ -53,9 +53,9 @@ def test_contract_bound_and_guard():
     contract = b.get("kda", "o", "bf16", "tf32", impl="mykernels:chunk_kda")
     assert contract.key == "kda.o.bf16" and contract.bound(4.5e-2) == pytest.approx(3 * 4.5e-2 + 1e-3)
     assert contract.explain(4.5e-2, "chunked", "bf16") == \
-        "3 x the bf16 naive error on this case (chunked form), 4.5e-02, + 1e-03 [kda.o.bf16]"
+        "3 x the bf16 naive error on this case (chunked form), 4.5e-02, + 1e-03 [kda.o.bf16, t.toml]"
     guard = b.get("kda", "o", "bf16", "tf32", impl="triton")
-    assert guard.guard and guard.bound() == 1e-2 and guard.explain() == "fixed 0.01 [kda.o.bf16.triton guard]"
+    assert guard.guard and guard.bound() == 1e-2 and guard.explain() == "fixed 0.01 [kda.o.bf16.triton guard, t.toml]"
     assert b.flat()["kda.o.bf16"]["measured"]["draws"] == 400
 
 
@@ -72,7 +72,9 @@ def test_user_files_layer_over_the_defaults(tmp_path, monkeypatch):
                     'tf32x3 = 1e-7\nreason = "my kernel, measured 3e-8"\n')
     layered = budgets.use([mine])
     try:
-        assert layered.get("simple_gla", "o", "fp32", "ieee", impl="mykernels:fn").value == 1e-7
+        mine_guard = layered.get("simple_gla", "o", "fp32", "ieee", impl="mykernels:fn")
+        assert mine_guard.value == 1e-7
+        assert mine_guard.explain() == "fixed 1e-07 [simple_gla.o.fp32.mykernels:fn guard, mine.toml]"
         assert layered.get("simple_gla", "o", "fp32", "ieee", impl="other").metric == "naive_ratio"
         assert budgets.load() is layered and budgets.user_paths() == (str(mine.resolve()),)
     finally:
