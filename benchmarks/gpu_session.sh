@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything refcheck runs on a lent GPU machine (see README "GPU runs"). Steps, in the order given:
-#   properties  the property laws (Hypothesis profile `gpu`) over IMPLS on OPS (default: our Triton kernels and
-#               FLA on kda, kda_gate, gla, simple_gla), judged by the contract bounds (ours by their guards)
+#   properties  the property laws (Hypothesis profile `gpu`: compile buckets warmed up in parallel first) over
+#               IMPLS on OPS (default: our Triton kernels and FLA on kda, kda_gate, gla, simple_gla), judged by
+#               the contract bounds (ours by their guards); `pytest -n auto`
 #   report      refcheck report --device cuda (REPORT_ARGS: more options, REPORT_TAG: a suffix of its files)
+#   fuzz        refcheck fuzz FUZZ_OP --impl FUZZ_IMPL --device cuda --seconds FUZZ_SECONDS (default kda, fla, 300)
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
@@ -10,7 +12,8 @@
 # in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") and OPS (default
 # "kda kda_gate gla simple_gla") pick the law runs' implementations and ops and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
 # PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call;
-# PROFILE_STAGES (e.g. "recurrence dstate") limits the profile to those stages.
+# PROFILE_STAGES (e.g. "recurrence dstate") limits the profile to those stages. Each step starts from a cold
+# Triton cache of its own (COLD=0: one shared cache) and its wall time lands in $OUT/timings.txt.
 # Prints a short table last.
 set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
@@ -25,11 +28,13 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 JOBS=$(nproc)
 
 for step in "$@"; do
+  [ "${COLD:-1}" = 1 ] && export TRITON_CACHE_DIR=/tmp/triton-cache-$step && rm -rf "$TRITON_CACHE_DIR"
+  began=$(date +%s)
   case $step in
     properties)
       REFCHECK_FAILURE_DIR="$OUT/failures" timeout -s INT "${PROPERTIES_S:-500}" \
-        python3 -m pytest refcheck/properties -p refcheck.pytest_plugin -n "$JOBS" -p no:cacheprovider \
-        ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu \
+        python3 -m pytest refcheck/properties -p refcheck.pytest_plugin -n auto -p no:cacheprovider \
+        ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
         $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
         -o addopts="" -rfEs -v --durations=0 > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
@@ -38,6 +43,10 @@ for step in "$@"; do
         --json "$OUT/gpu_report${REPORT_TAG:-}.json" \
         > "$OUT/gpu_report${REPORT_TAG:-}.log" 2>&1
       echo "report exit $?" >> "$OUT/gpu_report${REPORT_TAG:-}.log" ;;
+    fuzz)
+      timeout -k 20 -s INT "${FUZZ_LIMIT_S:-420}" python3 -m refcheck fuzz "${FUZZ_OP:-kda}" --impl "${FUZZ_IMPL:-fla}" \
+        --device cuda --seconds "${FUZZ_SECONDS:-300}" --out-dir "$OUT" > "$OUT/gpu_fuzz.log" 2>&1
+      echo "fuzz exit $?" >> "$OUT/gpu_fuzz.log" ;;
     bench)
       timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --jobs "$JOBS" --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
       echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
@@ -50,6 +59,8 @@ for step in "$@"; do
       echo "check exit $?" >> "$OUT/kda_check.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
+  printf "%-10s %6d s  (Triton cache %s)\n" "$step" "$(( $(date +%s) - began ))" "${TRITON_CACHE_DIR:-default}" \
+    | tee -a "$OUT/timings.txt"
 done
 
 for step in "$@"; do
@@ -57,8 +68,10 @@ for step in "$@"; do
     properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|properties exit" \
                   "$OUT/gpu_properties.log" | tail -12; ls "$OUT/failures" 2>/dev/null ;;
     report) echo "== report${REPORT_TAG:-} =="; grep -E "PASS|FAIL|report exit|not run|wall seconds" "$OUT/gpu_report${REPORT_TAG:-}.log" | tail -20 ;;
+    fuzz) echo "== fuzz =="; grep -E "compile buckets|^time:|falsified|no counterexample|fuzz exit" "$OUT/gpu_fuzz.log" | tail -8 ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
   esac
 done
+echo "== wall time per step =="; cat "$OUT/timings.txt"

@@ -68,6 +68,7 @@ class LawResult:
     notes: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     search_seconds: float = 0.0   # until the first failure (the rest is shrinking)
+    compiling_seconds: float = 0.0  # in examples during which Triton's cache grew (they compiled)
 
     def count_notes(self, outcome) -> None:
         """Count the bitwise notes of an example where the law held, one key per distinct check."""
@@ -99,9 +100,11 @@ class _OutOfTime(BaseException):
 
 
 def search(law, impl, settings, *, limits, mode: str | None, device: str, strict: bool,
-           deadlines: Deadlines = Deadlines(), seed: int | None = None, on_run=None) -> LawResult:
+           deadlines: Deadlines = Deadlines(), seed: int | None = None, on_run=None,
+           buckets: tuple = ()) -> LawResult:
     """Search for a counterexample to ``law`` on ``impl``: the law's fixed chunk-boundary examples
-    first (``laws.boundary_examples``, already minimal), then Hypothesis under ``settings``.
+    first (``laws.boundary_examples``, already minimal; not with ``buckets``, whose examples stay in
+    the compiled specializations, ``refcheck.buckets``), then Hypothesis under ``settings``.
 
     Every example goes through ``laws.check``; an exception of any kind is a failure of the law
     (the implementation raising on valid input arrives as a ``LawViolation`` with its traceback).
@@ -112,13 +115,14 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     from hypothesis import strategies as st
 
     from . import laws
+    from .buckets import triton_cache_entries
     from .strategies import examples
 
     result = LawResult(law)
     failures: list[Failure] = []
-    drawn = examples(law, impl, limits, mode)
+    drawn = examples(law, impl, limits, mode, buckets)
     started = time.monotonic()
-    for example in laws.boundary_examples(law, impl, mode):   # chunk boundaries first, as the ci profile
+    for example in () if buckets else laws.boundary_examples(law, impl, mode):   # boundaries first, as ci
         result.examples += 1
         try:
             outcome = laws.check(law, impl, example, device=device, strict=strict)
@@ -136,6 +140,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
             result.shrink_runs += 1
         else:
             result.examples += 1
+        entries, began = triton_cache_entries(), time.monotonic()
         try:
             outcome = laws.check(law, impl, example, device=device, strict=strict)
         except Exception as err:
@@ -145,6 +150,8 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
             result.failure = failures[-1]      # each failure the shrinker keeps is smaller than the last
             raise
         finally:
+            if triton_cache_entries() > entries:
+                result.compiling_seconds += time.monotonic() - began
             if on_run:
                 on_run(result)
         result.count_notes(outcome)
@@ -307,24 +314,23 @@ def _checked(args):
 
 
 def search_all(impl, laws: list, settings, *, device: str, mode: str | None, seconds: float | None,
-               strict: bool, seed: int | None, console) -> list[LawResult]:
+               strict: bool, seed: int | None, console, buckets: tuple = ()) -> list[LawResult]:
     """``search`` every law in turn, with a progress bar per law on ``console``. With ``seconds``,
-    each law searches for the search time left divided by the laws left; shrinking comes on top."""
+    each law searches for the search time left divided by the laws left; shrinking comes on top.
+    With ``buckets`` (a GPU run), each law gets the full example count."""
     from hypothesis import settings as hsettings
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import laws as laws_mod
-    from . import profiles
-    from .strategies import LARGE
 
     slow = laws_mod.interpreted(impl, device)
-    limits = LARGE if device == "cuda" else profiles.limits("fuzz", slow)
+    limits = case_limits(impl, device)
     results: list[LawResult] = []
     progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
     with progress:
         for i, law in enumerate(laws):
-            count = laws_mod.examples_for(law, settings, interpreted=slow)
+            count = settings.max_examples if buckets else laws_mod.examples_for(law, settings, interpreted=slow)
             deadlines = Deadlines()
             if seconds:
                 share = (seconds - sum(r.search_seconds for r in results)) / (len(laws) - i)
@@ -337,10 +343,37 @@ def search_all(impl, laws: list, settings, *, device: str, mode: str | None, sec
                 progress.update(task, completed=result.examples, status=status)
 
             result = search(law, impl, hsettings(settings, max_examples=count), limits=limits, mode=mode,
-                            device=device, strict=strict, deadlines=deadlines, seed=seed, on_run=on_run)
+                            device=device, strict=strict, deadlines=deadlines, seed=seed, on_run=on_run,
+                            buckets=buckets)
             progress.update(task, completed=result.examples, status=result.status)
             results.append(result)
     return results
+
+
+def case_limits(impl, device: str):
+    """Case sizes: ``LARGE`` on a GPU, else the ``fuzz`` profile's (``INTERPRETED`` for a Triton kernel)."""
+    from . import laws, profiles
+    from .strategies import LARGE
+    return LARGE if device != "cpu" else profiles.limits("fuzz", laws.interpreted(impl, device))
+
+
+def compile_buckets(impl, device: str, *, seed: int | None, mode: str | None, out) -> tuple[tuple, dict]:
+    """On a GPU: the implementation's compile buckets (``refcheck.buckets``, from ``seed`` or a
+    fresh one) compiled in parallel processes; their ``warm_up`` figures. On the CPU: none."""
+    import os
+
+    from rich.console import Console
+
+    from .buckets import plan, run_seed, warm_up, warm_ups
+    if device == "cpu":
+        return (), {}
+    seed = run_seed(seed)
+    buckets = plan(impl, case_limits(impl, device), seed=seed, mode=mode)
+    jobs = warm_ups(impl, buckets, seed=seed)
+    out.print(f"compile buckets of seed {seed} (--seed {seed} repeats them): {len(buckets)}; "
+              f"compiling them by {_count(len(jobs), 'law run')} in parallel")
+    took = warm_up(jobs, device, min(len(jobs), os.cpu_count() or 1), Console(stderr=True))
+    return buckets, took
 
 
 def print_summary(out, impl, results: list[LawResult]) -> None:
@@ -387,9 +420,19 @@ def run(args) -> int:
         out.print(f"  not searched: {law.name}: {escape(why)}")
 
     started = time.monotonic()
-    results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=args.seconds,
-                         strict=strict, seed=args.seed, console=Console(stderr=True))
+    buckets, took = compile_buckets(impl, device, seed=args.seed, mode=args.precision, out=out)
+    seconds = args.seconds - took["seconds"] if args.seconds and took else args.seconds
+    results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
+                         strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)
     print_summary(out, impl, results)
+    if took:
+        examples_s = sum(r.seconds for r in results)
+        compiling = took["seconds"] + sum(r.compiling_seconds for r in results)
+        out.print(f"time: {took['seconds']:.0f} s compiling {len(buckets)} buckets ({took['processes']} processes, "
+                  f"{took['compiled']} new Triton cache entries), {examples_s:.0f} s running "
+                  f"{_count(sum(r.examples + r.shrink_runs for r in results), 'example')}, of which "
+                  f"{sum(r.compiling_seconds for r in results):.0f} s in examples that compiled: "
+                  f"{100 * compiling / max(took['seconds'] + examples_s, 1e-9):.0f}% of the time compiling")
     falsified = [r for r in results if r.failure is not None]
     for r in falsified:
         path = args.out_dir / reproducer_name(impl.op, r.law.name)

@@ -853,12 +853,13 @@ def boundary_examples(law_: Law, impl: registry.Implementation, mode: str | None
 def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings: hsettings | None = None,
                      limits: Limits | None = None, mode: str | None = None, device: str = "cpu",
                      strict: bool | None = None, max_examples: int | None = None,
-                     boundaries: bool = False) -> list[str]:
+                     boundaries: bool = False, buckets: tuple = ()) -> list[str]:
     """Search for a counterexample to a law with Hypothesis (the current profile unless
     ``settings``; ``examples_for`` examples unless ``max_examples``; sizes ``SMALL``, or
     ``INTERPRETED`` for an interpreted kernel, unless ``limits``; with ``boundaries`` the fixed
-    ``boundary_examples`` first); raise the shrunk example's ``LawViolation``, else return the
-    bitwise notes (one line per distinct check, with how many examples it concerned)."""
+    ``boundary_examples`` first; with ``buckets`` what a compiler specializes on drawn from those,
+    ``refcheck.buckets``); raise the shrunk example's ``LawViolation``, else return the bitwise
+    notes (one line per distinct check, with how many examples it concerned)."""
     law_ = law(law_) if isinstance(law_, str) else law_
     why = law_.why_not(impl)
     if why:
@@ -876,7 +877,8 @@ def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings
     slow = interpreted(impl, device)
     limits = limits or (INTERPRETED if slow else SMALL)
     count = max_examples or examples_for(law_, base, interpreted=slow)
-    test = hsettings(base, max_examples=count, report_multiple_bugs=False)(given(examples(law_, impl, limits, mode))(run))
+    test = hsettings(base, max_examples=count, report_multiple_bugs=False)(
+        given(examples(law_, impl, limits, mode, buckets))(run))
     for fixed in reversed(boundary_examples(law_, impl, mode)) if boundaries else ():   # run in order of T
         test = example(fixed)(test)
     test()

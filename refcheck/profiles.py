@@ -13,6 +13,10 @@
   finished in 295 s on 16 cores. The breadth comes from the CPU interpreter (``ci``/``dev``/``fuzz``);
   the GPU run proves the compiled code paths (real tensor cores, fast math) at sizes of many chunks.
 
+A ``gpu`` run is ``BUCKETED``: what a compiler specializes on is drawn from a few compile buckets
+per implementation, compiled in parallel before the first example (``refcheck.buckets``), and
+every law gets the profile's full example count (once compiled, an example costs milliseconds).
+
 ``limits(profile, interpreted)`` gives the case sizes that go with each profile. A law's example
 count is the profile's ``max_examples`` divided by the law's cost (implementation runs per example),
 and for a Triton kernel in the CPU interpreter (seconds per call) multiplied by
@@ -37,6 +41,9 @@ PROFILES: dict[str, dict] = {
 }
 
 SIZES: dict[str, Limits] = {"ci": SMALL, "dev": SMALL, "fuzz": SMALL, "gpu": LARGE}
+
+BUCKETED = ("gpu",)
+"""Profiles whose runs draw compile buckets (``refcheck.buckets``), each law its full example count."""
 
 
 def register() -> None:

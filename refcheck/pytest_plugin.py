@@ -10,7 +10,9 @@ Options (the same words as the ``refcheck`` commands, ``refcheck.selection``): `
 ``--precision MODE`` (the mode of implementations that have a precision knob), ``--strict-bitwise``
 (a law exact in real arithmetic that holds within budget but not bit for bit fails), and
 Hypothesis' ``--hypothesis-profile`` (``ci`` by default; ``dev``, ``fuzz``, ``gpu``: see
-``refcheck.profiles``). Every option is checked before any kernel runs: a budgets file that does not
+``refcheck.profiles``). A ``gpu`` run draws compile buckets (``refcheck.buckets``) from a seed it
+prints (``--bucket-seed N`` repeats it) and, on a GPU, compiles them in parallel processes before the
+first test (``--no-warm-up`` skips that, ``--warm-up`` does it on the CPU too). Every option is checked before any kernel runs: a budgets file that does not
 validate, an implementation that does not import, does not fit the op's contract or cannot run
 here, or a dtype the op does not have, is a usage error (exit status 4), never a skip.
 
@@ -25,10 +27,12 @@ first law test is collected.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import warnings
 from dataclasses import dataclass
 
+import hypothesis
 import pytest
 
 from . import profiles
@@ -37,7 +41,7 @@ from .selection import HELP
 
 profiles.register()   # before Hypothesis' plugin loads --hypothesis-profile
 
-OPTIONS = ("impl", "op", "dtype", "budgets", "device", "precision", "forward_only", "strict_bitwise")
+OPTIONS = ("impl", "op", "dtype", "budgets", "device", "precision", "forward_only", "strict_bitwise", "bucket_seed")
 
 
 def pytest_addoption(parser):
@@ -53,6 +57,11 @@ def pytest_addoption(parser):
     group.addoption("--strict-bitwise", action="store_true", default=False,
                     help="fail laws exact in real arithmetic (batch invariance, varlen, state chaining, ...) "
                          "that hold within budget but not bit for bit")
+    group.addoption("--bucket-seed", type=int, default=None, metavar="N",
+                    help="the seed of a gpu-profile run's compile buckets (default: a fresh one, printed)")
+    group.addoption("--warm-up", action=argparse.BooleanOptionalAction, default=None,
+                    help="compile a gpu-profile run's buckets in parallel processes before the first test "
+                         "(default: on a GPU)")
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class RefcheckConfig:
     precision: str | None
     strict: bool
     profile: str
+    bucket_seed: int | None     # compile buckets drawn from this seed (a BUCKETED profile), else None
 
     @property
     def device(self) -> str:
@@ -97,8 +107,77 @@ def activate(config) -> RefcheckConfig:
     profile = config.getoption("hypothesis_profile", None) or profiles.DEFAULT
     profiles.load(profile)
     strict = config.getoption("--strict-bitwise") or os.environ.get("REFCHECK_STRICT_BITWISE", "") not in ("", "0")
-    config.stash[CONFIG] = cfg = RefcheckConfig(selection, config.getoption("--precision"), strict, profile)
+    seed = None
+    if profile in profiles.BUCKETED:
+        from .buckets import run_seed
+        seed = run_seed(config.getoption("--bucket-seed"))   # inherited by xdist workers through the environment
+    config.stash[CONFIG] = cfg = RefcheckConfig(selection, config.getoption("--precision"), strict, profile, seed)
     return cfg
+
+
+def pytest_report_header(config):
+    cfg = config.stash.get(CONFIG, None)
+    if cfg is not None and cfg.bucket_seed is not None:
+        return f"refcheck: compile buckets of seed {cfg.bucket_seed} (repeat with --bucket-seed {cfg.bucket_seed})"
+
+
+def _selected(cfg) -> list:
+    """The selected implementations that can run here (narrowed to the selected dtypes)."""
+    from .laws import LAWS
+    found = {}
+    for op in dict.fromkeys(op for law in LAWS.values() for op in law.ops):
+        for impl in cfg.selection.implementations(op):
+            narrowed = cfg.selection.narrowed(impl)
+            if narrowed is not None and narrowed.unavailable(cfg.device) is None:
+                found[(op, impl.name)] = narrowed
+    return list(found.values())
+
+
+def _mode(cfg, impl) -> str | None:
+    return cfg.precision if cfg.precision in impl.modes else None
+
+
+def _buckets(cfg, impl) -> tuple:
+    """The compile buckets of ``impl`` in this run (the same in every process: drawn from the seed)."""
+    from .buckets import plan
+    from .laws import interpreted
+    key = (impl.op, impl.name)
+    if key not in _PLANS:
+        _PLANS[key] = plan(impl, profiles.limits(cfg.profile, interpreted(impl, cfg.device)),
+                           seed=cfg.bucket_seed, mode=_mode(cfg, impl))
+    return _PLANS[key]
+
+
+_PLANS: dict = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """A gpu-profile run on a GPU: compile every selected implementation's buckets in parallel
+    processes before the first test (in the controller, before pytest-xdist starts its workers)."""
+    config = session.config
+    cfg = config.stash.get(CONFIG, None)
+    wanted = config.getoption("--warm-up")
+    if (cfg is None or cfg.bucket_seed is None or hasattr(config, "workerinput")
+            or not (wanted or (wanted is None and cfg.device != "cpu"))):
+        return
+    from rich.console import Console
+
+    from .buckets import warm_up, warm_ups
+    jobs, counts = [], []
+    for impl in _selected(cfg):
+        planned = _buckets(cfg, impl)
+        counts.append(f"{impl.op}/{impl.name} {len(planned)}")
+        jobs += warm_ups(impl, planned, seed=cfg.bucket_seed)
+    if not jobs:
+        return
+    processes = min(len(jobs), os.cpu_count() or 1)
+    took = warm_up(jobs, cfg.device, processes, Console(stderr=True))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    line = (f"refcheck: compile buckets ({', '.join(counts)}) warmed up by {took['runs']} law runs in "
+            f"{took['seconds']:.0f} s ({processes} processes, {took['compiled']} new Triton cache entries)")
+    if reporter is not None:
+        reporter.write_line(line)
 
 
 def pytest_generate_tests(metafunc):
@@ -151,10 +230,12 @@ def check_law(request):
     name = request.node.get_closest_marker("law").args[0]
 
     def check(impl) -> None:
-        mode = cfg.precision if cfg.precision in impl.modes else None
+        mode = _mode(cfg, impl)
         limits = profiles.limits(cfg.profile, interpreted(impl, cfg.device))
+        buckets = _buckets(cfg, impl) if cfg.bucket_seed is not None else ()
+        count = hypothesis.settings().max_examples if buckets else None     # every law its full count
         for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict,
-                                     boundaries=cfg.profile == "ci"):
+                                     boundaries=cfg.profile == "ci", buckets=buckets, max_examples=count):
             warnings.warn(BitwiseDifference(note))
     return check
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cli import UsageError
-from .workers import MAX_JOBS, Unit, default_jobs, execute
+from .workers import MAX_GPU_JOBS, MAX_JOBS, Unit, default_jobs, execute
 
 FORMAT = "refcheck-report"
 FORMAT_VERSION = 1
@@ -151,9 +151,10 @@ def _law_crash(law, impl, example, message: str) -> tuple:
 
 
 def _weight(impl, case) -> float:
-    """Rough cost of one run: interpreted Triton kernels are ~100x the torch references."""
+    """Rough cost of one run: interpreted Triton kernels are ~100x the torch references; on a GPU
+    a kernel's first run compiles it (a peer's too), so those units start first."""
     size = math.prod(v for _, v in case.dims)
-    return size * (100.0 if impl.triton else 1.0)
+    return size * (100.0 if impl.triton or impl.requires else 1.0)
 
 
 def point_units(points: list) -> list[Unit]:
@@ -317,7 +318,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="the small grid (one tiny case per op and dtype)")
     p.add_argument("--no-laws", dest="laws", action="store_false", help="skip the law summary")
     p.add_argument("--jobs", type=int, default=None,
-                   help=f"worker processes (default: 1 on cuda, else the cores available, at most {MAX_JOBS})")
+                   help=f"worker processes (default: the cores available, at most {MAX_JOBS} on the CPU, "
+                        f"{MAX_GPU_JOBS} on a GPU)")
     p.set_defaults(run=run)
 
 

@@ -24,7 +24,9 @@ Requirements (keyword arguments of ``cases``; each ignored where it does not app
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from hypothesis import strategies as st
 
@@ -78,6 +80,43 @@ INTERPRETED = Limits(max_batch=2, max_len=70, max_heads=2, max_dim=128, max_elem
 
 LARGE = Limits(max_batch=4, max_len=1100, max_heads=8, max_elements=2_000_000, max_seqs=12)
 """For GPU runs: several chunks per sequence, realistic head counts."""
+
+
+# --- what a compiler specializes on ---------------------------------------------------------------
+
+EMPTY: Mapping = MappingProxyType({})
+
+FREE_DIMS = ("B", "T", "S")
+"""Dims a kernel takes as runtime values (batch, lengths): free within a compile bucket."""
+
+VALUE_PARAMS = ("normalizer", "mask_p", "spike_p", "spike", "clamp", "input_scale")
+"""``Case.draw`` entries that shape tensor values only (gate distributions): free within a bucket."""
+
+FREE_OPTIONS = ("scale",)
+"""Options a kernel takes as a runtime float: free within a bucket."""
+
+
+def signature(case: Case) -> tuple[tuple[str, object], ...]:
+    """What a compiler may specialize on in ``case``: the dtype, the head counts and head dims,
+    packed or not, every option but the scale, and how inputs are drawn but not their values (gate
+    dtype, initial state or not, cu_seqlens dtype, dt_bias or not). Autotuners key on these too:
+    Triton's on the dtype of every tensor argument, so an absent initial state is a new key. Batch,
+    lengths, packing boundaries, seeds, scales and gate distributions are left out: a kernel takes
+    them as runtime values. The items, sorted; ``linear_cases``, ``gate_cases`` and
+    ``attention_cases`` take them back as ``pinned``."""
+    fields = {"dtype": case.dtype, **{k: v for k, v in case.dims if k not in FREE_DIMS}}
+    if case.op != "kda_gate":
+        fields["packed"] = case.seqlens is not None
+    fields.update((k, v) for k, v in case.options if k not in FREE_OPTIONS)
+    fields.update((k, v) for k, v in case.draw if k not in VALUE_PARAMS)
+    return tuple(sorted(fields.items()))
+
+
+def _picker(draw, pinned: Mapping):
+    """``pick(name, strategy)``: the pinned value of ``name``, else one drawn from ``strategy``."""
+    def pick(name: str, strategy: st.SearchStrategy):
+        return pinned[name] if name in pinned else draw(strategy)
+    return pick
 
 
 # --- sizes ---------------------------------------------------------------------------------------
@@ -199,16 +238,17 @@ def modes(impl: Implementation, only: str | None = None) -> st.SearchStrategy[st
 @st.composite
 def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limits = SMALL, *,
                  min_len: int = 1, varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1,
-                 dtype: str | None = None, gate_dtype: str | None = None) -> Case:
+                 dtype: str | None = None, gate_dtype: str | None = None, pinned: Mapping = EMPTY) -> Case:
     """A case of kda, gla or simple_gla: B, T (or packed lengths), H, K, V; initial state or not;
     the op's options; gates from ``log_decays`` (or raw gates with A_log / dt_bias for kda's
-    ``use_gate_in_kernel``)."""
-    dt = draw(dtypes(op, impl, dtype))
-    h = draw(st.integers(1, limits.max_heads))
-    k, v = draw(head_dims(limits.max_dim)), draw(head_dims(limits.max_dim))
+    ``use_gate_in_kernel``). ``pinned`` fixes what a compiler specializes on (``signature``)."""
+    pick = _picker(draw, pinned)
+    dt = pick("dtype", dtypes(op, impl, dtype))
+    h = pick("H", st.integers(1, limits.max_heads))
+    k, v = pick("K", head_dims(limits.max_dim)), pick("V", head_dims(limits.max_dim))
     if min_batch > 1:
         varlen = False
-    packed = draw(st.booleans()) if varlen is None else varlen
+    packed = pick("packed", st.booleans() if varlen is None else st.just(varlen))
     seqs = None
     if packed:
         b = 1
@@ -218,64 +258,66 @@ def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limi
     else:
         b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
         t = draw(lengths(min_len, _fit(limits, b, h, k + v, min_len)))
-    options = {"scale": draw(scales()), "output_final_state": draw(st.booleans())}
-    drawn = {"initial_state": draw(st.booleans())}
+    options = {"scale": draw(scales()), "output_final_state": pick("output_final_state", st.booleans())}
+    drawn = {"initial_state": pick("initial_state", st.booleans())}
     if seqs is not None:
-        drawn["cu_dtype"] = draw(st.sampled_from(["int32", "int64"]))
+        drawn["cu_dtype"] = pick("cu_dtype", st.sampled_from(["int32", "int64"]))
     clamp = None
     if op == "kda":
         # with K = 1, q / ||q|| is +-1 and its gradient only the 1e-6 epsilon's artifact (~1e-6 / |q|^3):
         # no relative error of it means anything, so l2norm is drawn from K = 2 on
-        options["use_qk_l2norm"] = k > 1 and draw(st.booleans())
-        options["use_gate_in_kernel"] = gate_in_kernel = draw(st.booleans())
-        options["safe_gate"] = safe = draw(st.booleans())
-        options["lower_bound"] = None
-        if safe or (gate_in_kernel and draw(st.booleans())):
-            options["lower_bound"] = draw(lower_bounds())
+        options["use_qk_l2norm"] = pick("use_qk_l2norm", st.booleans() if k > 1 else st.just(False))
+        options["use_gate_in_kernel"] = gate_in_kernel = pick("use_gate_in_kernel", st.booleans())
+        options["safe_gate"] = safe = pick("safe_gate", st.booleans())
+        bounded = safe or (gate_in_kernel and draw(st.booleans()))
+        options["lower_bound"] = pick("lower_bound", lower_bounds() if bounded else st.none())
         if gate_in_kernel:
-            drawn["dt_bias"] = draw(st.booleans())
-            drawn["gate_dtype"] = gate_dtype or draw(st.sampled_from(["fp32", "bf16", "fp16"]))
+            drawn["dt_bias"] = pick("dt_bias", st.booleans())
+            drawn["gate_dtype"] = gate_dtype or pick("gate_dtype", st.sampled_from(["fp32", "bf16", "fp16"]))
         elif safe:
             clamp = options["lower_bound"]
     if "gate_dtype" not in drawn:
-        drawn.update(draw(log_decays(clamp=clamp, gate_dtype=gate_dtype)))
+        drawn.update(draw(log_decays(clamp=clamp, gate_dtype=gate_dtype or pinned.get("gate_dtype"))))
     dims = {"B": b, "T": t, "H": h, "K": k, "V": v}
     return Case.make(op, dims, dt, draw(seeds()), seqlens=seqs, options=options, draw=drawn)
 
 
 @st.composite
 def gate_cases(draw, impl: Implementation | None = None, limits: Limits = SMALL, *, min_len: int = 1,
-               min_batch: int = 1, dtype: str | None = None, **_) -> Case:
+               min_batch: int = 1, dtype: str | None = None, pinned: Mapping = EMPTY, **_) -> Case:
     """A case of kda_gate: g ``[B, T, H, K]`` at scale 1, 10 or 30 (softplus beyond 20, saturated
     sigmoids), A_log, dt_bias or not, the softplus form or the lower-bound form."""
-    dt = draw(dtypes("kda_gate", impl, dtype))
-    h, k = draw(st.integers(1, limits.max_heads)), draw(head_dims(limits.max_dim))
+    pick = _picker(draw, pinned)
+    dt = pick("dtype", dtypes("kda_gate", impl, dtype))
+    h, k = pick("H", st.integers(1, limits.max_heads)), pick("K", head_dims(limits.max_dim))
     b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
     t = draw(lengths(min_len, _fit(limits, b, h, k, min_len)))
-    options = {"lower_bound": draw(st.one_of(st.none(), lower_bounds()))}
-    drawn = {"input_scale": draw(st.sampled_from([1.0, 10.0, 30.0])), "dt_bias": draw(st.booleans())}
+    options = {"lower_bound": pick("lower_bound", st.one_of(st.none(), lower_bounds()))}
+    drawn = {"input_scale": draw(st.sampled_from([1.0, 10.0, 30.0])), "dt_bias": pick("dt_bias", st.booleans())}
     return Case.make("kda_gate", {"B": b, "T": t, "H": h, "K": k}, dt, draw(seeds()), options=options, draw=drawn)
 
 
 @st.composite
 def attention_cases(draw, impl: Implementation | None = None, limits: Limits = SMALL, *, min_len: int = 1,
                     varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
-                    causal: bool | None = None, min_keys: int = 1, rows_without_keys: bool = False, **_) -> Case:
+                    causal: bool | None = None, min_keys: int = 1, rows_without_keys: bool = False,
+                    pinned: Mapping = EMPTY, **_) -> Case:
     """A case of attention: GQA (H = Hk * group), Dqk != Dv (MLA's 192/128 included), T != S,
     causal or not, batched or packed with separate query and key lengths (empty spans included)."""
-    dt = draw(dtypes("attention", impl, dtype))
-    hk = draw(st.integers(1, limits.max_heads))
-    h = hk * draw(st.sampled_from(GQA_GROUPS))
+    pick = _picker(draw, pinned)
+    dt = pick("dtype", dtypes("attention", impl, dtype))
+    hk = pick("Hk", st.integers(1, limits.max_heads))
+    h = pick("H", st.sampled_from(GQA_GROUPS).map(lambda group: hk * group))
     pairs = st.tuples(head_dims(limits.max_dim), head_dims(limits.max_dim))
     if max(MLA_DIMS) <= limits.max_dim:
         pairs = st.one_of(pairs, st.just(MLA_DIMS))
-    dqk, dv = draw(pairs)
+    dqk, dv = (pinned["Dqk"], pinned["Dv"]) if "Dqk" in pinned else draw(pairs)
     if rows_without_keys:
         causal, min_len = True, max(min_len, 2)
-    is_causal = draw(st.booleans()) if causal is None else causal
+    is_causal = pick("causal", st.booleans() if causal is None else st.just(causal))
     if min_batch > 1:
         varlen = False
-    packed = draw(st.booleans()) if varlen is None else varlen
+    packed = pick("packed", st.booleans() if varlen is None else st.just(varlen))
     seqs = seqs_k = None
     if packed:
         b = 1
@@ -302,21 +344,24 @@ def attention_cases(draw, impl: Implementation | None = None, limits: Limits = S
         else:
             s = draw(lengths(min_keys, cap))
     options = {"causal": is_causal, "scale": draw(scales())}
-    drawn = {"cu_dtype": draw(st.sampled_from(["int32", "int64"]))} if packed else {}
+    drawn = {"cu_dtype": pick("cu_dtype", st.sampled_from(["int32", "int64"]))} if packed else {}
     dims = {"B": b, "T": t, "S": s, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}
     return Case.make("attention", dims, dt, draw(seeds()), seqlens=seqs, seqlens_k=seqs_k, options=options, draw=drawn)
 
 
-def cases(op: str, impl: Implementation | None = None, limits: Limits = SMALL, **require) -> st.SearchStrategy[Case]:
+def cases(op: str, impl: Implementation | None = None, limits: Limits = SMALL, *, pinned: Mapping = EMPTY,
+          **require) -> st.SearchStrategy[Case]:
     """Cases of ``op`` that ``impl`` can run, within ``limits``, meeting ``require`` (see the module
-    docstring; requirements that do not concern ``op`` are ignored)."""
+    docstring; requirements that do not concern ``op`` are ignored), with the ``pinned`` fields of
+    their ``signature`` (a compile bucket's) fixed."""
     if op in ("kda", "gla", "simple_gla"):
         keys = ("min_len", "varlen", "min_seqs", "min_batch", "dtype", "gate_dtype")
-        return linear_cases(op, impl, limits, **{k: v for k, v in require.items() if k in keys})
+        return linear_cases(op, impl, limits, pinned=pinned, **{k: v for k, v in require.items() if k in keys})
     if op == "kda_gate":
-        return gate_cases(impl, limits, **{k: v for k, v in require.items() if k not in ("varlen", "gate_dtype")})
+        return gate_cases(impl, limits, pinned=pinned,
+                          **{k: v for k, v in require.items() if k not in ("varlen", "gate_dtype")})
     if op == "attention":
-        return attention_cases(impl, limits, **{k: v for k, v in require.items() if k != "gate_dtype"})
+        return attention_cases(impl, limits, pinned=pinned, **{k: v for k, v in require.items() if k != "gate_dtype"})
     card(op)
     raise ValueError(f"op: no case strategy for {op!r}")
 
@@ -409,10 +454,48 @@ class Example:
         return f"Example({self.case.to_python()}, mode={self.mode!r}{extra})"
 
 
+@dataclass(frozen=True)
+class Bucket:
+    """One compile specialization of an implementation: a case ``signature`` (the fields pinned),
+    a precision mode and knob values. Examples drawn in a bucket differ only in what the kernel
+    takes at run time (batch, lengths, packing boundaries, values), so that once compiled, a bucket
+    costs milliseconds per example (``refcheck.buckets``)."""
+
+    pinned: tuple[tuple[str, object], ...]
+    mode: str
+    knobs: tuple[tuple[str, object], ...] = ()
+
+    def admits(self, require: Mapping) -> bool:
+        """Whether a case meeting ``require`` (``Law.requires``) can be drawn in this bucket: the
+        requirements on what the bucket pins (dtype, gate dtype, packed, causal) agree with it."""
+        pins = dict(self.pinned)
+        causal = True if require.get("rows_without_keys") else require.get("causal")
+        packed = False if require.get("min_batch", 1) > 1 else require.get("varlen")
+        wanted = {"dtype": require.get("dtype"), "gate_dtype": require.get("gate_dtype"),
+                  "causal": causal, "packed": packed}
+        return all(pins[k] == v for k, v in wanted.items() if v is not None and k in pins)
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in (*self.pinned, ("mode", self.mode), *self.knobs))
+
+
 @st.composite
-def examples(draw, law, impl: Implementation, limits: Limits = SMALL, mode: str | None = None) -> Example:
+def examples(draw, law, impl: Implementation, limits: Limits = SMALL, mode: str | None = None,
+             buckets: tuple[Bucket, ...] = ()) -> Example:
     """An input of ``law`` (a ``refcheck.laws.Law``) for ``impl``: a case meeting the law's
-    requirements, a mode, every knob, and the law's parameters drawn for that case."""
-    case = draw(cases(impl.op, impl, limits, **law.requires))
+    requirements, a mode, every knob, and the law's parameters drawn for that case. With
+    ``buckets``, what a compiler specializes on (the case's signature, the mode, the knobs) comes
+    from one of those that admit the law's requirements; the rest is drawn freely."""
+    if buckets:
+        usable = [b for b in buckets if b.admits(law.requires)]
+        if not usable:
+            raise ValueError(f"law {law.name}: none of the {len(buckets)} compile buckets of "
+                             f"{impl.op}/{impl.name} admits its requirements {dict(law.requires)}")
+        bucket = draw(st.sampled_from(usable))
+        case = draw(cases(impl.op, impl, limits, pinned=dict(bucket.pinned), **law.requires))
+        chosen_mode, knobs = bucket.mode, dict(bucket.knobs)
+    else:
+        case = draw(cases(impl.op, impl, limits, **law.requires))
+        chosen_mode, knobs = draw(modes(impl, mode)), draw(knob_settings(impl))
     params = draw(law.params(impl, case)) if law.params else {}
-    return Example(case, draw(modes(impl, mode)), draw(knob_settings(impl)), params)
+    return Example(case, chosen_mode, knobs, params)

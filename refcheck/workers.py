@@ -2,10 +2,12 @@
 
 Interpreted Triton kernels are single-threaded Python, so on the CPU the work is spread over
 spawned processes (each configures the backend before any kernel module is imported). On a GPU the
-work always runs in worker processes (one by default), so that a kernel that kills its process (an
-illegal memory access, a device-side assert, a segfault) is a finding about its unit, reported with
-its reproducer, and the run goes on with a fresh process. Work comes as ``Unit``s; results come back in the order of the units, whatever
-order the processes finish in, so a run does not depend on ``jobs``.
+work always runs in worker processes, so that a kernel that kills its process (an illegal memory
+access, a device-side assert, a segfault) is a finding about its unit, reported with its
+reproducer, and the run goes on with a fresh process; as many processes as cores (up to 16), since
+a cold GPU run is bound by compiling kernels, one core per compiler. Work comes as ``Unit``s;
+results come back in the order of the units, whatever order the processes finish in, so a run does
+not depend on ``jobs``.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 MAX_JOBS = 4
+MAX_GPU_JOBS = 16
 
 
 @dataclass
@@ -41,11 +44,10 @@ class Unit:
 
 
 def default_jobs(device: str) -> int:
-    """Worker processes: 1 on a GPU, else the usable cores, at most ``MAX_JOBS``."""
-    if device != "cpu":
-        return 1
+    """Worker processes: the usable cores, at most ``MAX_JOBS`` on the CPU (interpreted kernels),
+    at most ``MAX_GPU_JOBS`` on a GPU (where a cold run is bound by compiling, one core each)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_JOBS, cores))
+    return max(1, min(MAX_JOBS if device == "cpu" else MAX_GPU_JOBS, cores))
 
 
 def _init_worker(device: str) -> None:
