@@ -52,14 +52,43 @@ def fla_simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_s
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
+def fla_recurrent_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                      cu_seqlens=None, use_qk_l2norm=False, safe_gate=False, lower_bound=None,
+                      use_gate_in_kernel=False, A_log=None, dt_bias=None):
+    """flash-linear-attention ``fused_recurrent_kda`` (forward only). ``safe_gate`` promises
+    ``lower_bound <= g <= 0``, which the chunked kernels exploit and a recurrence does not need;
+    ``lower_bound`` takes part in the gate only when it is computed in the kernel."""
+    from fla.ops.kda import fused_recurrent_kda
+    return fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                               initial_state=initial_state, output_final_state=output_final_state,
+                               use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel,
+                               lower_bound=lower_bound if use_gate_in_kernel else None, cu_seqlens=cu_seqlens)
+
+
+def fla_recurrent_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """flash-linear-attention ``fused_recurrent_gla`` (the per-key gate is its ``gk``)."""
+    from fla.ops.gla import fused_recurrent_gla
+    return fused_recurrent_gla(q, k, v, gk=g, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def fla_recurrent_simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
+                             cu_seqlens=None):
+    """flash-linear-attention ``fused_recurrent_simple_gla``."""
+    from fla.ops.simple_gla import fused_recurrent_simple_gla
+    return fused_recurrent_simple_gla(q, k, v, g=g, scale=scale, initial_state=initial_state,
+                                      output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
 def fa4_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """flash-attn-4 ``flash_attn_func`` / ``flash_attn_varlen_func`` (returns o and lse)."""
+    """flash-attn-4 ``flash_attn_func`` / ``flash_attn_varlen_func``: o and lse (``[B, H, T]``;
+    packed, its ``[H, total]`` gets the batch axis of one)."""
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
     if cu_seqlens_q is None:
-        o, lse = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
-        return o, lse
-    max_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if len(cu_seqlens_q) > 1 else 0
-    max_k = int((cu_seqlens_k[1:] - cu_seqlens_k[:-1]).max()) if len(cu_seqlens_k) > 1 else 0
-    o, lse = flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q.int(), cu_seqlens_k.int(), max_q, max_k,
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    lengths_q, lengths_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+    o, lse = flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
+                                    max_seqlen_q=int(lengths_q.max()) if len(lengths_q) else 0,
+                                    max_seqlen_k=int(lengths_k.max()) if len(lengths_k) else 0,
                                     softmax_scale=scale, causal=causal, return_lse=True)
     return o.unsqueeze(0), lse.unsqueeze(0)

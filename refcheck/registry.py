@@ -40,6 +40,7 @@ class Implementation:
     fixed_mode: for an implementation without a ``precision`` knob, the mode its fp32 dots always run
               at (a Triton ``tl.dot`` on fp32 defaults to tf32), so that it is judged by that mode's
               budgets; default "ieee" (plain fp32)
+    family:   a name that selects it with others (``--impl fla``: every flash-linear-attention entry point)
     """
 
     op: str
@@ -53,6 +54,7 @@ class Implementation:
     triton: bool = False
     requires: str | None = None
     fixed_mode: str = "ieee"
+    family: str | None = None
     description: str = ""
 
     def __post_init__(self):
@@ -104,11 +106,17 @@ BUILTIN: tuple[Implementation, ...] = (
     Implementation("kda", "triton", "optimized:kda", knobs=TRITON_KNOBS, triton=True,
                    description="our chunked Triton KDA (chunk 64, WY solve)"),
     Implementation("kda", "fla", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", description="flash-linear-attention chunk_kda"),
+                   fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_kda"),
     Implementation("gla", "fla", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", description="flash-linear-attention chunk_gla"),
+                   fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
     Implementation("simple_gla", "fla", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", description="flash-linear-attention chunk_simple_gla"),
+                   fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_simple_gla"),
+    Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", devices=("cuda",), requires="fla",
+                   backward=False, family="fla", description="flash-linear-attention fused_recurrent_kda (no backward)"),
+    Implementation("gla", "fla_recurrent", "refcheck.peers:fla_recurrent_gla", devices=("cuda",), requires="fla",
+                   family="fla", description="flash-linear-attention fused_recurrent_gla"),
+    Implementation("simple_gla", "fla_recurrent", "refcheck.peers:fla_recurrent_simple_gla", devices=("cuda",),
+                   requires="fla", family="fla", description="flash-linear-attention fused_recurrent_simple_gla"),
     Implementation("attention", "sdpa", "refcheck.peers:sdpa_attention", outputs=("o",),
                    description="torch scaled_dot_product_attention (no lse)"),
     Implementation("attention", "fa4", "refcheck.peers:fa4_attention", devices=("cuda",), dtypes=("bf16", "fp16"),
@@ -138,7 +146,8 @@ class SpecError(ValueError):
     """An implementation named on a command line that cannot be used: says which and why."""
 
 
-SPEC_FORMS = ("NAME (registered: triton, naive, naive_chunked, fla, sdpa, fa4)", "OP=NAME",
+SPEC_FORMS = ("NAME (registered: triton, naive, naive_chunked, fla, fla_recurrent, sdpa, fa4; fla names "
+              "every flash-linear-attention entry point)", "OP=NAME",
               "OP=module:callable", "module:callable (where the op is given)",
               "module:attr naming a refcheck.registry.Implementation")
 """The ways to name an implementation: the same in pytest, report, drift and fuzz."""
@@ -209,7 +218,8 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
             backward: bool = True) -> list[Implementation]:
     """The implementations ``spec`` names (see ``SPEC_FORMS``), of ``op`` when given: a registered
     name (every op's, without ``op``), ``OP=...``, a ``module:callable`` with the op's contract
-    signature (registered for this run under the name ``module:callable``; ``dtypes`` and
+    signature (registered for this run under the name ``module:callable``; a family name such as
+    ``fla`` names every member; ``dtypes`` and
     ``backward`` describe it), or ``module:attr`` naming an ``Implementation`` record. Anything that
     cannot be used (unknown op or name, a module that does not import, a signature that does not
     fit the contract, a dtype the op does not have) raises ``SpecError`` saying why."""
@@ -223,7 +233,7 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
     if op is not None and op not in OPS:
         raise SpecError(f"--impl {spec!r}: unknown op {op!r}; known ops: {', '.join(OPS)}")
     if ":" not in rest:
-        found = [i for i in implementations(op) if i.name == rest]
+        found = [i for i in implementations(op) if rest in (i.name, i.family)]
         if not found:
             names = sorted({i.name for i in implementations(op)})
             raise SpecError(f"--impl {spec!r}: no implementation {rest!r}{f' of {op}' if op else ''}; registered: "

@@ -57,6 +57,7 @@ class Limits:
     max_len:      tokens per case (T; for packed cases the total); attention uses it for S too
     max_elements: bound on B * T * H * (K + V) (attention: B * max(T, S) * H * (Dqk + Dv)); long
                   sequences come with small heads and wide heads with short sequences
+    mla:          attention also draws MLA's head dims 192/128 (beyond ``max_dim`` if need be)
     """
 
     max_batch: int = 3
@@ -65,6 +66,7 @@ class Limits:
     max_dim: int = 256
     max_elements: int = 12_000
     max_seqs: int = 5
+    mla: bool = True
 
     def __post_init__(self):
         for name in ("max_batch", "max_len", "max_heads", "max_dim", "max_elements", "max_seqs"):
@@ -75,11 +77,13 @@ class Limits:
 SMALL = Limits()
 """Default: fast on the CPU and in the Triton interpreter (a kernel case costs seconds there)."""
 
-INTERPRETED = Limits(max_batch=2, max_len=70, max_heads=2, max_dim=128, max_elements=4_000, max_seqs=3)
+INTERPRETED = Limits(max_batch=2, max_len=70, max_heads=2, max_dim=128, max_elements=4_000, max_seqs=3, mla=False)
 """For Triton kernels run by the CPU interpreter (seconds per call): at most two chunks of 64."""
 
-LARGE = Limits(max_batch=4, max_len=1100, max_heads=8, max_elements=2_000_000, max_seqs=12)
-"""For GPU runs: several chunks per sequence, realistic head counts."""
+LARGE = Limits(max_batch=4, max_len=1100, max_heads=8, max_dim=128, max_elements=2_000_000, max_seqs=12)
+"""For GPU runs: several chunks per sequence, realistic head counts, head dims up to 128 (and MLA's
+192/128): a bucket with K = 256 costs flash-linear-attention's chunk kernels minutes more of
+compiling and autotuning; 256 is drawn on the CPU."""
 
 
 # --- what a compiler specializes on ---------------------------------------------------------------
@@ -92,22 +96,19 @@ FREE_DIMS = ("B", "T", "S")
 VALUE_PARAMS = ("normalizer", "mask_p", "spike_p", "spike", "clamp", "input_scale")
 """``Case.draw`` entries that shape tensor values only (gate distributions): free within a bucket."""
 
-FREE_OPTIONS = ("scale",)
-"""Options a kernel takes as a runtime float: free within a bucket."""
-
-
 def signature(case: Case) -> tuple[tuple[str, object], ...]:
     """What a compiler may specialize on in ``case``: the dtype, the head counts and head dims,
-    packed or not, every option but the scale, and how inputs are drawn but not their values (gate
-    dtype, initial state or not, cu_seqlens dtype, dt_bias or not). Autotuners key on these too:
-    Triton's on the dtype of every tensor argument, so an absent initial state is a new key. Batch,
-    lengths, packing boundaries, seeds, scales and gate distributions are left out: a kernel takes
-    them as runtime values. The items, sorted; ``linear_cases``, ``gate_cases`` and
-    ``attention_cases`` take them back as ``pinned``."""
+    packed or not, every option (the scale too: flash-linear-attention's ``fused_recurrent_kda``
+    takes it as a ``tl.constexpr``), and how inputs are drawn but not their values (gate dtype,
+    initial state or not, cu_seqlens dtype, dt_bias or not). Autotuners key on these too: Triton's
+    on the dtype of every tensor argument, so an absent initial state is a new key. Batch, lengths,
+    packing boundaries, seeds and gate distributions are left out: a kernel takes them as runtime
+    values. The items, sorted; ``linear_cases``, ``gate_cases`` and ``attention_cases`` take them
+    back as ``pinned``."""
     fields = {"dtype": case.dtype, **{k: v for k, v in case.dims if k not in FREE_DIMS}}
     if case.op != "kda_gate":
         fields["packed"] = case.seqlens is not None
-    fields.update((k, v) for k, v in case.options if k not in FREE_OPTIONS)
+    fields.update(case.options)
     fields.update((k, v) for k, v in case.draw if k not in VALUE_PARAMS)
     return tuple(sorted(fields.items()))
 
@@ -258,7 +259,7 @@ def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limi
     else:
         b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
         t = draw(lengths(min_len, _fit(limits, b, h, k + v, min_len)))
-    options = {"scale": draw(scales()), "output_final_state": pick("output_final_state", st.booleans())}
+    options = {"scale": pick("scale", scales()), "output_final_state": pick("output_final_state", st.booleans())}
     drawn = {"initial_state": pick("initial_state", st.booleans())}
     if seqs is not None:
         drawn["cu_dtype"] = pick("cu_dtype", st.sampled_from(["int32", "int64"]))
@@ -309,7 +310,7 @@ def attention_cases(draw, impl: Implementation | None = None, limits: Limits = S
     hk = pick("Hk", st.integers(1, limits.max_heads))
     h = pick("H", st.sampled_from(GQA_GROUPS).map(lambda group: hk * group))
     pairs = st.tuples(head_dims(limits.max_dim), head_dims(limits.max_dim))
-    if max(MLA_DIMS) <= limits.max_dim:
+    if limits.mla:
         pairs = st.one_of(pairs, st.just(MLA_DIMS))
     dqk, dv = (pinned["Dqk"], pinned["Dv"]) if "Dqk" in pinned else draw(pairs)
     if rows_without_keys:
@@ -343,7 +344,7 @@ def attention_cases(draw, impl: Implementation | None = None, limits: Limits = S
             s = t
         else:
             s = draw(lengths(min_keys, cap))
-    options = {"causal": is_causal, "scale": draw(scales())}
+    options = {"causal": is_causal, "scale": pick("scale", scales())}
     drawn = {"cu_dtype": pick("cu_dtype", st.sampled_from(["int32", "int64"]))} if packed else {}
     dims = {"B": b, "T": t, "S": s, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}
     return Case.make("attention", dims, dt, draw(seeds()), seqlens=seqs, seqlens_k=seqs_k, options=options, draw=drawn)
