@@ -83,7 +83,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32", "fp16"))
-    parser.add_argument("--impl", action="append", default=None, help="kda implementations (default: fla, triton)")
+    parser.add_argument("--impl", action="append", default=None, help="kda implementations (default: fla_chunk, triton)")
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
@@ -96,7 +96,7 @@ def main() -> int:
                   crashed=lambda message, items=items, name=name: [
                       {"report": r, "law": law, "impl": name, "verdict": f"crashed: {message}", "bitwise": False,
                        "notes": [], "case": ex.case.describe(), "params": ex.params} for r, law, ex in items])
-             for group, items in checks(args.dtype).items() for name in args.impl or ["fla", "triton"]]
+             for group, items in checks(args.dtype).items() for name in args.impl or ["fla_chunk", "triton"]]
     started = time.perf_counter()
     rows = execute(units, device, min(args.jobs, len(units)), Console(stderr=True), "open reports")
     table = Table(title=f"flash-linear-attention open reports, kda {args.dtype}")

@@ -4,7 +4,8 @@
 #               IMPLS on OPS (default: our Triton kernels and FLA on kda, kda_gate, gla, simple_gla), judged by
 #               the contract bounds (ours by their guards); `pytest -n auto`
 #   report      refcheck report --device cuda (REPORT_ARGS: more options, REPORT_TAG: a suffix of its files)
-#   fuzz        refcheck fuzz FUZZ_OP --impl FUZZ_IMPL --device cuda --seconds FUZZ_SECONDS (default kda, fla, 300)
+#   fuzz        refcheck fuzz FUZZ_OP --impl FUZZ_IMPL --device cuda --seconds FUZZ_SECONDS (default kda, fla_chunk, 300)
+#   fla-reports benchmarks/fla_open_reports.py: FLA's open reports #671 and #1240 through the laws, ours beside
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
@@ -19,7 +20,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-source .gpu-wheels/a/device-install.sh
+# the peers' wheels: .gpu-wheels/a (flash-linear-attention), then .gpu-wheels/b (flash-attn-4) in the next call
+for part in a b; do [ -f ".gpu-wheels/$part/device-install.sh" ] && source ".gpu-wheels/$part/device-install.sh"; done
+export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
 export PYTHONUNBUFFERED=1
 # autotuning results on disk: every xdist worker and every later run reuses what one measured
 export TRITON_CACHE_AUTOTUNING=${TRITON_CACHE_AUTOTUNING:-1}
@@ -32,7 +35,7 @@ for step in "$@"; do
   began=$(date +%s)
   case $step in
     properties)
-      REFCHECK_FAILURE_DIR="$OUT/failures" timeout -s INT "${PROPERTIES_S:-500}" \
+      REFCHECK_FAILURE_DIR="$OUT/failures" timeout -k 20 -s INT "${PROPERTIES_S:-500}" \
         python3 -m pytest refcheck/properties -p refcheck.pytest_plugin -n auto -p no:cacheprovider \
         ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
         $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
@@ -43,8 +46,12 @@ for step in "$@"; do
         --json "$OUT/gpu_report${REPORT_TAG:-}.json" \
         > "$OUT/gpu_report${REPORT_TAG:-}.log" 2>&1
       echo "report exit $?" >> "$OUT/gpu_report${REPORT_TAG:-}.log" ;;
+    fla-reports)
+      timeout -k 20 -s INT "${FLA_REPORTS_S:-300}" python3 benchmarks/fla_open_reports.py --out "$OUT/fla_open_reports.json" \
+        > "$OUT/fla_open_reports.log" 2>&1
+      echo "fla-reports exit $?" >> "$OUT/fla_open_reports.log" ;;
     fuzz)
-      timeout -k 20 -s INT "${FUZZ_LIMIT_S:-420}" python3 -m refcheck fuzz "${FUZZ_OP:-kda}" --impl "${FUZZ_IMPL:-fla}" \
+      timeout -k 20 -s INT "${FUZZ_LIMIT_S:-420}" python3 -m refcheck fuzz "${FUZZ_OP:-kda}" --impl "${FUZZ_IMPL:-fla_chunk}" \
         --device cuda --seconds "${FUZZ_SECONDS:-300}" --out-dir "$OUT" > "$OUT/gpu_fuzz.log" 2>&1
       echo "fuzz exit $?" >> "$OUT/gpu_fuzz.log" ;;
     bench)
@@ -69,6 +76,7 @@ for step in "$@"; do
                   "$OUT/gpu_properties.log" | tail -12; ls "$OUT/failures" 2>/dev/null ;;
     report) echo "== report${REPORT_TAG:-} =="; grep -E "PASS|FAIL|report exit|not run|wall seconds" "$OUT/gpu_report${REPORT_TAG:-}.log" | tail -20 ;;
     fuzz) echo "== fuzz =="; grep -E "compile buckets|^time:|falsified|no counterexample|fuzz exit" "$OUT/gpu_fuzz.log" | tail -8 ;;
+    fla-reports) echo "== FLA open reports =="; tail -30 "$OUT/fla_open_reports.log" ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;

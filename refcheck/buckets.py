@@ -10,19 +10,21 @@ example's specialization freely pays minutes per example.
 
 So a GPU run (the ``gpu`` profile) draws what a compiler specializes on, the case ``signature``
 (``refcheck.strategies``), the precision mode and the knobs, from a few ``Bucket``s per
-implementation, chosen at the start of the run from its seed; lengths, batch, packing boundaries,
-values and scales stay free. ``plan`` picks them: one drawn freely, then, for every law none of
-them admits (a law that needs packed sequences, fp16 gates, fp32 inputs, ...), one drawn for that
-law, with the head counts and dims of the first where the law allows. ``warm_up`` compiles them
+implementation, chosen at the start of the run from its seed; lengths, batch, packing boundaries
+and values stay free. ``plan`` picks them: one drawn freely, then, for every law none of them
+admits (a law that needs packed sequences, fp16 gates, fp32 inputs, ...), the first changed in
+what that law needs and nothing else. ``warm_up`` compiles them
 all in parallel processes before the first example: each law once on a small example of each
 bucket it admits (a law's own calls, such as the separate runs of ``varlen_equals_separate``,
 compile what they need). Triton's compile cache and its on-disk autotuning results
 (``TRITON_CACHE_AUTOTUNING=1``) carry what one process compiled to every other and to the next
-run, so the warm-up goes in two phases: first one run per implementation, on its first bucket,
-which compiles and autotunes every kernel; then the rest, which find most kernels done (a bucket
-that differs in an initial state retunes only the kernels that take it). Compiling every bucket at
-once duplicates that work: on an H100 with a cold cache, 14 such runs of flash-linear-attention's
-chunk kda/gla/simple_gla at once (head dims up to 256) had finished 10 after 474 s.
+run, so the warm-up goes in two phases: first ``agreement`` once on every bucket, all at once (the
+buckets of an implementation differ in what its autotuners key on, so they share little); then
+every other law on every bucket it admits, which finds almost everything compiled.
+
+Measured on an H100 with a cold cache, the six flash-linear-attention entry points: the first
+bucket of each, alone, took 260 s (chunk_kda the longest); 14 agreement runs of the chunk ops at
+once, head dims up to 256, had finished 10 after 474 s (``benchmarks/results``).
 
 The run's seed (``SEED_ENV``) is printed with the run and makes it reproducible: every pytest-xdist
 worker and every warm-up process derives the same buckets from it.
@@ -38,11 +40,6 @@ from dataclasses import dataclass
 
 SEED_ENV = "REFCHECK_BUCKET_SEED"
 """The environment variable holding the run's bucket seed (set once, inherited by every process)."""
-
-SHAPE_FIELDS = ("dtype", "H", "Hk", "K", "V", "Dqk", "Dv")
-"""Signature fields that every kernel of an implementation specializes or autotunes on: buckets of
-one implementation share them where their laws allow, so that a second bucket recompiles only the
-kernels that see what differs (an initial state, cu_seqlens, a gate dtype)."""
 
 WARM_LENGTHS = (64, 65)
 """Lengths of the warm-up examples: at and one past a chunk for ``agreement``, one past for the
@@ -87,33 +84,30 @@ def _seed(seed: int, *parts: str) -> int:
 
 def plan(impl, limits, *, seed: int, mode: str | None = None) -> tuple:
     """The buckets of ``impl`` for a run: one drawn freely, then one for every law that applies to
-    ``impl`` and that no bucket so far admits (drawn with the law's requirements and the first
-    bucket's ``SHAPE_FIELDS`` where they agree). Depends only on ``impl``, ``limits``, ``mode``
-    and ``seed``, not on which law tests are selected."""
+    ``impl`` and that no bucket so far admits, drawn with the law's requirements and everything
+    else of the first bucket (its mode, knobs and every signature field the law does not ask to
+    differ): a second bucket that is the first packed differs in nothing else, so that a law's
+    own calls (the packed sequences run alone, a state carried) meet what is already compiled.
+    Depends only on ``impl``, ``limits``, ``mode`` and ``seed``, not on which law tests run."""
     from hypothesis import strategies as st
 
     from .laws import LAWS
     from .strategies import Bucket, cases, knob_settings, modes, signature
 
-    def drawn(require: dict, pinned: dict, tag: str) -> Bucket:
-        strategy = st.tuples(cases(impl.op, impl, limits, pinned=pinned, **require), modes(impl, mode),
-                             knob_settings(impl))
-        case, chosen_mode, knobs = _draw(strategy, _seed(seed, impl.op, impl.name, tag))
-        return Bucket(signature(case), chosen_mode, tuple(sorted(knobs.items())))
-
-    first = drawn({}, {}, "first")
+    strategy = st.tuples(cases(impl.op, impl, limits), modes(impl, mode), knob_settings(impl))
+    case, first_mode, knobs = _draw(strategy, _seed(seed, impl.op, impl.name))
+    first = Bucket(signature(case), first_mode, tuple(sorted(knobs.items())))
     buckets = [first]
-    shape = {k: v for k, v in first.pinned if k in SHAPE_FIELDS}
     for law in LAWS.values():
         if law.why_not(impl) is not None or any(b.admits(law.requires) for b in buckets):
             continue
-        require = dict(law.requires)
-        pinned = {k: v for k, v in shape.items() if require.get(k, v) == v}
-        bucket = drawn(require, pinned, law.name)
-        if not bucket.admits(require):
+        wanted = Bucket.wanted(law.requires)
+        pinned = {k: v for k, v in first.pinned if wanted.get(k, v) == v}
+        case = _draw(cases(impl.op, impl, limits, pinned=pinned, **law.requires), _seed(seed, impl.op, impl.name, law.name))
+        bucket = Bucket(signature(case), first.mode, first.knobs)
+        if not bucket.admits(law.requires):
             raise AssertionError(f"{impl.op}/{impl.name}: the bucket drawn for law {law.name} does not admit it")
-        if bucket not in buckets:
-            buckets.append(bucket)
+        buckets.append(bucket)
     return tuple(buckets)
 
 
@@ -122,8 +116,7 @@ def plan(impl, limits, *, seed: int, mode: str | None = None) -> tuple:
 @dataclass(frozen=True)
 class WarmUp:
     """One warm-up run: ``law`` once on ``example`` (small, in one bucket) of ``impl``; ``phase`` 0
-    compiles an implementation's first bucket from nothing, phase 1 the rest, which then finds
-    most of it compiled and autotuned on disk."""
+    compiles a bucket from nothing, phase 1 what a law adds to it."""
 
     law: str
     impl: object
@@ -136,10 +129,10 @@ class WarmUp:
 
 
 def warm_ups(impl, buckets: tuple, *, seed: int) -> list[WarmUp]:
-    """The warm-up runs of ``impl``: ``agreement`` on its first bucket at ``WARM_LENGTHS[-1]``
-    (phase 0: every kernel of the implementation compiles and autotunes); then (phase 1)
-    ``agreement`` on every bucket at each of ``WARM_LENGTHS`` and every other law that applies
-    once on each bucket it admits (what a law's own calls add: an initial state, separate runs)."""
+    """The warm-up runs of ``impl``: ``agreement`` on every bucket at ``WARM_LENGTHS[-1]`` (phase
+    0: every kernel compiles and autotunes); then (phase 1) ``agreement`` at the other lengths and
+    every other law that applies once on each bucket it admits (what a law's own calls add: an
+    initial state, the sequences of a packed batch run alone)."""
     from .laws import LAWS
     from .strategies import SMALL, examples
 
@@ -156,7 +149,7 @@ def warm_ups(impl, buckets: tuple, *, seed: int) -> list[WarmUp]:
                 limits = dataclasses.replace(SMALL, max_len=max(SMALL.max_len, min_len))
                 example = _draw(examples(small, impl, limits, buckets=(bucket,)),
                                 _seed(seed, impl.op, impl.name, law.name, str(i), str(length)), simplest=True)
-                first = law.name == "agreement" and i == 0 and length == WARM_LENGTHS[-1]
+                first = law.name == "agreement" and length == WARM_LENGTHS[-1]
                 found.append(WarmUp(law.name, impl, example, 0 if first else 1))
     return found
 

@@ -105,11 +105,11 @@ BUILTIN: tuple[Implementation, ...] = (
                    description="our Triton gate kernel"),
     Implementation("kda", "triton", "optimized:kda", knobs=TRITON_KNOBS, triton=True,
                    description="our chunked Triton KDA (chunk 64, WY solve)"),
-    Implementation("kda", "fla", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
+    Implementation("kda", "fla_chunk", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_kda"),
-    Implementation("gla", "fla", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
+    Implementation("gla", "fla_chunk", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
-    Implementation("simple_gla", "fla", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
+    Implementation("simple_gla", "fla_chunk", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_simple_gla"),
     Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", devices=("cuda",), requires="fla",
                    backward=False, family="fla", description="flash-linear-attention fused_recurrent_kda (no backward)"),
@@ -146,8 +146,8 @@ class SpecError(ValueError):
     """An implementation named on a command line that cannot be used: says which and why."""
 
 
-SPEC_FORMS = ("NAME (registered: triton, naive, naive_chunked, fla, fla_recurrent, sdpa, fa4; fla names "
-              "every flash-linear-attention entry point)", "OP=NAME",
+SPEC_FORMS = ("NAME (registered: triton, naive, naive_chunked, fla_chunk, fla_recurrent, sdpa, fa4; the "
+              "family fla names every flash-linear-attention entry point)", "OP=NAME",
               "OP=module:callable", "module:callable (where the op is given)",
               "module:attr naming a refcheck.registry.Implementation")
 """The ways to name an implementation: the same in pytest, report, drift and fuzz."""

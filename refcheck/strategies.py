@@ -466,15 +466,20 @@ class Bucket:
     mode: str
     knobs: tuple[tuple[str, object], ...] = ()
 
-    def admits(self, require: Mapping) -> bool:
-        """Whether a case meeting ``require`` (``Law.requires``) can be drawn in this bucket: the
-        requirements on what the bucket pins (dtype, gate dtype, packed, causal) agree with it."""
-        pins = dict(self.pinned)
+    @staticmethod
+    def wanted(require: Mapping) -> dict:
+        """What requirements (``Law.requires``) ask of the fields a bucket pins."""
         causal = True if require.get("rows_without_keys") else require.get("causal")
         packed = False if require.get("min_batch", 1) > 1 else require.get("varlen")
         wanted = {"dtype": require.get("dtype"), "gate_dtype": require.get("gate_dtype"),
                   "causal": causal, "packed": packed}
-        return all(pins[k] == v for k, v in wanted.items() if v is not None and k in pins)
+        return {k: v for k, v in wanted.items() if v is not None}
+
+    def admits(self, require: Mapping) -> bool:
+        """Whether a case meeting ``require`` (``Law.requires``) can be drawn in this bucket: the
+        requirements on what the bucket pins (dtype, gate dtype, packed, causal) agree with it."""
+        pins = dict(self.pinned)
+        return all(pins[k] == v for k, v in self.wanted(require).items() if k in pins)
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in (*self.pinned, ("mode", self.mode), *self.knobs))

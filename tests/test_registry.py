@@ -8,7 +8,7 @@ from refcheck.registry import Implementation
 def test_an_implementation_without_the_knob_is_judged_at_its_fixed_mode():
     # FLA's Triton kernels run fp32 tl.dot at Triton's default, tf32: judging them by the ieee budgets
     # (1e-5) would fail every fp32 case for a documented choice, not a defect
-    fla = {i.op: i for i in registry.BUILTIN if i.name == "fla"}
+    fla = {i.op: i for i in registry.BUILTIN if i.name == "fla_chunk"}
     assert {op: i.modes for op, i in fla.items()} == {op: ("tf32",) for op in ("kda", "gla", "simple_gla")}
     assert Implementation("kda", "x", "m:f").modes == ("ieee",)
     triton = next(i for i in registry.BUILTIN if (i.op, i.name) == ("kda", "triton"))
