@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cli import UsageError
-from .workers import MAX_GPU_JOBS, MAX_JOBS, Unit, default_jobs, execute
+from .workers import MAX_GPU_JOBS, MAX_JOBS, Interrupted, Unit, default_jobs, execute
 
 FORMAT = "refcheck-report"
 FORMAT_VERSION = 1
@@ -358,7 +358,10 @@ def run(args) -> int:
                   + (" (faithful Triton interpreter)" if device == "cpu" else "")
                   + f": {len(points)} grid points, {len(units) - len(point_units(points))} law checks, {jobs} "
                   + ("worker" if jobs == 1 else "workers"))
-    done = execute(units, device, jobs, Console(stderr=True), "report")
+    try:
+        done, unfinished = execute(units, device, jobs, Console(stderr=True), "report"), []
+    except Interrupted as stop:       # a time limit: report what finished, and what did not
+        done, unfinished = stop.results, stop.unfinished
     point_results = [r for r in done if isinstance(r, PointResult)]
     laws_run = [r for r in done if isinstance(r, LawResult)] + laws_skipped
     elapsed = time.perf_counter() - started
@@ -389,20 +392,25 @@ def run(args) -> int:
     outputs = sum(len(r.verdict.measurements) for r in point_results if r.verdict is not None)
     summary = {"points": len(point_results), "points_failed": len(failed_points), "outputs": outputs,
                "law_checks": len([r for r in laws_run if r.example is not None]), "laws_failed": len(failed_laws),
-               "seconds": round(elapsed, 1), "jobs": jobs}
-    passed = not failed_points and not failed_laws
+               "seconds": round(elapsed, 1), "jobs": jobs, "unfinished": len(unfinished)}
+    passed = not failed_points and not failed_laws and not unfinished
     if args.json is not None:
         from .drift import environment, write_atomic
         report = {"format": FORMAT, "format_version": FORMAT_VERSION, "passed": passed, "summary": summary,
                   "environment": environment(device),
                   "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},
                   "unavailable": [{"op": op, "impl": impl, "why": why} for op, impl, why in the_grid.unavailable],
-                  "points": [point_json(r, device) for r in point_results], "laws": [law_json(r) for r in laws_run]}
+                  "points": [point_json(r, device) for r in point_results], "laws": [law_json(r) for r in laws_run],
+                  "unfinished": unfinished}
         write_atomic(args.json, json.dumps(report, indent=1, allow_nan=False) + "\n")
     console.print("\nwall seconds in workers per implementation (grid + laws): " + ", ".join(
         f"{name} {grid_s + law_s:.0f} s ({grid_s:.0f} + {law_s:.0f})"
         for name, (grid_s, law_s) in time_by_impl(point_results, laws_run).items()), soft_wrap=True)
-    verdict = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
+    if unfinished:
+        console.print(f"\n[bold red]INTERRUPTED[/]: {len(unfinished)} of {len(units)} units did not finish: "
+                      + escape(", ".join(unfinished)), soft_wrap=True)
+    verdict = "[bold green]PASS[/]" if passed else "[bold red]INCOMPLETE[/]" if unfinished and not (
+        failed_points or failed_laws) else "[bold red]FAIL[/]"
     console.print(f"\n{verdict}: {len(point_results) - len(failed_points)}/{len(point_results)} grid points within "
                   f"budget ({outputs} outputs), {summary['law_checks'] - len(failed_laws)}/{summary['law_checks']} "
                   f"law checks hold; {elapsed:.0f} s on {device} with {jobs} "

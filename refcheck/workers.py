@@ -59,35 +59,53 @@ def _init_worker(device: str) -> None:
     torch.set_num_threads(1)
 
 
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped (Ctrl-C, or the SIGINT of a time limit) before every unit finished:
+    ``results`` of those that did (in the order of the units), ``unfinished`` the others' names."""
+
+    def __init__(self, results: list, unfinished: list[str]):
+        super().__init__(f"{len(unfinished)} units unfinished")
+        self.results, self.unfinished = results, unfinished
+
+
 def execute(units: list[Unit], device: str, jobs: int, console, title: str) -> list:
     """Run the units (``jobs`` worker processes, or in this process for 1) with a progress bar
-    titled ``title``; their results (``Unit.wrap``) in the order of ``units``, one list."""
+    titled ``title``; their results (``Unit.wrap``) in the order of ``units``, one list. Stopped
+    (``KeyboardInterrupt``), it stops its workers and raises ``Interrupted`` with what finished:
+    a run cut short by a lent GPU's time limit keeps its findings."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import grid
 
     results: list = [None] * len(units)
+    finished: set[int] = set()
     columns = (TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress, grid.threads(device):
         task = progress.add_task(title, total=len(units))
         def done(i: int) -> None:
+            finished.add(i)
             progress.update(task, description=units[i].name)
             progress.advance(task)
 
-        if jobs <= 1 and device == "cpu":
-            for i, unit in enumerate(units):
-                results[i] = unit.fn(*unit.args, device)
-                done(i)
-        else:
-            pending = sorted(range(len(units)), key=lambda i: -units[i].cost)
-            while pending:
-                left = _in_pool(units, pending, results, device, jobs, done)
-                if len(left) == len(pending):      # no unit finished: run each alone, to find the culprit
-                    for i in left:
-                        results[i] = _alone(units[i], device)
-                        done(i)
-                    left = []
-                pending = left
+        try:
+            if jobs <= 1 and device == "cpu":
+                for i, unit in enumerate(units):
+                    results[i] = unit.fn(*unit.args, device)
+                    done(i)
+            else:
+                pending = sorted(range(len(units)), key=lambda i: -units[i].cost)
+                while pending:
+                    left = _in_pool(units, pending, results, device, jobs, done)
+                    if len(left) == len(pending):      # no unit finished: run each alone, to find the culprit
+                        for i in left:
+                            results[i] = _alone(units[i], device)
+                            done(i)
+                        left = []
+                    pending = left
+        except KeyboardInterrupt:
+            progress.update(task, description=f"{title}: interrupted")
+            raise Interrupted([r for i, unit in enumerate(units) if i in finished for r in unit.wrap(results[i])],
+                              [unit.name for i, unit in enumerate(units) if i not in finished]) from None
         progress.update(task, description=f"{title}: done")
     return [r for unit, result in zip(units, results) for r in unit.wrap(result)]
 
@@ -96,8 +114,9 @@ def _in_pool(units: list[Unit], pending: list[int], results: list, device: str, 
     """Run the ``pending`` units in a pool of ``jobs`` processes; the units left unfinished when a
     worker process died (the pool breaks then), to run again."""
     lost = []
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(device,)) as pool:
+    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_init_worker, initargs=(device,))
+    try:
         futures = {pool.submit(units[i].fn, *units[i].args, device): i for i in pending}
         for future in as_completed(futures):
             i = futures[future]
@@ -107,6 +126,13 @@ def _in_pool(units: list[Unit], pending: list[int], results: list, device: str, 
                 lost.append(i)
                 continue
             done(i)
+    except KeyboardInterrupt:
+        # the executor has no public way to stop workers in the middle of a unit (shutdown waits for them)
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return lost
 
 
