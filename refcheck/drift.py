@@ -242,7 +242,7 @@ def add_parser(subparsers) -> None:
     add_options(rec)
     rec.add_argument("--quick", action="store_true", help="the small grid: one base case per op, short sweep")
     rec.add_argument("--jobs", type=int, default=None,
-                     help="worker processes (default: the usable cores, at most 4 on the CPU, 16 on a GPU)")
+                     help="worker processes (default: the usable cores, at most 4 on the CPU, 8 on a GPU)")
     rec.set_defaults(run=run_record)
 
     cmp = sub.add_parser("compare", help="per case and output: error before and after, ratio, budget, headroom")

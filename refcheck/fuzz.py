@@ -360,11 +360,10 @@ def case_limits(impl, device: str):
 def compile_buckets(impl, device: str, *, seed: int | None, mode: str | None, out) -> tuple[tuple, dict]:
     """On a GPU: the implementation's compile buckets (``refcheck.buckets``, from ``seed`` or a
     fresh one) compiled in parallel processes; their ``warm_up`` figures. On the CPU: none."""
-    import os
-
     from rich.console import Console
 
     from .buckets import plan, run_seed, warm_up, warm_ups
+    from .workers import default_jobs
     if device == "cpu":
         return (), {}
     seed = run_seed(seed)
@@ -372,7 +371,7 @@ def compile_buckets(impl, device: str, *, seed: int | None, mode: str | None, ou
     jobs = warm_ups(impl, buckets, seed=seed)
     out.print(f"compile buckets of seed {seed} (--seed {seed} repeats them): {len(buckets)}; "
               f"compiling them by {_count(len(jobs), 'law run')} in parallel")
-    took = warm_up(jobs, device, min(len(jobs), os.cpu_count() or 1), Console(stderr=True))
+    took = warm_up(jobs, device, min(len(jobs), default_jobs(device)), Console(stderr=True))
     return buckets, took
 
 

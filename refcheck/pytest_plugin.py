@@ -171,7 +171,8 @@ def pytest_sessionstart(session):
         jobs += warm_ups(impl, planned, seed=cfg.bucket_seed)
     if not jobs:
         return
-    processes = min(len(jobs), os.cpu_count() or 1)
+    from .workers import default_jobs
+    processes = min(len(jobs), default_jobs(cfg.device))
     took = warm_up(jobs, cfg.device, processes, Console(stderr=True))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     line = (f"refcheck: compile buckets ({', '.join(counts)}) warmed up by {took['runs']} law runs in "

@@ -19,7 +19,12 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 MAX_JOBS = 4
-MAX_GPU_JOBS = 16
+MAX_GPU_JOBS = 8
+GPU_MEMORY_SHARE = 0.9
+"""The share of the GPU's memory the worker processes together may hold (PyTorch's allocator):
+each gets ``GPU_MEMORY_SHARE / jobs`` and gives back what it cached after every unit. On an H100,
+16 workers without a share exhausted its 80 GB: units of pure PyTorch code crashed with out of
+memory (``benchmarks/results/gpu_time_to_verdict_h100.json``)."""
 
 
 @dataclass
@@ -45,18 +50,32 @@ class Unit:
 
 def default_jobs(device: str) -> int:
     """Worker processes: the usable cores, at most ``MAX_JOBS`` on the CPU (interpreted kernels),
-    at most ``MAX_GPU_JOBS`` on a GPU (where a cold run is bound by compiling, one core each)."""
+    at most ``MAX_GPU_JOBS`` on a GPU (where a cold run is bound by compiling, one core each, and
+    the processes share the GPU's memory)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(MAX_JOBS if device == "cpu" else MAX_GPU_JOBS, cores))
 
 
-def _init_worker(device: str) -> None:
-    """A worker process: the backend before any kernel is imported, one intra-op thread."""
+def _init_worker(device: str, jobs: int = 1) -> None:
+    """A worker process: the backend before any kernel is imported, one intra-op thread, on a GPU
+    its share of the memory (one of ``jobs``)."""
     import torch
 
     from .backend import configure_backend
     configure_backend(device)
     torch.set_num_threads(1)
+    if torch.device(device).type == "cuda" and jobs > 1:
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs)
+
+
+def _run_unit(fn, args: tuple, device: str):
+    """One unit in a worker; on a GPU the memory it cached goes back for the other workers."""
+    try:
+        return fn(*args, device)
+    finally:
+        if device != "cpu":
+            import torch
+            torch.cuda.empty_cache()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -115,9 +134,9 @@ def _in_pool(units: list[Unit], pending: list[int], results: list, device: str, 
     worker process died (the pool breaks then), to run again."""
     lost = []
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(device,))
+                               initializer=_init_worker, initargs=(device, jobs))
     try:
-        futures = {pool.submit(units[i].fn, *units[i].args, device): i for i in pending}
+        futures = {pool.submit(_run_unit, units[i].fn, units[i].args, device): i for i in pending}
         for future in as_completed(futures):
             i = futures[future]
             try:
