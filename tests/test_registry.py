@@ -18,3 +18,12 @@ def test_an_implementation_without_the_knob_is_judged_at_its_fixed_mode():
 def test_fixed_mode_must_be_a_precision_mode():
     with pytest.raises(ValueError, match="fixed_mode"):
         Implementation("kda", "x", "m:f", fixed_mode="bf16")
+
+
+def test_a_family_name_selects_every_member_and_a_member_name_one():
+    fla = registry.resolve("fla")
+    assert {(i.op, i.name) for i in fla} == {(op, name) for op in ("kda", "gla", "simple_gla")
+                                             for name in ("fla_chunk", "fla_recurrent")}
+    assert [(i.op, i.name) for i in registry.resolve("kda=fla_chunk")] == [("kda", "fla_chunk")]
+    for impl in fla:   # the adapters import flash-linear-attention only when called
+        assert registry.contract_problems(impl.fn, impl.op, list(impl.knobs)) == []

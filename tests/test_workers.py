@@ -1,0 +1,19 @@
+"""refcheck.workers: a run stopped by a time limit keeps the results of the units that finished."""
+import pytest
+from rich.console import Console
+
+from refcheck.workers import Interrupted, Unit, execute
+
+
+def _square(x, device):
+    if x == 3:
+        raise KeyboardInterrupt       # what the SIGINT of `timeout -s INT` raises in the main process
+    return x * x
+
+
+def test_a_stopped_run_keeps_what_finished():
+    units = [Unit(f"u{x}", _square, (x,), 1.0, lambda r: [r]) for x in range(6)]
+    with pytest.raises(Interrupted) as stopped:
+        execute(units, "cpu", 1, Console(quiet=True), "test")
+    assert stopped.value.results == [0, 1, 4]
+    assert stopped.value.unfinished == ["u3", "u4", "u5"]
