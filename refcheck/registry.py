@@ -41,6 +41,8 @@ class Implementation:
               at (a Triton ``tl.dot`` on fp32 defaults to tf32), so that it is judged by that mode's
               budgets; default "ieee" (plain fp32)
     family:   a name that selects it with others (``--impl fla``: every flash-linear-attention entry point)
+    even_dims: input dtypes in which it takes even head dims only (a restriction it states and
+              asserts): cases for it are drawn with even K and V in those dtypes
     """
 
     op: str
@@ -55,6 +57,7 @@ class Implementation:
     requires: str | None = None
     fixed_mode: str = "ieee"
     family: str | None = None
+    even_dims: tuple[str, ...] = ()
     description: str = ""
 
     def __post_init__(self):
@@ -109,8 +112,10 @@ BUILTIN: tuple[Implementation, ...] = (
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_kda"),
     Implementation("gla", "fla_chunk", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
+    # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
     Implementation("simple_gla", "fla_chunk", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_simple_gla"),
+                   fixed_mode="tf32", family="fla", even_dims=("bf16", "fp16"),
+                   description="flash-linear-attention chunk_simple_gla"),
     Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", devices=("cuda",), requires="fla",
                    backward=False, family="fla", description="flash-linear-attention fused_recurrent_kda (no backward)"),
     Implementation("gla", "fla_recurrent", "refcheck.peers:fla_recurrent_gla", devices=("cuda",), requires="fla",

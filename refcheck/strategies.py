@@ -131,10 +131,12 @@ def lengths(low: int, high: int) -> st.SearchStrategy[int]:
     return st.one_of(uniform, st.sampled_from(special)) if special else uniform
 
 
-def head_dims(max_dim: int) -> st.SearchStrategy[int]:
-    """A head dimension up to ``max_dim``: the special dims (16, 60, 100, 192, 256, ...) or any."""
-    special = [d for d in SPECIAL_DIMS if d <= max_dim]
-    return st.one_of(st.sampled_from(special), st.integers(1, max_dim))
+def head_dims(max_dim: int, even: bool = False) -> st.SearchStrategy[int]:
+    """A head dimension up to ``max_dim``: the special dims (16, 60, 100, 192, 256, ...) or any;
+    with ``even``, even ones only (an implementation's ``even_dims``)."""
+    special = [d for d in SPECIAL_DIMS if d <= max_dim and not (even and d % 2)]
+    anything = st.integers(1, max_dim // 2).map(lambda d: 2 * d) if even else st.integers(1, max_dim)
+    return st.one_of(st.sampled_from(special), anything)
 
 
 def _fit(limits: Limits, rows: int, heads: int, width: int, low: int) -> int:
@@ -246,7 +248,8 @@ def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limi
     pick = _picker(draw, pinned)
     dt = pick("dtype", dtypes(op, impl, dtype))
     h = pick("H", st.integers(1, limits.max_heads))
-    k, v = pick("K", head_dims(limits.max_dim)), pick("V", head_dims(limits.max_dim))
+    head_dim = head_dims(limits.max_dim, even=impl is not None and dt in impl.even_dims)
+    k, v = pick("K", head_dim), pick("V", head_dim)
     if min_batch > 1:
         varlen = False
     packed = pick("packed", st.booleans() if varlen is None else st.just(varlen))

@@ -27,3 +27,22 @@ def test_a_family_name_selects_every_member_and_a_member_name_one():
     assert [(i.op, i.name) for i in registry.resolve("kda=fla_chunk")] == [("kda", "fla_chunk")]
     for impl in fla:   # the adapters import flash-linear-attention only when called
         assert registry.contract_problems(impl.fn, impl.op, list(impl.knobs)) == []
+
+
+def test_a_peer_that_asserts_even_head_dims_gets_even_ones_in_those_dtypes():
+    from hypothesis import given, settings
+
+    from refcheck.strategies import LARGE, cases
+    impl = registry.get("simple_gla", "fla_chunk")
+    assert impl.even_dims == ("bf16", "fp16")
+    seen = set()
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(cases("simple_gla", impl, LARGE))
+    def check(case):
+        d = case.dim
+        if case.dtype in impl.even_dims:
+            assert d["K"] % 2 == 0 and d["V"] % 2 == 0
+        seen.add(case.dtype)
+    check()
+    assert {"bf16", "fp16"} & seen
