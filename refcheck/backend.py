@@ -10,8 +10,10 @@ import os
 
 
 def configure_backend(device: str | None = None) -> str:
-    """Pick the device ("cuda" if available unless told otherwise) and, for the CPU, switch on the
-    Triton interpreter and make it faithful (``refcheck.interpreter.enable``). Returns the device."""
+    """Pick the device ("cuda" if available unless told otherwise); for the CPU, switch on the
+    Triton interpreter and make it faithful (``refcheck.interpreter.enable``); for a GPU, run every
+    autotuned kernel at one config drawn from the run's seed (``refcheck.autotune``, unless
+    ``REFCHECK_AUTOTUNE=benchmark``). Returns the device."""
     import torch
 
     if device is None:
@@ -20,8 +22,12 @@ def configure_backend(device: str | None = None) -> str:
         raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' asked for, but torch sees no CUDA device")
+    from . import autotune
+    autotune.mode()                      # a bad REFCHECK_AUTOTUNE fails here, before any kernel
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
         from . import interpreter
         interpreter.enable()
+    else:
+        autotune.install()
     return device

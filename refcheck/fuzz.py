@@ -420,6 +420,9 @@ def run(args) -> int:
 
     started = time.monotonic()
     buckets, took = compile_buckets(impl, device, seed=args.seed, mode=args.precision, out=out)
+    if device != "cpu":
+        from . import autotune
+        out.print(escape(autotune.describe()))
     seconds = args.seconds - took["seconds"] if args.seconds and took else args.seconds
     results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
                          strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)

@@ -117,8 +117,13 @@ def activate(config) -> RefcheckConfig:
 
 def pytest_report_header(config):
     cfg = config.stash.get(CONFIG, None)
+    lines = []
     if cfg is not None and cfg.bucket_seed is not None:
-        return f"refcheck: compile buckets of seed {cfg.bucket_seed} (repeat with --bucket-seed {cfg.bucket_seed})"
+        lines.append(f"refcheck: compile buckets of seed {cfg.bucket_seed} (repeat with --bucket-seed {cfg.bucket_seed})")
+    if cfg is not None and cfg.device != "cpu":
+        from . import autotune
+        lines.append(f"refcheck: {autotune.describe()}")
+    return lines
 
 
 def _selected(cfg) -> list:

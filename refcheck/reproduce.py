@@ -58,7 +58,8 @@ def one_liner(function: str, impl: registry.Implementation, arguments: list[str]
     spec, keywords = impl_arguments(impl)
     args = [*leading, spec, *arguments, *keywords] + ([f"budgets={list(paths)!r}"] if paths else [])
     prelude.append(f"from refcheck.reproduce import {function}; from refcheck.case import Case")
-    return f"python -c \"{'; '.join(prelude)}; {function}({', '.join(args)})\""
+    from .autotune import reproducer_env
+    return f"{reproducer_env()}python -c \"{'; '.join(prelude)}; {function}({', '.join(args)})\""
 
 
 def _setup(impl: str, op: str, device: str | None, budgets, dtypes, backward) -> tuple[registry.Implementation, str]:
