@@ -29,5 +29,7 @@ def configure_backend(device: str | None = None) -> str:
         from . import interpreter
         interpreter.enable()
     else:
+        from . import compile_clock
         autotune.install()
+        compile_clock.install()
     return device

@@ -41,9 +41,10 @@ from dataclasses import dataclass
 SEED_ENV = "REFCHECK_BUCKET_SEED"
 """The environment variable holding the run's bucket seed (set once, inherited by every process)."""
 
-WARM_LENGTHS = (64, 65)
-"""Lengths of the warm-up examples: at and one past a chunk for ``agreement``, one past for the
-other laws (Triton specializes an int argument equal to 1 or divisible by 16)."""
+WARM_LENGTHS = (1, 64, 65)
+"""Lengths of the warm-up examples: one token, at and one past a chunk for ``agreement``, one past
+for the other laws: Triton specializes an int argument equal to 1 or divisible by 16, so these
+three meet every specialization of a length (and of a chunk count, 1 or 2)."""
 
 
 def run_seed(given: int | None = None) -> int:

@@ -207,7 +207,7 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
                 continue
             why = impl.unavailable(device)
             if why is None:
-                runnable.append(impl)
+                runnable.append(impl.on(device))
             else:
                 unavailable.append((op, impl.name, why))
         for entry in cases(op, quick):

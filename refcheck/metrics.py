@@ -52,6 +52,15 @@ def rel_rms(x: torch.Tensor, ref: torch.Tensor, floor: float) -> float:
     return rms_diff / max(rms_ref, floor)
 
 
+def rel_rms_denominator(x: torch.Tensor, ref: torch.Tensor, floor: float) -> float:
+    """What ``rel_rms(x, ref, floor)`` divides by: ``max(rms(ref), floor, representable_floor)``
+    over the finite entries of ``ref``: turns an absolute RMS allowance into a relative one."""
+    ref = ref.detach().to("cpu", torch.float64)
+    truth = ref[torch.isfinite(ref)]
+    rms_ref = float(truth.norm()) / math.sqrt(truth.numel()) if truth.numel() else 0.0
+    return max(rms_ref, floor, representable_floor(x, ref))
+
+
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest elementwise difference; 0 for bitwise-equal tensors (NaN equal to NaN)."""
     a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)

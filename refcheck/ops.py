@@ -7,8 +7,8 @@ recurrence), ``chunked_reference`` (the fast float64 chunk form), ``outputs`` an
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,8 @@ class OpCard:
     outputs:        names of the returned values, in order (a single return value is one name)
     differentiable: tensor inputs that get a gradient when present
     make_inputs:    ``(case, device) -> Inputs``, deterministic in the case's seed
+    natural_scales: by output name, ``(inputs, truth) -> float``: the size of what that output is a
+                    difference of, used as the floor of its relative error (``natural_floor``)
     """
 
     name: str
@@ -65,6 +67,7 @@ class OpCard:
     differentiable: tuple[str, ...]
     make_inputs: Callable[[Case, torch.device], Inputs]
     dtypes: tuple[str, ...]
+    natural_scales: Mapping[str, Callable[[Inputs, Mapping[str, torch.Tensor]], float]] = field(default_factory=dict)
 
     @staticmethod
     def grad_name(input_name: str) -> str:
@@ -199,15 +202,32 @@ def attention_inputs(case: Case, device) -> Inputs:
 
 LINEAR_DTYPES = ("fp32", "bf16", "fp16")
 
+
+def gate_gradient_scale(inputs: Inputs, truth: Mapping[str, torch.Tensor]) -> float:
+    """The natural size of the gradient of a log-decay gate: ``dg`` is a reverse cumulative sum
+    over time of ``q * dq - k * dk`` (summed over channels for a scalar gate), exactly 0 where no
+    state precedes the decay (T = 1 without an initial state), where a correct kernel that forms
+    the difference returns its rounding residue. The RMS of ``|q * dq| + |k * dk|``, reduced to
+    g's shape, in float64 (0 when the truth holds no dq or dk)."""
+    if "dq" not in truth or "dk" not in truth:
+        return 0.0
+    t = inputs.tensors
+    terms = (t["q"].double() * truth["dq"].double()).abs() + (t["k"].double() * truth["dk"].double()).abs()
+    while terms.dim() > t["g"].dim():
+        terms = terms.sum(-1)
+    return float(terms.square().mean().sqrt()) if terms.numel() else 0.0
+
+
 OPS: dict[str, OpCard] = {card.name: card for card in (
     OpCard("kda_gate", references.kda_gate, None, ("gate",), ("g", "A_log", "dt_bias"),
            kda_gate_inputs, LINEAR_DTYPES),
     OpCard("kda", references.kda, references.kda_chunked, ("o", "final_state"),
            ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), kda_inputs, LINEAR_DTYPES),
     OpCard("gla", references.gla, references.gla_chunked, ("o", "final_state"),
-           ("q", "k", "v", "g", "initial_state"), gla_inputs, LINEAR_DTYPES),
+           ("q", "k", "v", "g", "initial_state"), gla_inputs, LINEAR_DTYPES, {"dg": gate_gradient_scale}),
     OpCard("simple_gla", references.simple_gla, references.simple_gla_chunked,
-           ("o", "final_state"), ("q", "k", "v", "g", "initial_state"), simple_gla_inputs, LINEAR_DTYPES),
+           ("o", "final_state"), ("q", "k", "v", "g", "initial_state"), simple_gla_inputs, LINEAR_DTYPES,
+           {"dg": gate_gradient_scale}),
     OpCard("attention", references.attention, None, ("o", "lse"), ("q", "k", "v"), attention_inputs,
            LINEAR_DTYPES + ("fp8",)),
 )}

@@ -52,6 +52,20 @@ def fla_simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_s
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
+def fla_gated_chunk_backward_refusal(device: str) -> str | None:
+    """Why flash-linear-attention refuses ``chunk_simple_gla``'s backward on ``device``, or None: on
+    Hopper with Triton >= 3.4.0 and < 3.7.1 its gated ``chunk_bwd_dqkwg`` raises RuntimeError
+    ("produces incorrect results ... see #640"), its own flags deciding."""
+    if torch.device(device).type != "cuda":
+        return None
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        import triton
+        return (f"flash-linear-attention refuses the gated chunk backward on Hopper with triton {triton.__version__} "
+                "(>= 3.4.0, < 3.7.1: 'produces incorrect results', fla-org/flash-linear-attention#640)")
+    return None
+
+
 def fla_recurrent_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                       cu_seqlens=None, use_qk_l2norm=False, safe_gate=False, lower_bound=None,
                       use_gate_in_kernel=False, A_log=None, dt_bias=None):

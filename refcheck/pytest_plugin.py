@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 import warnings
 from dataclasses import dataclass
 
 import hypothesis
 import pytest
 
-from . import profiles
+from . import compile_clock, profiles
 from .case import PRECISION_MODES
 from .selection import HELP
 
@@ -115,6 +116,20 @@ def activate(config) -> RefcheckConfig:
     return cfg
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` on a GPU: as many workers as ``refcheck.workers.default_jobs`` gives (at most 8:
+    they share the GPU's memory and time-slice its engine); None elsewhere (xdist's own count)."""
+    device = config.getoption("--device", None)
+    if device == "cpu":
+        return None
+    import torch
+    if device is None and not torch.cuda.is_available():
+        return None
+    from .workers import default_jobs
+    return default_jobs("cuda")
+
+
 def pytest_report_header(config):
     cfg = config.stash.get(CONFIG, None)
     lines = []
@@ -123,6 +138,13 @@ def pytest_report_header(config):
     if cfg is not None and cfg.device != "cpu":
         from . import autotune
         lines.append(f"refcheck: {autotune.describe()}")
+    if cfg is not None:
+        from .laws import LAWS
+        for op in dict.fromkeys(op for law in LAWS.values() for op in law.ops):
+            for impl in cfg.selection.implementations(op):
+                why = impl.refused_backward(cfg.device)
+                if why:
+                    lines.append(f"refcheck: {op}/{impl.name} checked forward only: {why}")
     return lines
 
 
@@ -240,16 +262,45 @@ def check_law(request):
         limits = profiles.limits(cfg.profile, interpreted(impl, cfg.device))
         buckets = _buckets(cfg, impl) if cfg.bucket_seed is not None else ()
         count = hypothesis.settings().max_examples if buckets else None     # every law its full count
-        for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict,
-                                     boundaries=cfg.profile == "ci", buckets=buckets, max_examples=count):
-            warnings.warn(BitwiseDifference(note))
+        started, before = time.perf_counter(), compile_clock.reading()
+        try:
+            for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict,
+                                         boundaries=cfg.profile == "ci", buckets=buckets, max_examples=count):
+                warnings.warn(BitwiseDifference(note))
+        finally:
+            compiled = compile_clock.reading() - before
+            request.node.user_properties.append(
+                (TIME_PROPERTY, (time.perf_counter() - started, compiled.seconds, compiled.compiles)))
     return check
+
+
+TIME_PROPERTY = "refcheck_seconds"
+"""A law test's user property: (wall seconds, seconds Triton compiled, compiles) in its worker."""
+_TIMES: dict[str, tuple[float, float, int]] = {}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """On a GPU, where the law tests' time went: compiling (what the warm-up did not cover) or the
+    examples, the slowest tests first."""
+    cfg = config.stash.get(CONFIG, None)
+    if cfg is None or cfg.device == "cpu" or not _TIMES:
+        return
+    wall = sum(t[0] for t in _TIMES.values())
+    compiling = sum(t[1] for t in _TIMES.values())
+    terminalreporter.section("refcheck: where the law tests' time went")
+    terminalreporter.write_line(f"{len(_TIMES)} law tests: {wall:.0f} s in their workers, of which {compiling:.0f} s "
+                                f"compiling ({sum(t[2] for t in _TIMES.values())} compiles)")
+    for nodeid, (seconds, compile_s, compiles) in sorted(_TIMES.items(), key=lambda kv: -kv[1][0])[:12]:
+        terminalreporter.write_line(f"{seconds:7.1f} s  {compile_s:7.1f} s compiling ({compiles:3d})  {nodeid}")
 
 
 def pytest_runtest_logreport(report):
     """With ``REFCHECK_FAILURE_DIR`` set, write each failure's report to its own file there the moment
     the test fails: a run cut short by a time limit (a lent GPU) keeps what it found, which pytest's
     end-of-session summary would lose."""
+    for key, value in report.user_properties:
+        if key == TIME_PROPERTY and report.when == "call":
+            _TIMES[report.nodeid] = tuple(value)
     folder = os.environ.get("REFCHECK_FAILURE_DIR")
     if folder and report.failed:
         os.makedirs(folder, exist_ok=True)

@@ -10,6 +10,7 @@ imported, fits the op's contract signature and asks for dtypes the op has.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -41,8 +42,11 @@ class Implementation:
               at (a Triton ``tl.dot`` on fp32 defaults to tf32), so that it is judged by that mode's
               budgets; default "ieee" (plain fp32)
     family:   a name that selects it with others (``--impl fla``: every flash-linear-attention entry point)
-    even_dims: input dtypes in which it takes even head dims only (a restriction it states and
-              asserts): cases for it are drawn with even K and V in those dtypes
+    backward_refusal: ``"module:callable"``, called with the device, returning why the backward is
+              refused there (a peer's own refusal of a GPU or compiler version) or None: there it is
+              checked forward only (``on``), ``forward_only_because`` saying why
+    dim_multiple: by input dtype, the number its head dims must be a multiple of (a restriction it
+              states and asserts): cases for it are drawn with such head dims in that dtype
     """
 
     op: str
@@ -57,7 +61,9 @@ class Implementation:
     requires: str | None = None
     fixed_mode: str = "ieee"
     family: str | None = None
-    even_dims: tuple[str, ...] = ()
+    dim_multiple: Mapping[str, int] = field(default_factory=dict)
+    backward_refusal: str | None = None
+    forward_only_because: str | None = None
     description: str = ""
 
     def __post_init__(self):
@@ -82,6 +88,20 @@ class Implementation:
     @property
     def provides(self) -> tuple[str, ...]:
         return self.outputs or card(self.op).outputs
+
+    def refused_backward(self, device: str) -> str | None:
+        """Why its backward is refused on ``device`` (``backward_refusal``), or None."""
+        if not self.backward or self.backward_refusal is None or self.unavailable(device) is not None:
+            return None
+        module, _, attr = self.backward_refusal.partition(":")
+        return getattr(importlib.import_module(module), attr)(device)
+
+    def on(self, device: str) -> "Implementation":
+        """This implementation as it runs on ``device``: forward only where its backward is refused."""
+        why = self.refused_backward(device)
+        if why is None:
+            return self
+        return dataclasses.replace(self, backward=False, forward_only_because=why)
 
     def unavailable(self, device: str) -> str | None:
         """Why it cannot run on ``device`` here, or None when it can."""
@@ -114,7 +134,8 @@ BUILTIN: tuple[Implementation, ...] = (
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
     # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
     Implementation("simple_gla", "fla_chunk", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", family="fla", even_dims=("bf16", "fp16"),
+                   fixed_mode="tf32", family="fla", dim_multiple={"bf16": 2, "fp16": 2},
+                   backward_refusal="refcheck.peers:fla_gated_chunk_backward_refusal",
                    description="flash-linear-attention chunk_simple_gla"),
     Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", devices=("cuda",), requires="fla",
                    backward=False, family="fla", description="flash-linear-attention fused_recurrent_kda (no backward)"),
@@ -124,8 +145,9 @@ BUILTIN: tuple[Implementation, ...] = (
                    requires="fla", family="fla", description="flash-linear-attention fused_recurrent_simple_gla"),
     Implementation("attention", "sdpa", "refcheck.peers:sdpa_attention", outputs=("o",),
                    description="torch scaled_dot_product_attention (no lse)"),
+    # "head_dim and head_dim_v must be between 8 and 256 and divisible by 8" (flash-attn-4 4.0.0b36 on SM90)
     Implementation("attention", "fa4", "refcheck.peers:fa4_attention", devices=("cuda",), dtypes=("bf16", "fp16"),
-                   requires="flash_attn", description="flash-attn-4 (CUTLASS DSL)"),
+                   requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8}, description="flash-attn-4 (CUTLASS DSL)"),
 ) + tuple(
     Implementation(op, "naive", f"refcheck.naive:{op}", dtypes=OPS[op].dtypes if op != "attention" else ALL_DTYPES,
                    description="the reference evaluated in the input dtype")

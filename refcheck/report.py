@@ -370,6 +370,9 @@ def run(args) -> int:
         console.print(table)
     for op, impl, why in the_grid.unavailable:
         console.print(f"not run: {op} {escape(f'[{impl}]')}: {escape(why)}")
+    for impl in impls:
+        if impl.forward_only_because:
+            console.print(f"forward only: {impl.op} {escape(f'[{impl.name}]')}: {escape(impl.forward_only_because)}")
     if args.laws:
         console.print(law_table(laws_run, impls))
         for r in laws_run:

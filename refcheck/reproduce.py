@@ -67,7 +67,7 @@ def _setup(impl: str, op: str, device: str | None, budgets, dtypes, backward) ->
     budgets_mod.use(budgets or ())
     device = configure_backend(device)   # before the implementation's kernels are imported
     found = registry.resolve(impl, op, dtypes=dtypes, backward=backward)
-    return found[0], device
+    return found[0].on(device), device
 
 
 def law(law_name: str, impl: str, case: Case, *, mode: str | None = None, knobs: dict | None = None,

@@ -63,7 +63,9 @@ class Selection:
         return tuple(d for d in impl.dtypes if not self.dtypes or d in self.dtypes)
 
     def narrowed(self, impl: registry.Implementation) -> registry.Implementation | None:
-        """``impl`` drawing only the selected dtypes; None when it takes none of them."""
+        """``impl`` as it runs on the device (``Implementation.on``), drawing only the selected dtypes;
+        None when it takes none of them."""
+        impl = impl.on(self.device)
         dtypes = self.dtypes_of(impl)
         if not dtypes:
             return None

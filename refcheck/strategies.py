@@ -131,12 +131,17 @@ def lengths(low: int, high: int) -> st.SearchStrategy[int]:
     return st.one_of(uniform, st.sampled_from(special)) if special else uniform
 
 
-def head_dims(max_dim: int, even: bool = False) -> st.SearchStrategy[int]:
+def head_dims(max_dim: int, multiple: int = 1) -> st.SearchStrategy[int]:
     """A head dimension up to ``max_dim``: the special dims (16, 60, 100, 192, 256, ...) or any;
-    with ``even``, even ones only (an implementation's ``even_dims``)."""
-    special = [d for d in SPECIAL_DIMS if d <= max_dim and not (even and d % 2)]
-    anything = st.integers(1, max_dim // 2).map(lambda d: 2 * d) if even else st.integers(1, max_dim)
-    return st.one_of(st.sampled_from(special), anything)
+    only multiples of ``multiple`` (an implementation's ``dim_multiple``)."""
+    special = [d for d in SPECIAL_DIMS if d <= max_dim and d % multiple == 0]
+    anything = st.integers(1, max_dim // multiple).map(lambda d: multiple * d)
+    return st.one_of(st.sampled_from(special), anything) if special else anything
+
+
+def dim_multiple(impl: Implementation | None, dtype: str) -> int:
+    """What ``impl``'s head dims must be a multiple of in ``dtype`` (1: anything)."""
+    return 1 if impl is None else impl.dim_multiple.get(dtype, 1)
 
 
 def _fit(limits: Limits, rows: int, heads: int, width: int, low: int) -> int:
@@ -248,7 +253,7 @@ def linear_cases(draw, op: str, impl: Implementation | None = None, limits: Limi
     pick = _picker(draw, pinned)
     dt = pick("dtype", dtypes(op, impl, dtype))
     h = pick("H", st.integers(1, limits.max_heads))
-    head_dim = head_dims(limits.max_dim, even=impl is not None and dt in impl.even_dims)
+    head_dim = head_dims(limits.max_dim, dim_multiple(impl, dt))
     k, v = pick("K", head_dim), pick("V", head_dim)
     if min_batch > 1:
         varlen = False
@@ -312,7 +317,7 @@ def attention_cases(draw, impl: Implementation | None = None, limits: Limits = S
     dt = pick("dtype", dtypes("attention", impl, dtype))
     hk = pick("Hk", st.integers(1, limits.max_heads))
     h = pick("H", st.sampled_from(GQA_GROUPS).map(lambda group: hk * group))
-    pairs = st.tuples(head_dims(limits.max_dim), head_dims(limits.max_dim))
+    pairs = st.tuples(head_dims(limits.max_dim, dim_multiple(impl, dt)), head_dims(limits.max_dim, dim_multiple(impl, dt)))
     if limits.mla:
         pairs = st.one_of(pairs, st.just(MLA_DIMS))
     dqk, dv = (pinned["Dqk"], pinned["Dv"]) if "Dqk" in pinned else draw(pairs)

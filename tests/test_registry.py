@@ -29,20 +29,40 @@ def test_a_family_name_selects_every_member_and_a_member_name_one():
         assert registry.contract_problems(impl.fn, impl.op, list(impl.knobs)) == []
 
 
-def test_a_peer_that_asserts_even_head_dims_gets_even_ones_in_those_dtypes():
+@pytest.mark.parametrize("op, name, multiple", [("simple_gla", "fla_chunk", 2), ("attention", "fa4", 8)])
+def test_a_peer_that_asserts_head_dim_multiples_gets_such_dims_in_those_dtypes(op, name, multiple):
     from hypothesis import given, settings
 
     from refcheck.strategies import LARGE, cases
-    impl = registry.get("simple_gla", "fla_chunk")
-    assert impl.even_dims == ("bf16", "fp16")
+    impl = registry.get(op, name)
+    assert impl.dim_multiple == {"bf16": multiple, "fp16": multiple}
     seen = set()
 
     @settings(max_examples=60, deadline=None, database=None)
-    @given(cases("simple_gla", impl, LARGE))
+    @given(cases(op, impl, LARGE))
     def check(case):
-        d = case.dim
-        if case.dtype in impl.even_dims:
-            assert d["K"] % 2 == 0 and d["V"] % 2 == 0
+        dims = [v for k, v in case.dim.items() if k in ("K", "V", "Dqk", "Dv")]
+        assert dims and all(d % impl.dim_multiple.get(case.dtype, 1) == 0 for d in dims), case.dim
         seen.add(case.dtype)
     check()
     assert {"bf16", "fp16"} & seen
+
+
+def refuse_on_cpu(device: str):
+    return "the stand-in refuses its backward on the CPU" if device == "cpu" else None
+
+
+def test_a_backward_refused_on_a_device_is_checked_forward_only_there_with_the_reason():
+    import dataclasses
+
+    from refcheck import grid
+    from refcheck.selection import select
+    naive = registry.get("gla", "naive")
+    refusing = dataclasses.replace(naive, name="refusing", backward_refusal=f"{__name__}:refuse_on_cpu")
+    here = refusing.on("cpu")
+    assert not here.backward and here.forward_only_because == "the stand-in refuses its backward on the CPU"
+    assert naive.on("cpu") is naive and naive.refused_backward("cpu") is None
+    selection = select(ops=["gla"], device="cpu")
+    assert not selection.narrowed(refusing).backward
+    points = [p for p in grid.build("cpu", ops=["gla"], impls=["naive"]).points]
+    assert points and all(p.impl.backward for p in points)   # a record without a refusal is unchanged
