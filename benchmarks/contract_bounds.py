@@ -97,7 +97,7 @@ def main() -> int:
         def measure(case, mode, knobs):
             out = verify.run(impl, case, "cpu", True, **({"precision": mode} if "precision" in impl.knobs else {}),
                              **knobs)
-            ref = verify.truth(case, "cpu", impl.backward, verify.cotangent_names(verify.card(case.op), impl.provides))
+            ref = verify.truth(case, impl.backward, verify.cotangent_names(verify.card(case.op), impl.provides))
             for name in ref:
                 if name not in out:
                     continue

@@ -169,7 +169,7 @@ class Trial:
         against ``ref``, two evaluations of the same math. ``sums``: ``ref`` is a composite
         whose parameter gradients (dA_log, ddt_bias) autograd summed over the pieces, an order no
         single run shares: those are held to the budget only."""
-        verdict = verify.measure(self.impl, self.case, out, ref, mode=self.mode, device=self.device,
+        verdict = verify.measure(self.impl, self.case, out, ref, mode=self.mode,
                                  grads=self.grads, knobs=self.knob_args())
         if not verdict.passed:
             self.fail(f"{what}: the two evaluations differ by more than the budget\n{verdict.table()}")
@@ -278,9 +278,9 @@ def _spans(case: Case) -> list[tuple[tuple[int, int], tuple[int, int]]]:
 def agreement(t: Trial) -> None:
     """Law 1: outputs, final states and every gradient the implementation provides agree with the
     float64 reference within the budgets of ``tolerances.toml`` (random upstream gradients)."""
-    ref = verify.truth(t.case, t.device, t.grads, verify.cotangent_names(t.op, t.impl.provides))
+    ref = verify.truth(t.case, t.grads, verify.cotangent_names(t.op, t.impl.provides))
     out = t.evaluate(t.inputs())
-    verdict = verify.measure(t.impl, t.case, out, ref, mode=t.mode, device=t.device, grads=t.grads,
+    verdict = verify.measure(t.impl, t.case, out, ref, mode=t.mode, grads=t.grads,
                              knobs=t.knob_args())
     if not verdict.passed:
         t.fail("not within budget of the float64 truth\n" + verdict.table())
@@ -457,7 +457,7 @@ def no_side_effects(t: Trial) -> None:
     if changed:
         t.fail("modified its inputs in place: " + ", ".join(
             f"{n} (max abs change {max_abs_diff(inputs.tensors[n].detach(), before[n]):.2e})" for n in changed))
-    ref = verify.truth(t.case, t.device, t.grads, verify.cotangent_names(t.op, t.impl.provides))
+    ref = verify.truth(t.case, t.grads, verify.cotangent_names(t.op, t.impl.provides))
     bad = [n for n in ref if n in out and math.isinf(rel_rms(out[n], ref[n], budgets_mod.DEFAULT_FLOOR))]
     if bad:
         counts = _nonfinite(out, ref)
@@ -600,7 +600,7 @@ def gate_monotone(t: Trial) -> None:
     step = torch.randn(g.shape, generator=gen).abs().to(g.device) * float(t.case.drawn.get("input_scale", 1.0))
     higher = inputs.map(lambda n, x: (x.double() + step).to(x.dtype) if n == "g" else x)
     low, high = t.evaluate(inputs)["gate"], t.evaluate(higher)["gate"]
-    limit = verify.bound_of(t.impl, t.case, "gate", t.case.dtype, t.mode, device=t.device, grads=False)
+    limit = verify.bound_of(t.impl, t.case, "gate", t.case.dtype, t.mode, grads=False)
     rise = (high.double() - low.double()) - limit.bound * low.double().abs()
     if bool((rise > 0).any()):
         i = int(rise.flatten().argmax())
@@ -632,7 +632,7 @@ def key_permutation(t: Trial) -> None:
 def rows_without_keys(t: Trial) -> None:
     """Law 11: lse matches the float64 truth within budget, and a query row that sees no key
     (causal with S < T, an empty key span) gets exactly o = 0 and lse = -inf, as the contract says."""
-    ref = verify.truth(t.case, t.device, False)
+    ref = verify.truth(t.case, False)
     out = t.evaluate(t.inputs())
     empty = torch.isneginf(ref["lse"]).to(out["o"].device)             # [B, H, T]
     rows = empty.transpose(1, 2)                                        # [B, T, H]
@@ -644,7 +644,7 @@ def rows_without_keys(t: Trial) -> None:
     if not bool(torch.isneginf(out["lse"][empty]).all()):
         t.fail(f"lse is not -inf on rows that see no key: e.g. {out['lse'][empty][:6].tolist()}")
     verdict = verify.measure(t.impl, t.case, {"lse": out["lse"]}, {"lse": ref["lse"]}, mode=t.mode,
-                             device=t.device, grads=False, knobs=t.knob_args())
+                             grads=False, knobs=t.knob_args())
     if not verdict.passed:
         t.fail("lse not within budget of the float64 truth\n" + verdict.table())
 

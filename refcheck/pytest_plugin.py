@@ -100,9 +100,15 @@ def activate(config) -> RefcheckConfig:
                            device=config.getoption("--device"), forward_only=config.getoption("--forward-only"))
     except SelectionError as err:
         raise pytest.UsageError(f"refcheck: {err}") from None
-    if selection.device == "cpu":
-        # Tiny tensors: with one OpenMP thread per xdist worker, a [2,200,116] einsum takes 50 us;
-        # with 2 threads per worker on 2 busy cores it took 16 ms (measured here).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # CPU: tiny tensors: with one OpenMP thread per xdist worker, a [2,200,116] einsum takes
+        # 50 us; with 2 threads per worker on 2 busy cores it took 16 ms (measured here). GPU: the
+        # workers share the cores for the float64 references.
+        import torch
+
+        from .workers import threads_per_process
+        torch.set_num_threads(threads_per_process(selection.device, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+    elif selection.device == "cpu":
         import torch
         torch.set_num_threads(1)
     profile = config.getoption("hypothesis_profile", None) or profiles.DEFAULT

@@ -167,15 +167,23 @@ def cotangent_names(op: OpCard, provides) -> tuple[str, ...] | None:
     return None if names == op.outputs else names
 
 
+REFERENCE_DEVICE = torch.device("cpu")
+"""Where the float64 truth and the naive forms are evaluated, whatever the implementation's device:
+the inputs are drawn on the CPU (``OpCard.make_inputs``), so the numbers are the same, and the
+references' Python loops of small kernels would time-slice a GPU shared by several worker processes
+(measured on an H100, 8 processes: 16 s per example of chunk_simple_gla at T <= 1100, 0 s of it
+compiling; on one CPU core the truth and both naive forms of the largest such case take 1.5-3 s)."""
+
+
 @lru_cache(maxsize=256)
-def truth(case: Case, device: str = "cpu", grads: bool = True,
-          outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
-    """The float64 reference outputs (and gradients) of a case; cached, since every implementation,
-    mode and knob setting of a case shares it. The gradients backpropagate the cotangents of
-    ``outputs`` only (default all): those an implementation returns (torch SDPA has no ``lse``)."""
+def truth(case: Case, grads: bool = True, outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The float64 reference outputs (and gradients) of a case, on ``REFERENCE_DEVICE``; cached,
+    since every implementation, mode and knob setting of a case shares it. The gradients
+    backpropagate the cotangents of ``outputs`` only (default all): those an implementation returns
+    (torch SDPA has no ``lse``)."""
     op = card(case.op)
     fn = op.chunked_reference if op.chunked_reference and case.dim.get("T", 0) >= CHUNKED_TRUTH_MIN_T else op.reference
-    inputs = op.make_inputs(case, torch.device(device)).to_float64()
+    inputs = op.make_inputs(case, REFERENCE_DEVICE).to_float64()
     return evaluate(fn, op, inputs, grads=grads, cotangents=lambda out: {
         n: g.to(torch.float64) for n, g in upstream_gradients(op, case, out, outputs).items()})
 
@@ -190,13 +198,13 @@ def run(impl: registry.Implementation, case: Case, device: str = "cpu", grads: b
 
 
 @lru_cache(maxsize=256)
-def naive_outputs(case: Case, device: str = "cpu", grads: bool = True,
-                  outputs: tuple[str, ...] | None = None, form: str = "recurrent") -> dict[str, torch.Tensor]:
+def naive_outputs(case: Case, grads: bool = True, outputs: tuple[str, ...] | None = None,
+                  form: str = "recurrent") -> dict[str, torch.Tensor]:
     """The results of a naive form (``registry.NAIVE_FORMS``: the reference evaluated in the input
-    dtype) on a case, cotangents of ``outputs`` only (as ``truth``)."""
+    dtype) on a case, on ``REFERENCE_DEVICE``, cotangents of ``outputs`` only (as ``truth``)."""
     op = card(case.op)
     return evaluate(registry.get(case.op, registry.NAIVE_FORMS[form]).fn, op,
-                    op.make_inputs(case, torch.device(device)),
+                    op.make_inputs(case, REFERENCE_DEVICE),
                     grads=grads, cotangents=lambda o: upstream_gradients(op, case, o, outputs))
 
 
@@ -209,7 +217,7 @@ shows there (they differentiate the recurrence and get an exact 0)."""
 
 
 def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[str, torch.Tensor],
-                           floor: float, device: str = "cpu") -> tuple[float, float]:
+                           floor: float) -> tuple[float, float]:
     """``(allowance, scale)``: what the bound of output ``name`` gains (relative, as ``rel_rms``
     measures) where its truth ``ref[name]`` vanishes at float32 precision of the terms it is a
     difference of (``CANCELLATION_ULPS``), and their natural size; ``(0, scale)`` where the truth
@@ -218,7 +226,7 @@ def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[s
     natural = op.natural_scales.get(name)
     if natural is None:
         return 0.0, 0.0
-    scale = natural(op.make_inputs(case, torch.device(device)), ref)
+    scale = natural(op.make_inputs(case, ref[name].device), ref)
     residue = CANCELLATION_ULPS * 2.0 ** -24 * scale
     truth = ref[name].detach().double()
     truth = truth[torch.isfinite(truth)]
@@ -227,17 +235,17 @@ def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[s
     return residue / rel_rms_denominator(out, ref[name], floor), scale
 
 
-def yardstick(case: Case, name: str, floor: float, *, device: str = "cpu", grads: bool = True,
+def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
               outputs: tuple[str, ...] | None = None) -> tuple[float | None, str]:
     """The naive error of output ``name`` on ``case``: the largest relative RMS error against the
     float64 truth among the naive forms of the op (the reference evaluated in the input dtype,
     recurrent, and chunked with decays differenced as kernels do), and which form it was. A form
     whose result is not finite (an overflow of the input dtype) is no yardstick; ``(None, "")``
     when none is."""
-    base = truth(case, device, grads, outputs)
+    base = truth(case, grads, outputs)
     errors = {}
     for form in registry.naive_forms(case.op):
-        out = naive_outputs(case, device, grads, outputs, form)
+        out = naive_outputs(case, grads, outputs, form)
         if name in out and name in base:
             error = rel_rms(out[name], base[name], floor=floor)
             if math.isfinite(error):
@@ -266,7 +274,7 @@ def budget_dtype(case: Case, name: str, value: torch.Tensor) -> str:
     return DTYPE_NAMES[coarser]
 
 
-def bound_of(impl: registry.Implementation, case: Case, name: str, dtype: str, mode: str, *, device: str = "cpu",
+def bound_of(impl: registry.Implementation, case: Case, name: str, dtype: str, mode: str, *,
              grads: bool = True, budgets: budgets_mod.Budgets | None = None) -> Measurement:
     """The bound on output ``name`` of ``impl`` on ``case`` (dtype ``dtype``, mode ``mode``), with
     what it is made of, as a ``Measurement`` whose error is not yet known (0)."""
@@ -274,14 +282,14 @@ def bound_of(impl: registry.Implementation, case: Case, name: str, dtype: str, m
     budget = budgets.get(case.op, name, dtype, mode, impl.name)
     naive_error, form = None, ""
     if budget.metric == "naive_ratio":
-        naive_error, form = yardstick(case, name, budget.floor, device=device, grads=grads,
+        naive_error, form = yardstick(case, name, budget.floor, grads=grads,
                                       outputs=cotangent_names(card(case.op), impl.provides))
     bound = budget.bound(naive_error) if naive_error is not None or budget.metric == "rel_rms" else budget.slack
     return Measurement(name, 0.0, bound, budget, naive_error, form, dtype)
 
 
 def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tensor],
-            ref: dict[str, torch.Tensor], *, mode: str, device: str = "cpu", grads: bool = True,
+            ref: dict[str, torch.Tensor], *, mode: str, grads: bool = True,
             budgets: budgets_mod.Budgets | None = None, knobs: dict | None = None) -> Verdict:
     """Measure ``out`` against ``ref`` under the budgets of ``impl`` on ``case`` in ``mode``.
 
@@ -303,11 +311,11 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
         want = output_dtype(case, name)
         if name in op.outputs and out[name].dtype != want:
             verdict.problems.append(f"{name}: dtype {out[name].dtype}, contract says {want}")
-        limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, device=device, grads=grads,
+        limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, grads=grads,
                          budgets=budgets)
         limit.error = rel_rms(out[name], ref[name], floor=limit.budget.floor)
         limit.cancellation, limit.natural_scale = cancellation_allowance(case, name, out[name], ref,
-                                                                         limit.budget.floor, device)
+                                                                         limit.budget.floor)
         limit.bound += limit.cancellation
         verdict.measurements.append(limit)
     return verdict
@@ -325,6 +333,6 @@ def verify(impl: str | registry.Implementation, case: Case, *, mode: str | None 
     if "precision" in impl.knobs:
         knobs = {"precision": mode, **knobs}
     grads = grads and impl.backward
-    ref = truth(case, device, grads, cotangent_names(card(case.op), impl.provides))
+    ref = truth(case, grads, cotangent_names(card(case.op), impl.provides))
     out = run(impl, case, device, grads, **knobs)
-    return measure(impl, case, out, ref, mode=mode, device=device, grads=grads, budgets=budgets, knobs=knobs)
+    return measure(impl, case, out, ref, mode=mode, grads=grads, budgets=budgets, knobs=knobs)

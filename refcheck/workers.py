@@ -52,18 +52,29 @@ def default_jobs(device: str) -> int:
     """Worker processes: the usable cores, at most ``MAX_JOBS`` on the CPU (interpreted kernels),
     at most ``MAX_GPU_JOBS`` on a GPU (where a cold run is bound by compiling, one core each, and
     the processes share the GPU's memory)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_JOBS if device == "cpu" else MAX_GPU_JOBS, cores))
+    return max(1, min(MAX_JOBS if device == "cpu" else MAX_GPU_JOBS, cores()))
+
+
+def cores() -> int:
+    """The CPU cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_per_process(device: str, jobs: int) -> int:
+    """Intra-op threads for each of ``jobs`` worker processes: one on the CPU (interpreted kernels
+    and tiny tensors: more threads only synchronise), on a GPU run a share of the cores, which
+    compute the float64 references (``refcheck.verify.REFERENCE_DEVICE``)."""
+    return 1 if device == "cpu" else max(1, cores() // max(1, jobs))
 
 
 def _init_worker(device: str, jobs: int = 1) -> None:
-    """A worker process: the backend before any kernel is imported, one intra-op thread, on a GPU
+    """A worker process: the backend before any kernel is imported, its intra-op threads, on a GPU
     its share of the memory (one of ``jobs``)."""
     import torch
 
     from .backend import configure_backend
     configure_backend(device)
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads_per_process(device, jobs))
     if torch.device(device).type == "cuda" and jobs > 1:
         torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs)
 

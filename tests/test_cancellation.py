@@ -21,7 +21,7 @@ def case(op: str, length: int, dtype: str = "fp16") -> Case:
 def dg_measurement(c: Case, shift):
     """dg of an implementation equal to the truth except ``dg + shift(natural size)``."""
     from refcheck import registry
-    ref = truth(c, "cpu", True, None)
+    ref = truth(c, True, None)
     out = {n: t.to(torch.float32) if t.is_floating_point() else t for n, t in ref.items()}
     out["o"] = ref["o"].to(c.torch_dtype)
     first = measure(registry.get(c.op, "naive"), c, out, ref, mode="ieee")
