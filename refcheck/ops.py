@@ -203,31 +203,51 @@ def attention_inputs(case: Case, device) -> Inputs:
 LINEAR_DTYPES = ("fp32", "bf16", "fp16")
 
 
-def gate_gradient_scale(inputs: Inputs, truth: Mapping[str, torch.Tensor]) -> float:
-    """The natural size of the gradient of a log-decay gate: ``dg`` is a reverse cumulative sum
-    over time of ``q * dq - k * dk`` (summed over channels for a scalar gate), exactly 0 where no
-    state precedes the decay (T = 1 without an initial state), where a correct kernel that forms
-    the difference returns its rounding residue. The RMS of ``|q * dq| + |k * dk|``, reduced to
-    g's shape, in float64 (0 when the truth holds no dq or dk)."""
+def gate_gradient_scales(inputs: Inputs, truth: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """The natural size of the gradients that reach a log-decay gate: the gradient of the decay is
+    a reverse cumulative sum over time of ``q * dq - k * dk`` (summed over channels for a scalar
+    gate), exactly 0 where no state precedes the decay (T = 1 without an initial state), where a
+    correct kernel that forms the difference returns its rounding residue. Its size is
+    ``|q * dq| + |k * dk|`` (reduced to the decay's shape); carried back through KDA's in-kernel
+    gate (``references.kda_gate``, whose partials keep one sign) it gives the size of ``dg``,
+    ``dA_log`` and ``ddt_bias``. RMS of each, in float64, by gradient name ({} without dq, dk)."""
     if "dq" not in truth or "dk" not in truth:
-        return 0.0
+        return {}
     t = inputs.tensors
-    terms = (t["q"].double() * truth["dq"].double()).abs() + (t["k"].double() * truth["dk"].double()).abs()
-    while terms.dim() > t["g"].dim():
-        terms = terms.sum(-1)
-    return float(terms.square().mean().sqrt()) if terms.numel() else 0.0
+    size = (t["q"].double() * truth["dq"].double()).abs() + (t["k"].double() * truth["dk"].double()).abs()
+    while size.dim() > t["g"].dim():
+        size = size.sum(-1)
+    if not inputs.options.get("use_gate_in_kernel"):
+        return {"dg": _rms(size)}
+    leaves = {n: t[n].double().detach().requires_grad_() for n in ("g", "A_log", "dt_bias") if n in t}
+    decay = references.kda_gate(leaves["g"], leaves["A_log"], leaves.get("dt_bias"), inputs.options.get("lower_bound"))
+    grads = torch.autograd.grad(decay, list(leaves.values()), grad_outputs=size.to(decay.device))
+    return {"d" + n: _rms(g) for n, g in zip(leaves, grads)}
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.double().square().mean().sqrt()) if x.numel() else 0.0
+
+
+def _gate_gradient_scale(name: str) -> Callable[[Inputs, Mapping[str, torch.Tensor]], float]:
+    """``OpCard.natural_scales`` entry of gate gradient ``name`` (``gate_gradient_scales``)."""
+    return lambda inputs, truth: gate_gradient_scales(inputs, truth).get(name, 0.0)
+
+
+GATE_GRADIENT_SCALES = {name: _gate_gradient_scale(name) for name in ("dg", "dA_log", "ddt_bias")}
 
 
 OPS: dict[str, OpCard] = {card.name: card for card in (
     OpCard("kda_gate", references.kda_gate, None, ("gate",), ("g", "A_log", "dt_bias"),
            kda_gate_inputs, LINEAR_DTYPES),
     OpCard("kda", references.kda, references.kda_chunked, ("o", "final_state"),
-           ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), kda_inputs, LINEAR_DTYPES),
+           ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), kda_inputs, LINEAR_DTYPES,
+           GATE_GRADIENT_SCALES),
     OpCard("gla", references.gla, references.gla_chunked, ("o", "final_state"),
-           ("q", "k", "v", "g", "initial_state"), gla_inputs, LINEAR_DTYPES, {"dg": gate_gradient_scale}),
+           ("q", "k", "v", "g", "initial_state"), gla_inputs, LINEAR_DTYPES, GATE_GRADIENT_SCALES),
     OpCard("simple_gla", references.simple_gla, references.simple_gla_chunked,
            ("o", "final_state"), ("q", "k", "v", "g", "initial_state"), simple_gla_inputs, LINEAR_DTYPES,
-           {"dg": gate_gradient_scale}),
+           GATE_GRADIENT_SCALES),
     OpCard("attention", references.attention, None, ("o", "lse"), ("q", "k", "v"), attention_inputs,
            LINEAR_DTYPES + ("fp8",)),
 )}

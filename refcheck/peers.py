@@ -52,10 +52,10 @@ def fla_simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_s
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
-def fla_gated_chunk_backward_refusal(device: str) -> str | None:
-    """Why flash-linear-attention refuses ``chunk_simple_gla``'s backward on ``device``, or None: on
-    Hopper with Triton >= 3.4.0 and < 3.7.1 its gated ``chunk_bwd_dqkwg`` raises RuntimeError
-    ("produces incorrect results ... see #640"), its own flags deciding."""
+def fla_gated_chunk_backward_refusal(device: str, case=None) -> str | None:
+    """Why flash-linear-attention refuses ``chunk_simple_gla``'s backward on ``device`` (any case),
+    or None: on Hopper with Triton >= 3.4.0 and < 3.7.1 its gated ``chunk_bwd_dqkwg`` raises
+    RuntimeError ("produces incorrect results ... see #640"), its own flags deciding."""
     if torch.device(device).type != "cuda":
         return None
     from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
@@ -63,6 +63,18 @@ def fla_gated_chunk_backward_refusal(device: str) -> str | None:
         import triton
         return (f"flash-linear-attention refuses the gated chunk backward on Hopper with triton {triton.__version__} "
                 "(>= 3.4.0, < 3.7.1: 'produces incorrect results', fla-org/flash-linear-attention#640)")
+    return None
+
+
+def fa4_backward_refusal(device: str, case=None) -> str | None:
+    """Why flash-attn-4 refuses the backward of ``case``, or None: with GQA (H != Hk) it asserts
+    "GQA backward requires head_dim == head_dim_v" (4.0.0b36), so MLA's 192/128 with GQA is
+    checked forward only."""
+    if case is None:
+        return None
+    d = case.dim
+    if d["H"] != d["Hk"] and d["Dqk"] != d["Dv"]:
+        return "flash-attn-4: 'GQA backward requires head_dim == head_dim_v'"
     return None
 
 

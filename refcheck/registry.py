@@ -42,9 +42,11 @@ class Implementation:
               at (a Triton ``tl.dot`` on fp32 defaults to tf32), so that it is judged by that mode's
               budgets; default "ieee" (plain fp32)
     family:   a name that selects it with others (``--impl fla``: every flash-linear-attention entry point)
-    backward_refusal: ``"module:callable"``, called with the device, returning why the backward is
-              refused there (a peer's own refusal of a GPU or compiler version) or None: there it is
-              checked forward only (``on``), ``forward_only_because`` saying why
+    backward_refusal: ``"module:callable"``, called with the device and a case (None: any), returning
+              why the backward is refused there (a peer's own refusal of a GPU or compiler version:
+              checked forward only there, ``on``, ``forward_only_because`` saying why) or on that
+              case (an input combination it states it does not differentiate: that case is checked
+              forward only), or None
     dim_multiple: by input dtype, the number its head dims must be a multiple of (a restriction it
               states and asserts): cases for it are drawn with such head dims in that dtype
     """
@@ -89,16 +91,17 @@ class Implementation:
     def provides(self) -> tuple[str, ...]:
         return self.outputs or card(self.op).outputs
 
-    def refused_backward(self, device: str) -> str | None:
-        """Why its backward is refused on ``device`` (``backward_refusal``), or None."""
-        if not self.backward or self.backward_refusal is None or self.unavailable(device) is not None:
+    def refused_backward(self, device: str, case=None) -> str | None:
+        """Why its backward is refused on ``device`` (``case`` None) or on ``case`` there
+        (``backward_refusal``), or None."""
+        if not self.backward or self.backward_refusal is None:
             return None
         module, _, attr = self.backward_refusal.partition(":")
-        return getattr(importlib.import_module(module), attr)(device)
+        return getattr(importlib.import_module(module), attr)(device, case)
 
     def on(self, device: str) -> "Implementation":
         """This implementation as it runs on ``device``: forward only where its backward is refused."""
-        why = self.refused_backward(device)
+        why = self.refused_backward(device) if self.unavailable(device) is None else None
         if why is None:
             return self
         return dataclasses.replace(self, backward=False, forward_only_because=why)
@@ -147,7 +150,8 @@ BUILTIN: tuple[Implementation, ...] = (
                    description="torch scaled_dot_product_attention (no lse)"),
     # "head_dim and head_dim_v must be between 8 and 256 and divisible by 8" (flash-attn-4 4.0.0b36 on SM90)
     Implementation("attention", "fa4", "refcheck.peers:fa4_attention", devices=("cuda",), dtypes=("bf16", "fp16"),
-                   requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8}, description="flash-attn-4 (CUTLASS DSL)"),
+                   requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8},
+                   backward_refusal="refcheck.peers:fa4_backward_refusal", description="flash-attn-4 (CUTLASS DSL)"),
 ) + tuple(
     Implementation(op, "naive", f"refcheck.naive:{op}", dtypes=OPS[op].dtypes if op != "attention" else ALL_DTYPES,
                    description="the reference evaluated in the input dtype")

@@ -48,7 +48,9 @@ def test_a_peer_that_asserts_head_dim_multiples_gets_such_dims_in_those_dtypes(o
     assert {"bf16", "fp16"} & seen
 
 
-def refuse_on_cpu(device: str):
+def refuse_on_cpu(device: str, case=None):
+    if case is not None:
+        return "the stand-in refuses the backward of T = 1" if case.dim["T"] == 1 else None
     return "the stand-in refuses its backward on the CPU" if device == "cpu" else None
 
 
@@ -66,3 +68,30 @@ def test_a_backward_refused_on_a_device_is_checked_forward_only_there_with_the_r
     assert not selection.narrowed(refusing).backward
     points = [p for p in grid.build("cpu", ops=["gla"], impls=["naive"]).points]
     assert points and all(p.impl.backward for p in points)   # a record without a refusal is unchanged
+
+
+def test_a_backward_refused_on_a_case_checks_that_case_forward_only():
+    import dataclasses
+
+    from refcheck.case import Case
+    from refcheck.verify import verify
+    refusing = dataclasses.replace(registry.get("gla", "naive"), name="refusing",
+                                   backward_refusal=f"{__name__}:refuse_on_cpu")
+
+    def outputs(length):
+        c = Case.make("gla", {"B": 1, "T": length, "H": 1, "K": 4, "V": 4}, "fp32", 1)
+        return {m.output for m in verify(refusing, c).measurements}
+    assert "o" in outputs(1) and not {"dq", "dk", "dv", "dg"} & outputs(1)
+    assert "dq" in outputs(2)
+
+
+def test_flash_attn_4_refuses_the_gqa_backward_of_differing_head_dims_only():
+    from refcheck.case import Case
+    from refcheck.peers import fa4_backward_refusal
+
+    def case(h, hk, dqk, dv):
+        return Case.make("attention", {"B": 1, "T": 8, "S": 8, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}, "bf16", 0)
+    assert "GQA backward" in fa4_backward_refusal("cuda", case(4, 2, 192, 128))
+    assert fa4_backward_refusal("cuda", case(4, 4, 192, 128)) is None
+    assert fa4_backward_refusal("cuda", case(4, 2, 64, 64)) is None
+    assert fa4_backward_refusal("cuda") is None
