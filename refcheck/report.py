@@ -139,7 +139,7 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
                 return [LawResult(law, impl, result[0], example, *result[1:])]
             units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, impl, example),
                               law.cost * _weight(impl, entry.case), wrap,
-                              crashed=functools.partial(_law_crash, law, impl, example)))
+                              crashed=functools.partial(_law_crash, law, impl, example), group=f"{impl.op}/{impl.name}"))
     return units, skipped
 
 
@@ -168,7 +168,7 @@ def point_units(points: list) -> list[Unit]:
     return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label} {name}", run_points,
                  (ps,),
                  sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps),
-                 crashed=lambda message, n=len(ps): [(None, message, 0.0)] * n)
+                 crashed=lambda message, n=len(ps): [(None, message, 0.0)] * n, group=f"{c.op}/{name}")
             for (c, name), ps in groups.items()]
 
 

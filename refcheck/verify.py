@@ -40,6 +40,7 @@ class Measurement:
     dtype: str = ""
     cancellation: float = 0.0
     natural_scale: float = 0.0
+    computing: "Measurement | None" = None
 
     @property
     def passed(self) -> bool:
@@ -49,8 +50,10 @@ class Measurement:
     def explanation(self) -> str:
         """What the bound is made of (``Budget.explain``, and a cancellation's allowance)."""
         text = self.budget.explain(self.naive_error, self.naive_form, self.dtype)
+        if self.computing is not None:
+            text += f" + {self.computing.bound:.1e} for computing it in {self.computing.dtype} ({self.computing.explanation})"
         if self.cancellation:
-            text += (f" + {self.cancellation:.1e} ({CANCELLATION_ULPS} fp32 ulps of the terms it is a difference "
+            text += (f" + {self.cancellation:.1e} ({CANCELLATION_ULPS} ulps of the terms it is a difference "
                      f"of, {self.natural_scale:.1e})")
         return text
 
@@ -210,14 +213,19 @@ def naive_outputs(case: Case, grads: bool = True, outputs: tuple[str, ...] | Non
 
 CANCELLATION_ULPS = 16
 """Where an output is a difference of larger terms (``OpCard.natural_scales``) and its truth is no
-larger than this many float32 unit roundoffs (2^-24) of their size, it is 0 at float32 precision
-(a gate gradient at T = 1 without an initial state), and an error of that size is allowed: the
-residue a correct kernel leaves when it forms the difference in float32, which no naive form
-shows there (they differentiate the recurrence and get an exact 0)."""
+larger than this many unit roundoffs of the precision mode's float32 arithmetic
+(``MODE_UNIT_ROUNDOFF``) of their size, it is 0 at that precision (a gate gradient at T = 1
+without an initial state), and an error of that size is allowed: the residue a correct kernel
+leaves when it forms the difference, which no naive form shows there (they differentiate the
+recurrence and get an exact 0)."""
+
+MODE_UNIT_ROUNDOFF = {"ieee": 2.0 ** -24, "tf32x3": 2.0 ** -24, "tf32": 2.0 ** -11}
+"""Unit roundoff of a precision mode's float32 products: tf32 keeps 10 mantissa bits of each
+operand, tf32x3 recovers about float32's."""
 
 
 def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[str, torch.Tensor],
-                           floor: float) -> tuple[float, float]:
+                           floor: float, mode: str = "ieee") -> tuple[float, float]:
     """``(allowance, scale)``: what the bound of output ``name`` gains (relative, as ``rel_rms``
     measures) where its truth ``ref[name]`` vanishes at float32 precision of the terms it is a
     difference of (``CANCELLATION_ULPS``), and their natural size; ``(0, scale)`` where the truth
@@ -227,7 +235,7 @@ def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[s
     if natural is None:
         return 0.0, 0.0
     scale = natural(op.make_inputs(case, ref[name].device), ref)
-    residue = CANCELLATION_ULPS * 2.0 ** -24 * scale
+    residue = CANCELLATION_ULPS * MODE_UNIT_ROUNDOFF[mode] * scale
     truth = ref[name].detach().double()
     truth = truth[torch.isfinite(truth)]
     if truth.numel() and float(truth.norm()) / math.sqrt(truth.numel()) > residue:
@@ -262,6 +270,13 @@ def output_dtype(case: Case, name: str) -> torch.dtype:
     if name != "o":
         return torch.float32
     return torch.bfloat16 if case.dtype == "fp8" else case.torch_dtype
+
+
+def computed_twin(case: Case) -> Case:
+    """``case`` with its gates drawn in the case's dtype: the naive error there is what computing
+    a gate gradient costs before it is stored in a coarser gate dtype (``budget_dtype``)."""
+    import dataclasses
+    return dataclasses.replace(case, draw=tuple(sorted({**dict(case.draw), "gate_dtype": case.dtype}.items())))
 
 
 def budget_dtype(case: Case, name: str, value: torch.Tensor) -> str:
@@ -314,8 +329,11 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
         limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, grads=grads,
                          budgets=budgets)
         limit.error = rel_rms(out[name], ref[name], floor=limit.budget.floor)
+        if limit.dtype != case.dtype:    # computed in the case's dtype, then stored coarser: both add
+            limit.computing = bound_of(impl, computed_twin(case), name, case.dtype, mode, grads=grads, budgets=budgets)
+            limit.bound += limit.computing.bound
         limit.cancellation, limit.natural_scale = cancellation_allowance(case, name, out[name], ref,
-                                                                         limit.budget.floor)
+                                                                         limit.budget.floor, mode)
         limit.bound += limit.cancellation
         verdict.measurements.append(limit)
     return verdict

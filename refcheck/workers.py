@@ -31,7 +31,8 @@ memory (``benchmarks/results/gpu_time_to_verdict_h100.json``)."""
 class Unit:
     """A unit of work: ``fn(*args, device)`` runs in a worker and returns plain (picklable) data,
     ``wrap`` turns that into results; ``cost`` orders the units (largest first, so that the pool is
-    not left waiting on one long unit at the end)."""
+    not left waiting on one long unit at the end); units of one ``group`` (an implementation)
+    compile the same kernels (``order``)."""
 
     name: str
     fn: Callable
@@ -39,6 +40,7 @@ class Unit:
     cost: float
     wrap: Callable[[object], list]
     crashed: Callable[[str], object] | None = None   # the result to record when its process died
+    group: str = ""
 
     def died(self, message: str):
         """What the unit's result is when the process running it died (a segfault, an abort, a
@@ -89,6 +91,19 @@ def _run_unit(fn, args: tuple, device: str):
             torch.cuda.empty_cache()
 
 
+def order(units: list[Unit]) -> list[int]:
+    """The order units start in: the costliest unit of each group first, then every other unit,
+    costliest first. On a GPU with a cold cache the first units of an implementation compile its
+    kernels; started together, N of them would compile the same kernels N times at once, where one
+    compiles them and the rest find them in Triton's cache."""
+    by_cost = sorted(range(len(units)), key=lambda i: -units[i].cost)
+    leaders: dict[str, int] = {}
+    for i in by_cost:
+        leaders.setdefault(units[i].group or units[i].name, i)
+    first = set(leaders.values())
+    return [i for i in by_cost if i in first] + [i for i in by_cost if i not in first]
+
+
 class Interrupted(KeyboardInterrupt):
     """The run was stopped (Ctrl-C, or the SIGINT of a time limit) before every unit finished:
     ``results`` of those that did (in the order of the units), ``unfinished`` the others' names."""
@@ -123,7 +138,7 @@ def execute(units: list[Unit], device: str, jobs: int, console, title: str) -> l
                     results[i] = unit.fn(*unit.args, device)
                     done(i)
             else:
-                pending = sorted(range(len(units)), key=lambda i: -units[i].cost)
+                pending = order(units)
                 while pending:
                     left = _in_pool(units, pending, results, device, jobs, done)
                     if len(left) == len(pending):      # no unit finished: run each alone, to find the culprit

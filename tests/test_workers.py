@@ -17,3 +17,10 @@ def test_a_stopped_run_keeps_what_finished():
         execute(units, "cpu", 1, Console(quiet=True), "test")
     assert stopped.value.results == [0, 1, 4]
     assert stopped.value.unfinished == ["u3", "u4", "u5"]
+
+
+def test_the_first_wave_starts_one_unit_per_group_then_the_costliest():
+    from refcheck.workers import Unit, order
+    units = [Unit(f"u{i}", print, (), cost, list, group=group)
+             for i, (cost, group) in enumerate([(5, "kda"), (9, "kda"), (1, "gla"), (7, "kda"), (2, "gla")])]
+    assert order(units) == [1, 4, 3, 0, 2]
