@@ -83,7 +83,8 @@ def main() -> int:
     torch.set_num_threads(1)
     from refcheck import budgets, verify
     from refcheck.laws import interpreted, path_knobs
-    from refcheck.strategies import INTERPRETED, SMALL, cases
+    from refcheck.examples import cases
+    from refcheck.strategies import INTERPRETED, SMALL
 
     loaded = budgets.load()
     worst: dict[str, dict] = {}

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from refcheck.backend import configure_backend
 from refcheck.case import Case
-from refcheck.strategies import Example
+from refcheck.examples import Example
 
 DIMS = {"H": 4, "K": 128, "V": 128}
 SAFE = {"safe_gate": True, "lower_bound": -5.0, "use_gate_in_kernel": False, "use_qk_l2norm": False}

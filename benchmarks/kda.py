@@ -7,7 +7,7 @@
 
 Timing: ``triton.testing.do_bench`` medians (L2 flushed between runs), forward under ``no_grad`` and
 forward+backward through ``torch.autograd.grad`` (no gradient accumulation), for ``optimized.kda``
-and FLA called with the same arguments (``refcheck.peers.fla_kda``; rows say 'fla not installed' when
+and FLA called with the same arguments (``refcheck.ops.kda.fla_chunk_kda``; rows say 'fla not installed' when
 it is missing), after every configuration was compiled in parallel processes (``--jobs``; one
 compile takes 5 to 30 s on an H200 and a process compiles one kernel at a time). The roofline is
 measured in the same run: a bf16 matmul (TFLOP/s) and a device copy
@@ -144,7 +144,7 @@ def time_impl(impl, x, cu, safe, backward):
 def fla_impl():
     try:
         import fla  # noqa: F401
-        from refcheck.peers import fla_kda
+        from refcheck.ops.kda import fla_chunk_kda as fla_kda
         return fla_kda, None
     except Exception as err:  # not installed here
         return None, f"fla not installed ({type(err).__name__})"

@@ -93,7 +93,8 @@ def plan(impl, limits, *, seed: int, mode: str | None = None) -> tuple:
     from hypothesis import strategies as st
 
     from .laws import LAWS
-    from .strategies import Bucket, cases, knob_settings, modes, signature
+    from .examples import Bucket, cases, signature
+    from .strategies import knob_settings, modes
 
     strategy = st.tuples(cases(impl.op, impl, limits), modes(impl, mode), knob_settings(impl))
     case, first_mode, knobs = _draw(strategy, _seed(seed, impl.op, impl.name))
@@ -135,7 +136,8 @@ def warm_ups(impl, buckets: tuple, *, seed: int) -> list[WarmUp]:
     every other law that applies once on each bucket it admits (what a law's own calls add: an
     initial state, the sequences of a packed batch run alone)."""
     from .laws import LAWS
-    from .strategies import SMALL, examples
+    from .examples import examples
+    from .strategies import SMALL
 
     found = []
     for law in LAWS.values():

@@ -267,7 +267,7 @@ def run_record(args) -> int:
 
     try:
         selection = select(impls=args.impl, ops=args.op, dtypes=args.dtype, budgets=args.budgets,
-                           device=args.device, forward_only=args.forward_only)
+                           device=args.device, forward_only=args.forward_only, op_cards=args.op_card)
         device = selection.device
         the_grid = grid.build(device, ops=list(selection.ops) or None,
                               impls=[i.name for i in selection.named] or None, quick=args.quick,

@@ -2,7 +2,7 @@
 
 For every law of ``refcheck.laws.LAWS`` that concerns OP and applies to the implementation,
 Hypothesis draws examples (a case, a precision mode, every knob the implementation declares and the
-law's own parameters: ``strategies.examples``) under the ``fuzz`` profile (``refcheck.profiles``)
+law's own parameters: ``refcheck.examples``) under the ``fuzz`` profile (``refcheck.profiles``)
 and runs the law on each through ``laws.check``, the path every law and error of refcheck takes.
 A falsified law is shrunk to a minimal example, printed with what broke (the measured error against
 its budget, or the traceback of an implementation that raised on valid input), and written out as
@@ -116,7 +116,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
 
     from . import laws
     from .buckets import triton_cache_entries
-    from .strategies import examples
+    from .examples import examples
 
     result = LawResult(law)
     failures: list[Failure] = []
@@ -222,7 +222,7 @@ def add_parser(subparsers) -> None:
 
     p = subparsers.add_parser("fuzz", help="search for a counterexample to every law of an op, for one implementation",
                               description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("op", help="the op: kda_gate, kda, gla, simple_gla or attention")
+    p.add_argument("op", help="the op (refcheck.ops; a user's with --op-card)")
     add_options(p, op=False)
     p.add_argument("--law", action="append", default=[], metavar="NAME",
                    help="only this law (repeatable, or comma-separated); default: every applicable one")
@@ -281,7 +281,7 @@ def _checked(args):
     """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off
     (checked before any kernel runs: budgets, device, op, dtypes, the implementation)."""
     from .ops import OPS
-    from .selection import SelectionError, items, select
+    from .selection import SelectionError, items, load_op_cards, select
 
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
@@ -289,6 +289,10 @@ def _checked(args):
         raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
     if not args.out_dir.is_dir():
         raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
+    try:
+        load_op_cards(args.op_card)
+    except SelectionError as err:
+        raise UsageError(str(err)) from None
     if args.op not in OPS:
         raise UsageError(f"unknown op {args.op!r}; known ops: {', '.join(OPS)}")
     specs = items(args.impl)
@@ -296,7 +300,7 @@ def _checked(args):
         raise UsageError(f"--impl: fuzz searches one implementation at a time, got {len(specs)}")
     try:
         selection = select(impls=specs, ops=[args.op], dtypes=args.dtype, budgets=args.budgets, device=args.device,
-                           forward_only=args.forward_only)
+                           forward_only=args.forward_only, op_cards=args.op_card)
     except SelectionError as err:
         raise UsageError(str(err)) from None
     if len(selection.named) != 1:

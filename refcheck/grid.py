@@ -1,7 +1,7 @@
 """The fixed, seeded verification grid: what ``refcheck report`` tables and ``refcheck drift`` records.
 
 For every op the grid holds a few *base* cases (a dense batch and packed sequences, with the op's
-main options) and a *sweep*: one dense case per sequence length ``T`` in ``SWEEP_T`` (log-spaced),
+main options) and a *sweep*: one dense case per sequence length ``T`` (``refcheck.ops.card.SWEEP_T``),
 for the error-growth curves. Each case is made for every input dtype of the op card; a grid
 *point* is one case run by one implementation in one precision mode::
 
@@ -29,14 +29,8 @@ from . import registry
 from .case import Case
 from .ops import OPS, card
 
-GRID_VERSION = 3
+GRID_VERSION = 4
 """Bump when a case of the grid changes: records of another version are refused by ``compare``."""
-
-SWEEP_T = (32, 128, 512)
-QUICK_SWEEP_T = (16, 64)
-"""Sequence lengths of the error-growth sweep (full and ``quick`` grid). Interpreted Triton costs
-~0.5 s per program and chunk of 64 with the backward, so T = 512 is what fits the CPU budget."""
-
 
 @dataclass(frozen=True)
 class GridCase:
@@ -89,78 +83,12 @@ def _seed(op: str, label: str) -> int:
     return zlib.crc32(f"{op}/{label}".encode()) & 0x7FFFFFFF
 
 
-# Templates: each returns (base, sweep), lists of (label, dims, keyword arguments of Case.make other
-# than dtype and seed). Sizes are small (the CPU runs Triton interpreted) but cover what kernels get
-# wrong: several batch rows and heads, GQA, a partial chunk, a sequence across a chunk boundary, an
-# empty packed sequence. The sweep is one sequence per length.
-Templates = tuple[list[tuple[str, dict, dict]], list[tuple[str, dict, dict]]]
-
-
-def _sweep_lengths(quick: bool) -> tuple[int, ...]:
-    return QUICK_SWEEP_T if quick else SWEEP_T
-
-
-def _linear_templates(op: str, quick: bool) -> Templates:
-    """kda, gla, simple_gla: a dense batch (one partial chunk) with initial and final states, packed
-    sequences (an empty one, one across a chunk boundary), and for kda the in-kernel safe gate; the
-    sweep returns the final state too."""
-    final = {"output_final_state": True}
-    if quick:
-        base = [("dense", dict(B=1, T=24, H=1, K=8, V=8), dict(options=final, draw={"initial_state": True}))]
-    else:
-        dims = dict(H=2, K=16, V=24)
-        base = [("dense", dict(dims, B=2, T=40), dict(options=final, draw={"initial_state": True})),
-                ("varlen", dict(dims, B=1, T=97),
-                 dict(seqlens=(17, 0, 80), draw={"initial_state": True},
-                      options=dict(final, use_qk_l2norm=True) if op == "kda" else final)),
-                # what kernels get wrong: a state leaking between packed sequences or batch rows (no
-                # initial state to reset to), a partial last chunk of one token (T = 65), steep decay
-                # over a partial last chunk
-                ("varlen_no_h0", dict(dims, B=1, T=100), dict(seqlens=(35, 0, 65), options=final)),
-                ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=final)),
-                ("steep_partial", dict(dims, B=1, T=70),
-                 dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
-        if op == "kda":
-            base.append(("gate_in_kernel", dict(dims, B=1, T=40),
-                         dict(options=dict(final, use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0))))
-    sweep_dims = dict(B=1, H=1, K=8, V=8) if quick else dict(B=1, H=1, K=16, V=16)
-    return base, [(f"T={t}", dict(sweep_dims, T=t), dict(options=final)) for t in _sweep_lengths(quick)]
-
-
-def _gate_templates(op: str, quick: bool) -> Templates:
-    """kda_gate: the softplus form and the lower-bound (sigmoid) form; elementwise, so no sweep."""
-    dims = dict(B=1, T=16, H=1, K=8) if quick else dict(B=2, T=33, H=2, K=16)
-    base = [("dense", dims, {})]
-    if not quick:
-        base.append(("lower_bound", dims, dict(options={"lower_bound": -5.0})))
-    return base, []
-
-
-def _attention_templates(op: str, quick: bool) -> Templates:
-    """attention: causal GQA batch with more queries than keys (its first rows see no key); packed
-    non-causal sequences (one empty query span); causal sweep with S = T."""
-    if quick:
-        base = [("dense", dict(B=1, T=12, S=16, H=2, Hk=1, Dqk=16, Dv=8), dict(options={"causal": True}))]
-    else:
-        dims = dict(T=40, S=50, H=4, Hk=2, Dqk=32, Dv=24)
-        base = [("dense", dict(dims, B=2, T=50, S=40), dict(options={"causal": True})),
-                ("varlen", dict(dims, B=1), dict(seqlens=(13, 0, 27), seqlens_k=(20, 5, 25)))]
-    sweep_dims = dict(B=1, H=2, Hk=1, Dqk=16, Dv=8) if quick else dict(B=1, H=2, Hk=1, Dqk=32, Dv=32)
-    return base, [(f"T={t}", dict(sweep_dims, T=t, S=t), dict(options={"causal": True}))
-                  for t in _sweep_lengths(quick)]
-
-
-TEMPLATES = {"kda_gate": _gate_templates, "kda": _linear_templates, "gla": _linear_templates,
-             "simple_gla": _linear_templates, "attention": _attention_templates}
-"""How each op's grid cases are made; every op card needs an entry (checked in ``cases``)."""
-
-
 def cases(op: str, quick: bool = False) -> list[GridCase]:
     """Every grid case of ``op``: base cases then the sweep, each for every dtype of the op card."""
     op_card = card(op)
-    if op not in TEMPLATES:
-        raise ValueError(f"op: {op!r} has no grid cases; add a template to refcheck.grid.TEMPLATES")
-    base, sweep = TEMPLATES[op](op, quick)
+    if op_card.grid is None:
+        raise ValueError(f"op: {op!r} has no grid cases; give its card a grid (refcheck.ops.OpCard.grid)")
+    base, sweep = op_card.grid(quick)
     return [GridCase(label, Case.make(op, dims, dtype, _seed(op, label), **kw), is_sweep)
             for dtype in op_card.dtypes
             for templates, is_sweep in ((base, False), (sweep, True))

@@ -36,15 +36,12 @@ from hypothesis import strategies as st
 from . import budgets as budgets_mod
 from . import registry, verify
 from .case import PRECISION_MODES, Case
+from .examples import Example, boundary_cases, examples
 from .metrics import bitwise_equal, max_abs_diff, rel_rms
-from .ops import Inputs, card
-from .strategies import INTERPRETED, SMALL, Example, Limits, boundary_cases, examples
+from .ops import OPS, REQUIREMENTS, Inputs, card
+from .strategies import INTERPRETED, SMALL, Limits
 
 STRICT_ENV = "REFCHECK_STRICT_BITWISE"
-LINEAR_OPS = ("kda", "gla", "simple_gla")
-ALL_OPS = ("kda_gate", *LINEAR_OPS, "attention")
-PARAMETERS = ("A_log", "dt_bias")
-"""Inputs shared by every batch row and sequence (not sliced when a case is cut into pieces)."""
 
 
 class LawViolation(AssertionError):
@@ -176,7 +173,7 @@ class Trial:
             self.fail(f"{what}: the two evaluations differ by more than the budget\n{verdict.table()}")
         if not bitwise:
             return
-        skip = {self.op.grad_name(p) for p in PARAMETERS} if sums else set()
+        skip = {self.op.grad_name(p) for p in self.op.shared_inputs} if sums else set()
         differ = {n: max_abs_diff(out[n], ref[n]) for n in ref
                   if n in out and n not in skip and not same_bits(out[n], ref[n])}
         if differ:
@@ -219,59 +216,10 @@ class Trial:
         return one_liner("law", self.impl, args, leading=[repr(self.law.name)])
 
 
-# --- cutting a case into pieces ------------------------------------------------------------------
-
-def _token_dim(op: str, name: str) -> str | None:
-    """Which sequence axis (dim 1) a tensor input runs along: "q" (queries / tokens), "k" (keys of
-    attention) or None (states, parameters, cu_seqlens)."""
-    if name in PARAMETERS or name == "initial_state" or name.startswith("cu_seqlens"):
-        return None
-    return "k" if op == "attention" and name in ("k", "v") else "q"
-
-
-def _piece(x: Inputs, op: str, q: tuple[int, int], k: tuple[int, int] | None = None,
-           seq: int | None = None, cu: torch.Tensor | None = None) -> Inputs:
-    """Tokens ``q`` (and keys ``k``) of ``x``, the initial state of sequence ``seq``, no cu_seqlens
-    (or ``cu`` in their place)."""
-    tensors = {}
-    for name, t in x.tensors.items():
-        axis = _token_dim(op, name)
-        if axis == "q":
-            t = t[:, q[0]:q[1]]
-        elif axis == "k":
-            t = t[:, k[0]:k[1]]
-        elif name == "initial_state" and seq is not None:
-            t = t[seq:seq + 1]
-        elif name.startswith("cu_seqlens"):
-            if cu is None:
-                continue
-            t = cu
-        tensors[name] = t
-    return Inputs(tensors, x.positional, dict(x.options))
-
-
-def _row(x: Inputs, b: int) -> Inputs:
-    """Batch row ``b`` of ``x`` (parameters shared)."""
-    return x.map(lambda n, t: t if n in PARAMETERS else t[b:b + 1])
-
-
-TOKEN_DIMS = {"o": 1, "gate": 1, "lse": 2, "final_state": 0}
-"""Along which dim each output runs over tokens (final_state: over sequences)."""
-
-
-def _join(parts: list[dict], dims: Mapping[str, int]) -> dict:
+def _join(parts: list[dict], dims) -> dict:
     """Concatenate the pieces' outputs, each along its dim in ``dims`` (default 0)."""
     names = [n for n in parts[0] if parts[0][n] is not None] if parts else []
     return {n: torch.cat([p[n] for p in parts], dims.get(n, 0)) for n in names}
-
-
-def _spans(case: Case) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """(query span, key span) of each packed sequence (key span = query span for linear ops)."""
-    def bounds(lens):
-        edges = list(itertools.accumulate(lens, initial=0))
-        return list(zip(edges[:-1], edges[1:]))
-    q = bounds(case.seqlens)
-    return list(zip(q, bounds(case.seqlens_k) if case.seqlens_k is not None else q))
 
 
 # --- the laws ------------------------------------------------------------------------------------
@@ -287,21 +235,6 @@ def agreement(t: Trial) -> None:
         t.fail("not within budget of the float64 truth\n" + verdict.table())
 
 
-def _hidden_keys(case: Case, cut: int) -> torch.Tensor:
-    """Attention: bool ``[S]``, the keys no query row ``<= cut`` may see (bottom-right causal mask,
-    per packed sequence)."""
-    s = case.dim["S"]
-    hidden = torch.ones(s, dtype=torch.bool)
-    spans = _spans(case) if case.seqlens is not None else [((0, case.dim["T"]), (0, s))]
-    for (qs, qe), (ks, ke) in spans:
-        if qs > cut or qe == qs:
-            continue
-        last = min(qe - 1, cut) - qs                       # last kept query row, local index
-        visible = last + (ke - ks) - (qe - qs)             # it sees local keys 0..visible
-        hidden[ks:ks + max(0, min(ke - ks, visible + 1))] = False
-    return hidden
-
-
 def causality(t: Trial, *, cut: int) -> None:
     """Law 2 (and 11: a causal query row never depends on later keys): changing every input at
     positions ``> cut`` (for attention: later queries and every key no row ``<= cut`` sees) leaves
@@ -309,23 +242,20 @@ def causality(t: Trial, *, cut: int) -> None:
     every gradient unchanged. Inputs are replaced by those of another seed (valid draws)."""
     case = t.case
     base_in, alt = t.inputs(), t.inputs(case.replace(seed=case.seed ^ 0x5EED))
-    hidden = _hidden_keys(case, cut).to(t.device) if case.op == "attention" else None
+    later = {axis: mask.to(t.device) for axis, mask in t.op.after(case, cut).items()}
 
     def mix(name, x):
-        axis = _token_dim(case.op, name)
+        axis = t.op.token_axes.get(name)
         if axis is None:
             return x
         x = x.clone()
-        if axis == "q":
-            x[:, cut + 1:] = alt.tensors[name][:, cut + 1:]
-        else:
-            x[:, hidden] = alt.tensors[name][:, hidden]
+        x[:, later[axis]] = alt.tensors[name][:, later[axis]]
         return x
 
     def masked(outputs):
         cts = t.cotangents(outputs)
         cts.pop("final_state", None)
-        for name, dim in (("o", 1), ("lse", 2)):
+        for name, dim in t.op.join_dims.items():
             if name in cts:
                 cts[name] = cts[name].clone()
                 cts[name].narrow(dim, cut + 1, cts[name].shape[dim] - cut - 1).zero_()
@@ -336,7 +266,7 @@ def causality(t: Trial, *, cut: int) -> None:
 
     def kept(res):
         res = {n: x for n, x in res.items() if n != "final_state"}
-        for name, dim in (("o", 1), ("lse", 2)):
+        for name, dim in t.op.join_dims.items():
             if name in res:
                 res[name] = res[name].narrow(dim, 0, cut + 1)
         return res
@@ -348,37 +278,20 @@ def varlen_equals_separate(t: Trial) -> None:
     gradients) what it gets when run alone. An empty sequence, never run alone, gets what the
     contract says: no output rows, its initial state (or zeros) as final state; an attention query
     span without keys gets o = 0 and lse = -inf."""
-    case, name = t.case, t.case.op
+    case, op = t.case, t.op
     inputs = t.inputs()
     packed = t.evaluate(inputs)
 
     def separate(x: Inputs) -> dict:
         parts = []
-        for n, (q, k) in enumerate(_spans(case)):
+        for n, (q, k) in enumerate(op.spans(case)):
             if q[1] > q[0] and k[1] > k[0]:
-                parts.append(t.call(_piece(x, name, q, k, n)))
+                parts.append(t.call(op.piece(x, q, k, n)))
             else:
-                parts.append(_empty_piece(t, x, q, n))
-        return _join(parts, TOKEN_DIMS)
+                parts.append(op.empty_outputs(case, x, q[1] - q[0], n, t.impl.provides))
+        return _join(parts, op.join_dims)
     alone = t.composite(inputs, separate, t.cotangents(packed))
     t.compare("packed sequences against each sequence run alone", packed, alone, sums=True)
-
-
-def _empty_piece(t: Trial, x: Inputs, q: tuple[int, int], n: int) -> dict:
-    """What the contract says a sequence without tokens (or, in attention, without keys) returns."""
-    d, length = t.case.dim, q[1] - q[0]
-    ref = x.tensors["q"]
-    if t.case.op == "attention":
-        out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=verify.output_dtype(t.case, "o"))}
-        if "lse" in t.impl.provides:
-            out["lse"] = torch.full((1, d["H"], length), -math.inf, device=ref.device)
-        return out
-    out = {"o": ref.new_zeros(1, 0, d["H"], d["V"])}
-    if t.case.opts.get("output_final_state"):
-        h0 = x.tensors.get("initial_state")
-        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(
-            1, d["H"], d["K"], d["V"], device=ref.device)
-    return out
 
 
 def batch_invariance(t: Trial) -> None:
@@ -387,7 +300,7 @@ def batch_invariance(t: Trial) -> None:
     batched = t.evaluate(inputs)
 
     def rows(x: Inputs) -> dict:
-        return _join([t.call(_row(x, b)) for b in range(t.case.dim["B"])], {})
+        return _join([t.call(t.op.row(x, b)) for b in range(t.case.dim["B"])], {})
     alone = t.composite(inputs, rows, t.cotangents(batched))
     t.compare("batch rows against each row run alone", batched, alone, sums=True)
 
@@ -398,18 +311,18 @@ def state_chaining(t: Trial, *, split: int) -> None:
     back through the carried state). Packed sequences are cut at the same position: cu_seqlens
     clipped to each part, sequences that end before (start after) the cut pass their state through
     an empty span."""
-    case, name = t.case, t.case.op
+    case, op = t.case, t.op
     inputs = t.inputs()
     whole = t.evaluate(inputs)
     total = case.dim["T"]
     cu = inputs.tensors.get("cu_seqlens")
 
     def chained(x: Inputs) -> dict:
-        first = _piece(x, name, (0, split), cu=None if cu is None else cu.clamp(max=split))
+        first = op.piece(x, (0, split), cu=None if cu is None else cu.clamp(max=split))
         a = t.call(first, output_final_state=True)
         if "final_state" not in a:
             t.fail("returned no final state with output_final_state=True")
-        second = _piece(x, name, (split, total), cu=None if cu is None else cu.clamp(min=split) - split)
+        second = op.piece(x, (split, total), cu=None if cu is None else cu.clamp(min=split) - split)
         second.tensors["initial_state"] = a["final_state"]
         b = t.call(second)
         return {"o": torch.cat([a["o"], b["o"]], 1), "final_state": b.get("final_state")}
@@ -618,7 +531,7 @@ def key_permutation(t: Trial) -> None:
     inputs = t.inputs()
     base = t.evaluate(inputs)
     gen = torch.Generator().manual_seed(case.seed + 3)
-    spans = [k for _, k in _spans(case)] if case.seqlens is not None else [(0, case.dim["S"])]
+    spans = [k for _, k in t.op.spans(case)] if case.seqlens is not None else [(0, case.dim["S"])]
     perm = torch.arange(case.dim["S"])
     for ks, ke in spans:
         perm[ks:ke] = ks + torch.randperm(ke - ks, generator=gen)
@@ -737,53 +650,72 @@ def _split(impl, case: Case) -> st.SearchStrategy[dict]:
 
 @dataclass(frozen=True)
 class Law:
-    """A law: its function ``fn(trial, **params)``, the ops it applies to, the requirements its
-    cases meet (keyword arguments of ``strategies.cases``), whether it applies to an implementation
-    (``applies(impl)`` -> None or why not), its own parameters (``params(impl, case)`` -> a strategy
-    of dicts) and its cost in implementation runs per example (the ci profile divides its example
-    count by it)."""
+    """A law: its function ``fn(trial, **params)``, the traits an op needs for it to apply
+    (``refcheck.ops.TRAITS``; those its requirements concern are implied), the requirements its
+    cases meet (``refcheck.ops.REQUIREMENTS``: they draw the cases and check fixed ones), whether it
+    applies to an implementation (``applies(impl)`` -> None or why not), its own parameters
+    (``params(impl, case)`` -> a strategy of dicts) and its cost in implementation runs per example
+    (the ci profile divides its example count by it). It applies to every op, built-in or a user's,
+    whose card has the traits: no law names an op."""
 
     name: str
     number: str
     fn: Callable
-    ops: tuple[str, ...]
+    traits: frozenset[str] = frozenset()
     requires: Mapping = field(default_factory=dict)
     applies: Callable[[registry.Implementation], str | None] = _always
     params: Callable | None = None
     cost: float = 1.0
 
     @property
+    def needs(self) -> frozenset[str]:
+        """The traits an op needs: the law's own and those of its requirements."""
+        implied = {REQUIREMENTS[key][0] for key in self.requires}
+        return frozenset(self.traits) | {t for t in implied if t is not None}
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The known ops it applies to (their cards have every trait it needs)."""
+        return tuple(name for name, c in OPS.items() if self.why_not_op(c) is None)
+
+    @property
     def doc(self) -> str:
         return (self.fn.__doc__ or "").strip()
 
+    def why_not_op(self, op_card) -> str | None:
+        """None when the law applies to the op of ``op_card``, else why not."""
+        missing = self.needs - op_card.traits
+        if missing:
+            return f"law {self.name} needs an op with trait(s) {', '.join(sorted(missing))}; {op_card.name} has none"
+        return None
+
     def why_not(self, impl: registry.Implementation) -> str | None:
         """None when the law applies to ``impl``, else why not."""
-        if impl.op not in self.ops:
-            return f"law {self.name} does not concern {impl.op}"
+        why = self.why_not_op(card(impl.op))
+        if why:
+            return why
         if "dtype" in self.requires and self.requires["dtype"] not in impl.dtypes:
             return f"needs {self.requires['dtype']} inputs"
         return self.applies(impl)
 
 
 LAWS: dict[str, Law] = {law.name: law for law in (
-    Law("agreement", "1", agreement, ALL_OPS),
-    Law("causality", "2, 11", causality, (*LINEAR_OPS, "attention"), {"min_len": 2, "causal": True},
-        params=_cut, cost=2),
-    Law("varlen_equals_separate", "3", varlen_equals_separate, (*LINEAR_OPS, "attention"),
-        {"varlen": True, "min_seqs": 2}, cost=3),
-    Law("batch_invariance", "3", batch_invariance, ALL_OPS, {"min_batch": 2}, cost=3),
-    Law("state_chaining", "4", state_chaining, LINEAR_OPS, {"min_len": 2}, params=_split, cost=3),
-    Law("determinism", "5", determinism, ALL_OPS, cost=2),
-    Law("no_side_effects", "6", no_side_effects, ALL_OPS, cost=2),
-    Law("path_agreement", "7", path_agreement, ALL_OPS, applies=_has_paths, cost=5),
-    Law("precision_modes", "8", precision_modes, (*LINEAR_OPS, "attention"), {"dtype": "fp32"},
-        applies=_has_precision, cost=4),
-    Law("fp16_gates", "9", fp16_gates, LINEAR_OPS, {"gate_dtype": "fp16"}, cost=2),
-    Law("gate_bounds", "10", gate_bounds, ("kda_gate",)),
-    Law("gate_monotone", "10", gate_monotone, ("kda_gate",), cost=2),
-    Law("key_permutation", "11", key_permutation, ("attention",), {"causal": False, "min_keys": 2}, cost=2),
-    Law("rows_without_keys", "11", rows_without_keys, ("attention",), {"rows_without_keys": True}),
-    Law("reads_past_input", "12", reads_past_input, ALL_OPS, cost=2),
+    Law("agreement", "1", agreement),
+    Law("causality", "2, 11", causality, requires={"min_len": 2, "causal": True}, params=_cut, cost=2),
+    Law("varlen_equals_separate", "3", varlen_equals_separate, requires={"varlen": True, "min_seqs": 2}, cost=3),
+    Law("batch_invariance", "3", batch_invariance, requires={"min_batch": 2}, cost=3),
+    Law("state_chaining", "4", state_chaining, frozenset({"state", "causal"}), {"min_len": 2}, params=_split,
+        cost=3),
+    Law("determinism", "5", determinism, cost=2),
+    Law("no_side_effects", "6", no_side_effects, cost=2),
+    Law("path_agreement", "7", path_agreement, applies=_has_paths, cost=5),
+    Law("precision_modes", "8", precision_modes, requires={"dtype": "fp32"}, applies=_has_precision, cost=4),
+    Law("fp16_gates", "9", fp16_gates, requires={"gate_dtype": "fp16"}, cost=2),
+    Law("gate_bounds", "10", gate_bounds, frozenset({"gate_function"})),
+    Law("gate_monotone", "10", gate_monotone, frozenset({"gate_function"}), cost=2),
+    Law("key_permutation", "11", key_permutation, requires={"causal": False, "min_keys": 2}, cost=2),
+    Law("rows_without_keys", "11", rows_without_keys, requires={"rows_without_keys": True}),
+    Law("reads_past_input", "12", reads_past_input, cost=2),
 )}
 
 
@@ -845,7 +777,7 @@ def examples_for(law_: Law, base: hsettings | None = None, *, interpreted: bool 
 
 
 def boundary_examples(law_: Law, impl: registry.Implementation, mode: str | None = None) -> list[Example]:
-    """The law's fixed examples at chunk boundaries (``strategies.boundary_cases``): default knobs,
+    """The law's fixed examples at chunk boundaries (``examples.boundary_cases``): default knobs,
     the implementation's first mode (or ``mode``), the law's parameters fixed for the case."""
     return [Example(case, mode or impl.modes[0], path_knobs(impl)[0], fixed_params(law_, case))
             for case in boundary_cases(impl.op, impl, dict(law_.requires))]

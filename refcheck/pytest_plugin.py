@@ -49,6 +49,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("refcheck")
     group.addoption("--impl", action="append", default=[], metavar="SPEC", help=HELP["impl"])
     group.addoption("--op", action="append", default=[], metavar="OP", help=HELP["op"])
+    group.addoption("--op-card", action="append", default=[], metavar="MODULE:ATTR", help=HELP["op_card"])
     group.addoption("--dtype", action="append", default=[], metavar="DT", help=HELP["dtype"])
     group.addoption("--budgets", action="append", default=[], metavar="FILE", help=HELP["budgets"])
     group.addoption("--device", choices=("cpu", "cuda"), default=None, help=HELP["device"])
@@ -97,7 +98,8 @@ def activate(config) -> RefcheckConfig:
     try:
         selection = select(impls=config.getoption("--impl"), ops=config.getoption("--op"),
                            dtypes=config.getoption("--dtype"), budgets=config.getoption("--budgets"),
-                           device=config.getoption("--device"), forward_only=config.getoption("--forward-only"))
+                           device=config.getoption("--device"), forward_only=config.getoption("--forward-only"),
+                           op_cards=config.getoption("--op-card"))
     except SelectionError as err:
         raise pytest.UsageError(f"refcheck: {err}") from None
     if os.environ.get("PYTEST_XDIST_WORKER"):

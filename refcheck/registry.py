@@ -10,157 +10,29 @@ imported, fits the op's contract signature and asks for dtypes the op has.
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
-
-import torch
 
 from .case import PRECISION_MODES
+from .implementation import ALL_DTYPES, Implementation
 from .ops import OPS, card
 
-ALL_DTYPES = ("fp32", "bf16", "fp16")
+__all__ = ["ALL_DTYPES", "Implementation", "SpecError", "contract_problems", "get", "implementations", "resolve"]
 
 
-@dataclass(frozen=True)
-class Implementation:
-    """One implementation of one op.
+def listed(op: str) -> tuple[Implementation, ...]:
+    """The implementations an op brings: those its card lists, then its naive forms: recurrent, and
+    chunked where the op has a chunk form (``refcheck.naive``)."""
+    c = card(op)
+    naive = Implementation(op, "naive", f"refcheck.naive:{op}", dtypes=c.naive_dtypes or c.dtypes,
+                           description="the reference evaluated in the input dtype")
+    chunked = () if c.chunked_reference is None else (Implementation(
+        op, "naive_chunked", f"refcheck.naive:{op}_chunked", dtypes=c.dtypes,
+        description="the chunk form evaluated in the input dtype, decays differenced as kernels do"),)
+    return c.implementations + (naive,) + chunked
 
-    target:   ``"module:callable"``, imported on first use
-    devices:  device types it runs on; a Triton kernel on "cpu" runs through the faithful interpreter
-    knobs:    keyword knobs and the values to exercise (``precision`` -> precision modes)
-    backward: it is differentiable (gradients are checked)
-    outputs:  the contract outputs it returns (a peer may return fewer, e.g. no lse)
-    requires: the module a peer's adapter imports on call (checked for availability)
-    fixed_mode: for an implementation without a ``precision`` knob, the mode its fp32 dots always run
-              at (a Triton ``tl.dot`` on fp32 defaults to tf32), so that it is judged by that mode's
-              budgets; default "ieee" (plain fp32)
-    family:   a name that selects it with others (``--impl fla``: every flash-linear-attention entry point)
-    backward_refusal: ``"module:callable"``, called with the device and a case (None: any), returning
-              why the backward is refused there (a peer's own refusal of a GPU or compiler version:
-              checked forward only there, ``on``, ``forward_only_because`` saying why) or on that
-              case (an input combination it states it does not differentiate: that case is checked
-              forward only), or None
-    dim_multiple: by input dtype, the number its head dims must be a multiple of (a restriction it
-              states and asserts): cases for it are drawn with such head dims in that dtype
-    """
-
-    op: str
-    name: str
-    target: str
-    dtypes: tuple[str, ...] = ALL_DTYPES
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    knobs: Mapping[str, tuple] = field(default_factory=dict)
-    backward: bool = True
-    outputs: tuple[str, ...] | None = None
-    triton: bool = False
-    requires: str | None = None
-    fixed_mode: str = "ieee"
-    family: str | None = None
-    dim_multiple: Mapping[str, int] = field(default_factory=dict)
-    backward_refusal: str | None = None
-    forward_only_because: str | None = None
-    description: str = ""
-
-    def __post_init__(self):
-        if self.fixed_mode not in PRECISION_MODES:
-            raise ValueError(f"fixed_mode: expected one of {PRECISION_MODES}, got {self.fixed_mode!r}")
-
-    def __getstate__(self) -> dict:
-        """Pickled without the imported callable (a worker process imports ``target`` itself: a
-        callable reached through another name does not pickle)."""
-        return {k: v for k, v in self.__dict__.items() if k != "fn"}
-
-    @cached_property
-    def fn(self) -> Callable:
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
-
-    @property
-    def modes(self) -> tuple[str, ...]:
-        """Precision modes it can be asked for; without the knob, its ``fixed_mode``."""
-        return tuple(self.knobs.get("precision", (self.fixed_mode,)))
-
-    @property
-    def provides(self) -> tuple[str, ...]:
-        return self.outputs or card(self.op).outputs
-
-    def refused_backward(self, device: str, case=None) -> str | None:
-        """Why its backward is refused on ``device`` (``case`` None) or on ``case`` there
-        (``backward_refusal``), or None."""
-        if not self.backward or self.backward_refusal is None:
-            return None
-        module, _, attr = self.backward_refusal.partition(":")
-        return getattr(importlib.import_module(module), attr)(device, case)
-
-    def on(self, device: str) -> "Implementation":
-        """This implementation as it runs on ``device``: forward only where its backward is refused."""
-        why = self.refused_backward(device) if self.unavailable(device) is None else None
-        if why is None:
-            return self
-        return dataclasses.replace(self, backward=False, forward_only_because=why)
-
-    def unavailable(self, device: str) -> str | None:
-        """Why it cannot run on ``device`` here, or None when it can."""
-        kind = torch.device(device).type
-        if kind not in self.devices:
-            return f"runs on {'/'.join(self.devices)} only"
-        if kind == "cuda" and not torch.cuda.is_available():
-            return "no CUDA device here"
-        if self.triton and kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            return "Triton kernel on the CPU needs TRITON_INTERPRET=1 (refcheck sets it)"
-        if self.requires and importlib.util.find_spec(self.requires.partition(".")[0]) is None:
-            return f"{self.requires} is not installed"
-        try:
-            self.fn
-        except Exception as err:  # an uninstalled peer or a broken import: report, don't crash
-            return f"cannot import {self.target}: {type(err).__name__}: {err}"
-        return None
-
-
-TRITON_KNOBS = {"precision": PRECISION_MODES, "use_gather": (True, False), "disable_recompute": (False, True)}
-
-BUILTIN: tuple[Implementation, ...] = (
-    Implementation("kda_gate", "triton", "optimized:kda_gate", triton=True,
-                   description="our Triton gate kernel"),
-    Implementation("kda", "triton", "optimized:kda", knobs=TRITON_KNOBS, triton=True,
-                   description="our chunked Triton KDA (chunk 64, WY solve)"),
-    Implementation("kda", "fla_chunk", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_kda"),
-    Implementation("gla", "fla_chunk", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
-    # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
-    Implementation("simple_gla", "fla_chunk", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
-                   fixed_mode="tf32", family="fla", dim_multiple={"bf16": 2, "fp16": 2},
-                   backward_refusal="refcheck.peers:fla_gated_chunk_backward_refusal",
-                   description="flash-linear-attention chunk_simple_gla"),
-    Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", devices=("cuda",), requires="fla",
-                   backward=False, family="fla", description="flash-linear-attention fused_recurrent_kda (no backward)"),
-    Implementation("gla", "fla_recurrent", "refcheck.peers:fla_recurrent_gla", devices=("cuda",), requires="fla",
-                   family="fla", description="flash-linear-attention fused_recurrent_gla"),
-    Implementation("simple_gla", "fla_recurrent", "refcheck.peers:fla_recurrent_simple_gla", devices=("cuda",),
-                   requires="fla", family="fla", description="flash-linear-attention fused_recurrent_simple_gla"),
-    Implementation("attention", "sdpa", "refcheck.peers:sdpa_attention", outputs=("o",),
-                   description="torch scaled_dot_product_attention (no lse)"),
-    # "head_dim and head_dim_v must be between 8 and 256 and divisible by 8" (flash-attn-4 4.0.0b36 on SM90)
-    Implementation("attention", "fa4", "refcheck.peers:fa4_attention", devices=("cuda",), dtypes=("bf16", "fp16"),
-                   requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8},
-                   backward_refusal="refcheck.peers:fa4_backward_refusal", description="flash-attn-4 (CUTLASS DSL)"),
-) + tuple(
-    Implementation(op, "naive", f"refcheck.naive:{op}", dtypes=OPS[op].dtypes if op != "attention" else ALL_DTYPES,
-                   description="the reference evaluated in the input dtype")
-    for op in OPS
-) + tuple(
-    Implementation(op, "naive_chunked", f"refcheck.naive:{op}_chunked", dtypes=OPS[op].dtypes,
-                   description="the chunk form evaluated in the input dtype, decays differenced as kernels do")
-    for op in OPS if OPS[op].chunked_reference is not None
-)
 
 NAIVE_FORMS = {"recurrent": "naive", "chunked": "naive_chunked"}
 """The naive forms (the reference evaluated in the input dtype) by form, as registered names."""
@@ -170,7 +42,18 @@ def naive_forms(op: str) -> tuple[str, ...]:
     """The naive forms of ``op``: recurrent, and chunked where the op has a chunk form."""
     return ("recurrent", "chunked") if card(op).chunked_reference is not None else ("recurrent",)
 
-_registry: dict[tuple[str, str], Implementation] = {(i.op, i.name): i for i in BUILTIN}
+_registry: dict[tuple[str, str], Implementation] = {}
+_listed_ops: set[str] = set()
+
+
+def _sync() -> None:
+    """Register what every known op brings (``listed``), once per op: ops join ``OPS`` later too
+    (a user's card, ``refcheck.ops.load_user_cards``)."""
+    for op in OPS:
+        if op not in _listed_ops:
+            _listed_ops.add(op)
+            for impl in listed(op):
+                _registry.setdefault((impl.op, impl.name), impl)
 
 
 class SpecError(ValueError):
@@ -296,6 +179,7 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
     if problems:
         raise SpecError(f"--impl {spec!r}: signature {inspect.signature(impl.fn)} does not fit the {impl.op} contract "
                         f"{inspect.signature(card(impl.op).reference)}:\n  " + "\n  ".join(problems))
+    _sync()
     _registry[(impl.op, impl.name)] = impl
     return [impl]
 
@@ -309,10 +193,12 @@ def _parameters(fn) -> dict:
 
 def implementations(op: str | None = None) -> list[Implementation]:
     """Every registered implementation (of ``op``), in registration order."""
+    _sync()
     return [i for i in _registry.values() if op is None or i.op == op]
 
 
 def get(op: str, name: str) -> Implementation:
+    _sync()
     try:
         return _registry[(op, name)]
     except KeyError:

@@ -118,7 +118,7 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
     (in the implementation's first precision mode and default knobs), or why it is not run."""
     from . import grid
     from .laws import LAWS, fixed_params, path_knobs
-    from .strategies import Example, meets
+    from .examples import Example, meets
 
     units, skipped = [], []
     for impl in impls:
@@ -336,7 +336,7 @@ def run(args) -> int:
         raise UsageError(f"--json: folder {args.json.parent} does not exist")
     try:
         selection = select(impls=args.impl, ops=args.op, dtypes=args.dtype, budgets=args.budgets,
-                           device=args.device, forward_only=args.forward_only)
+                           device=args.device, forward_only=args.forward_only, op_cards=args.op_card)
         device = selection.device
         names = [i.name for i in selection.named] or None
         the_grid = grid.build(device, ops=list(selection.ops) or None, impls=names, quick=args.quick,

@@ -4,6 +4,7 @@ checked the same way, in pytest and in every command (report, drift record, fuzz
     --impl SPEC      an implementation (``registry.SPEC_FORMS``: NAME, OP=NAME, OP=module:callable,
                      module:callable where the op is given, module:attr naming a record)
     --op OP          an op
+    --op-card M:A    an op refcheck does not know: its record (``refcheck.ops.OpCard``), module:attr
     --dtype DT       an input dtype (a callable given with --impl takes only these)
     --budgets FILE   a budgets file layered over the defaults
     --device DEV     cpu (the faithful Triton interpreter) or cuda
@@ -11,7 +12,7 @@ checked the same way, in pytest and in every command (report, drift record, fuzz
 
 Every list option is repeatable, and each value may itself be a comma-separated list
 (``--op kda,gla`` = ``--op kda --op gla``). ``select`` validates everything before any kernel runs:
-budget files first, then the device (the Triton interpreter must be on before a kernel module is
+the user's op cards first, then budget files, then the device (the Triton interpreter must be on before a kernel module is
 imported), ops, dtypes and implementations. A named implementation that cannot be used here is a
 ``SelectionError`` (a usage error, exit status 2), never a skip.
 """
@@ -29,6 +30,8 @@ HELP = {
     "impl": "an implementation: NAME, OP=NAME, OP=module:callable, or module:callable where the op is given "
             "(repeatable, or comma-separated); default: every registered one",
     "op": "only this op (repeatable, or comma-separated)",
+    "op_card": "an op refcheck does not know: module:attr naming its refcheck.ops.OpCard (repeatable, or "
+               "comma-separated); a package may also publish it under the entry point group refcheck.ops",
     "dtype": "only these input dtypes (repeatable, or comma-separated); a callable given with --impl takes only these",
     "budgets": "a budgets file layered over refcheck's defaults (repeatable; later files win)",
     "device": "cpu (the faithful Triton interpreter) or cuda (default: cuda if available)",
@@ -78,13 +81,15 @@ def items(values: Iterable[str] | None) -> list[str]:
 
 
 def add_options(parser, *, impl: bool = True, op: bool = True, dtype: bool = True, device: bool = True,
-                budgets: bool = True) -> None:
+                budgets: bool = True, op_card: bool = True) -> None:
     """Add the shared options to an argparse parser (the pytest plugin adds the same by hand)."""
     if impl:
         parser.add_argument("--impl", action="append", default=[], metavar="SPEC", help=HELP["impl"])
         parser.add_argument("--forward-only", action="store_true", help=HELP["forward_only"])
     if op:
         parser.add_argument("--op", action="append", default=[], metavar="OP", help=HELP["op"])
+    if op_card:
+        parser.add_argument("--op-card", action="append", default=[], metavar="MODULE:ATTR", help=HELP["op_card"])
     if dtype:
         parser.add_argument("--dtype", action="append", default=[], metavar="DT", help=HELP["dtype"])
     if budgets:
@@ -93,14 +98,25 @@ def add_options(parser, *, impl: bool = True, op: bool = True, dtype: bool = Tru
         parser.add_argument("--device", default=None, choices=("cpu", "cuda"), help=HELP["device"])
 
 
+def load_op_cards(op_cards: Iterable[str] = ()) -> None:
+    """Register the user's op cards (``refcheck.ops.load_user_cards``); ``SelectionError`` names one
+    that cannot be loaded."""
+    from .ops import load_user_cards
+    try:
+        load_user_cards(items(op_cards))
+    except ValueError as err:
+        raise SelectionError(str(err)) from None
+
+
 def select(*, impls: Iterable[str] = (), ops: Iterable[str] = (), dtypes: Iterable[str] = (),
            budgets: Iterable[str] = (), device: str | None = None, forward_only: bool = False,
-           require_available: bool = True) -> Selection:
+           require_available: bool = True, op_cards: Iterable[str] = ()) -> Selection:
     """Validate a run's selection (see the module docstring); ``SelectionError`` says what is wrong.
     With ``require_available`` a named implementation that cannot run on the device is an error."""
     from .backend import configure_backend
     from .ops import OPS
 
+    load_op_cards(op_cards)
     try:
         loaded = budgets_mod.use(items(budgets))
     except budgets_mod.BudgetError as err:

@@ -115,6 +115,12 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, us
                                  initial_state=h0, cu_seqlens=cu_seqlens)
 
 
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False):
+    """The gated_delta_rule contract at 50 digits (g ``[B, T, H]``, one decay per head and step)."""
+    return kda(q, k, v, g.unsqueeze(-1).expand(q.shape), beta, scale=scale, initial_state=initial_state,
+               cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
+
+
 def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
     """The gla contract at 50 digits (g ``[B, T, H, K]``); returns ``(o, final_state)``."""
     with mp.workdps(DPS):

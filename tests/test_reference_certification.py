@@ -2,7 +2,7 @@
 
 Bounds asserted (measured maxima in brackets, torch 2.13 CPU):
 
-* kda, gla, simple_gla, recurrent and chunked: relative RMS error of o and of the final state
+* kda, gla, simple_gla, gated_delta_rule, recurrent and chunked: relative RMS error of o and of the final state
   <= 1e-13 [2.3e-16], over batched / packed (empty sequences) / steep-decay (-1000 per step) cases,
   with initial states, the L2 norm and the in-kernel gate.
 * attention: relative RMS error of o and of the finite lse <= 1e-13 [3.8e-16]; rows that see no key
@@ -51,15 +51,18 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
     h, kd, vd = 2, 4, 3
     b, t, cu = (2, 7, None) if case == "batched" else (1, 9, torch.tensor([0, 3, 3, 9], dtype=torch.int32))
     n = b if cu is None else len(cu) - 1
-    gate_shape = (b, t, h) if op == "simple_gla" else (b, t, h, kd)
+    gate_shape = (b, t, h) if op in ("simple_gla", "gated_delta_rule") else (b, t, h, kd)
     g = torch.nn.functional.logsigmoid(_randn(gen, *gate_shape) + 1)
     if case == "steep":
         g = torch.where(torch.rand(gate_shape, generator=gen, dtype=F64) < 0.3, -1000.0, g)
     q, k, v = _randn(gen, b, t, h, kd), _randn(gen, b, t, h, kd) / kd ** 0.5, _randn(gen, b, t, h, vd)
     kw = dict(cu_seqlens=cu, initial_state=_randn(gen, n, h, kd, vd) if case != "steep" else None)
-    if op != "kda":
+    if op not in ("kda", "gated_delta_rule"):
         return (q, k, v, g), kw
     beta = torch.rand(b, t, h, generator=gen, dtype=F64)
+    if op == "gated_delta_rule":
+        kw.update(use_qk_l2norm=case == "packed", scale=0.7 if case == "steep" else None)
+        return (q, k, v, g, beta), kw
     if case == "packed":
         g = 3 * _randn(gen, b, t, h, kd)
         kw.update(use_qk_l2norm=True, use_gate_in_kernel=True, A_log=torch.tensor([0.3, -1.0], dtype=F64),
@@ -72,7 +75,7 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
 
 @pytest.mark.parametrize("form", ["", "_chunked"], ids=["recurrent", "chunked"])
 @pytest.mark.parametrize("case", ["batched", "packed", "steep"])
-@pytest.mark.parametrize("op", ["kda", "gla", "simple_gla"])
+@pytest.mark.parametrize("op", ["kda", "gla", "simple_gla", "gated_delta_rule"])
 def test_linear_attention_within_bound_of_mpmath(op, case, form):
     args, kw = linear_case(op, case)
     o_mp, final_mp = getattr(mp_truth, op)(*args, **kw)

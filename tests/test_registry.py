@@ -8,10 +8,10 @@ from refcheck.registry import Implementation
 def test_an_implementation_without_the_knob_is_judged_at_its_fixed_mode():
     # FLA's Triton kernels run fp32 tl.dot at Triton's default, tf32: judging them by the ieee budgets
     # (1e-5) would fail every fp32 case for a documented choice, not a defect
-    fla = {i.op: i for i in registry.BUILTIN if i.name == "fla_chunk"}
+    fla = {i.op: i for i in registry.implementations() if i.name == "fla_chunk"}
     assert {op: i.modes for op, i in fla.items()} == {op: ("tf32",) for op in ("kda", "gla", "simple_gla")}
     assert Implementation("kda", "x", "m:f").modes == ("ieee",)
-    triton = next(i for i in registry.BUILTIN if (i.op, i.name) == ("kda", "triton"))
+    triton = next(i for i in registry.implementations() if (i.op, i.name) == ("kda", "triton"))
     assert triton.modes == ("ieee", "tf32", "tf32x3")
 
 
@@ -33,7 +33,8 @@ def test_a_family_name_selects_every_member_and_a_member_name_one():
 def test_a_peer_that_asserts_head_dim_multiples_gets_such_dims_in_those_dtypes(op, name, multiple):
     from hypothesis import given, settings
 
-    from refcheck.strategies import LARGE, cases
+    from refcheck.examples import cases
+    from refcheck.strategies import LARGE
     impl = registry.get(op, name)
     assert impl.dim_multiple == {"bf16": multiple, "fp16": multiple}
     seen = set()
@@ -87,7 +88,7 @@ def test_a_backward_refused_on_a_case_checks_that_case_forward_only():
 
 def test_flash_attn_4_refuses_the_gqa_backward_of_differing_head_dims_only():
     from refcheck.case import Case
-    from refcheck.peers import fa4_backward_refusal
+    from refcheck.ops.attention import fa4_backward_refusal
 
     def case(h, hk, dqk, dv):
         return Case.make("attention", {"B": 1, "T": 8, "S": 8, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}, "bf16", 0)

@@ -11,7 +11,7 @@ import pytest
 from refcheck import cli, grid, registry
 from refcheck.case import Case
 from refcheck.laws import LAWS, fixed_params
-from refcheck.strategies import meets
+from refcheck.examples import meets
 from tests.mutants import MUTANTS
 
 
