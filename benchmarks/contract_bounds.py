@@ -6,7 +6,8 @@ the same case (``refcheck.verify.yardstick``), over random draws of refcheck's o
 
 Implementations: ours (the Triton kernels, interpreted on the CPU, every precision mode and knob),
 the naive forms, torch SDPA, the example package's plain-PyTorch chunked simple GLA in both
-precisions (``examples/my_simple_gla``), and a mixed-precision chunked GLA (``mixed_chunk_gla``). The result, per op, output, dtype and mode: the worst
+precisions (``examples/my_simple_gla``), and a mixed-precision chunked GLA (``mixed_chunk_gla``).
+The result, per op, output, dtype and mode: the worst
 ratio ``(error - slack) / naive`` with its case, and the worst error where the naive error is 0.
 A contract factor of about 3x the worst ratio leaves room for draws not seen here.
 """
@@ -82,8 +83,8 @@ def main() -> int:
     import torch
     torch.set_num_threads(1)
     from refcheck import budgets, verify
-    from refcheck.laws import interpreted, path_knobs
     from refcheck.examples import cases
+    from refcheck.laws import interpreted, path_knobs
     from refcheck.strategies import INTERPRETED, SMALL
 
     loaded = budgets.load()

@@ -144,6 +144,7 @@ def time_impl(impl, x, cu, safe, backward):
 def fla_impl():
     try:
         import fla  # noqa: F401
+
         from refcheck.ops.kda import fla_chunk_kda as fla_kda
         return fla_kda, None
     except Exception as err:  # not installed here

@@ -12,7 +12,8 @@ python3 -m pip wheel -q --no-deps -w "$work/dist" "$repo"
 python3 -m venv "$work/venv"
 source "$work/venv/bin/activate"        # as the user has it: `python`, `pytest`, `refcheck` from this venv
 python -m pip install -q --upgrade pip
-python -m pip install -q torch==2.13.0 "$work"/dist/refcheck-*.whl
+wheel=$(ls "$work"/dist/refcheck-*.whl)
+python -m pip install -q torch==2.13.0 "${wheel}[pytest]"
 rm -rf "$work/user" && cp -r "$repo/examples/my_simple_gla" "$work/user"
 cd "$work/user"
 python -c "import refcheck; assert '$repo' not in refcheck.__file__, refcheck.__file__; print('refcheck from', refcheck.__file__)"

@@ -31,7 +31,7 @@ Triton's own autotuning (every config compiled and timed, the fastest kept)."""
 MODES = ("drawn", "benchmark")
 
 _STOCK: dict[str, object] = {}
-_REFUSED: "weakref.WeakKeyDictionary[object, list]" = weakref.WeakKeyDictionary()
+_REFUSED: weakref.WeakKeyDictionary[object, list] = weakref.WeakKeyDictionary()
 _CHOSEN: dict[str, str] = {}
 
 

@@ -92,8 +92,8 @@ def plan(impl, limits, *, seed: int, mode: str | None = None) -> tuple:
     Depends only on ``impl``, ``limits``, ``mode`` and ``seed``, not on which law tests run."""
     from hypothesis import strategies as st
 
-    from .laws import LAWS
     from .examples import Bucket, cases, signature
+    from .laws import LAWS
     from .strategies import knob_settings, modes
 
     strategy = st.tuples(cases(impl.op, impl, limits), modes(impl, mode), knob_settings(impl))
@@ -135,8 +135,8 @@ def warm_ups(impl, buckets: tuple, *, seed: int) -> list[WarmUp]:
     0: every kernel compiles and autotunes); then (phase 1) ``agreement`` at the other lengths and
     every other law that applies once on each bucket it admits (what a law's own calls add: an
     initial state, the sequences of a packed batch run alone)."""
-    from .laws import LAWS
     from .examples import examples
+    from .laws import LAWS
     from .strategies import SMALL
 
     found = []

@@ -41,7 +41,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -238,7 +238,7 @@ def check_complete(budgets: Budgets) -> None:
         raise BudgetError(f"{budgets.paths[0]}: no contract bound for {', '.join(missing)}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _layered(paths: tuple[str, ...]) -> Budgets:
     layers = [_read(Path(p)) for p in paths]
     entries: dict = {}

@@ -56,7 +56,7 @@ class Case:
 
     @classmethod
     def make(cls, op: str, dims: dict, dtype: str, seed: int, *, seqlens=None, seqlens_k=None,
-             options: dict | None = None, draw: dict | None = None) -> "Case":
+             options: dict | None = None, draw: dict | None = None) -> Case:
         """Build a case from plain dicts (kept sorted, so equal cases compare and hash equal)."""
         return cls(op, tuple(sorted(dims.items())), dtype, int(seed),
                    None if seqlens is None else tuple(int(n) for n in seqlens),
@@ -79,7 +79,7 @@ class Case:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    def replace(self, **changes) -> "Case":
+    def replace(self, **changes) -> Case:
         """A copy with some fields changed; dict-valued fields may be given as dicts."""
         for name in ("dims", "options", "draw"):
             if isinstance(changes.get(name), dict):

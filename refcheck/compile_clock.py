@@ -21,7 +21,7 @@ class Reading:
     seconds: float = 0.0
     cache_hits: int = 0
 
-    def __sub__(self, other: "Reading") -> "Reading":
+    def __sub__(self, other: Reading) -> Reading:
         return Reading(self.compiles - other.compiles, self.seconds - other.seconds, self.cache_hits - other.cache_hits)
 
 

@@ -47,7 +47,7 @@ class Failure:
     text: str
 
     @classmethod
-    def of(cls, example, error: BaseException) -> "Failure":
+    def of(cls, example, error: BaseException) -> Failure:
         from .laws import LawViolation
         if isinstance(error, LawViolation):
             return cls(example, error, str(error))

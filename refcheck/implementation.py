@@ -93,7 +93,7 @@ class Implementation:
         module, _, attr = self.backward_refusal.partition(":")
         return getattr(importlib.import_module(module), attr)(device, case)
 
-    def on(self, device: str) -> "Implementation":
+    def on(self, device: str) -> Implementation:
         """This implementation as it runs on ``device``: forward only where its backward is refused."""
         why = self.refused_backward(device) if self.unavailable(device) is None else None
         if why is None:
@@ -112,7 +112,7 @@ class Implementation:
         if self.requires and importlib.util.find_spec(self.requires.partition(".")[0]) is None:
             return f"{self.requires} is not installed"
         try:
-            self.fn
+            _ = self.fn
         except Exception as err:  # an uninstalled peer or a broken import: report, don't crash
             return f"cannot import {self.target}: {type(err).__name__}: {err}"
         return None

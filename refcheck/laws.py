@@ -79,7 +79,7 @@ class Trial:
     """A law evaluated on one example: runs the implementation, measures, and fails with a message
     that says everything needed to reproduce."""
 
-    law: "Law"
+    law: Law
     impl: registry.Implementation
     case: Case
     mode: str
@@ -402,7 +402,7 @@ def autotuned_kernels(impl: registry.Implementation) -> dict[str, object]:
     from . import interpreter
     if not interpreter.is_enabled():
         return {}
-    impl.fn  # imports the package
+    _ = impl.fn  # imports the package
     package = impl.target.partition(":")[0].split(".")[0]
     found, seen = {}, set()
     for module_name, module in sorted(sys.modules.items()):
@@ -519,7 +519,8 @@ def gate_monotone(t: Trial) -> None:
     if bool((rise > 0).any()):
         i = int(rise.flatten().argmax())
         t.fail(f"gate rises with g at {int((rise > 0).sum())} elements beyond the relative budget "
-               f"{limit.bound:.2g} ({limit.explanation}): e.g. g {g.flatten()[i].item():.4g} -> {higher.tensors['g'].flatten()[i].item():.4g} "
+               f"{limit.bound:.2g} ({limit.explanation}): e.g. g {g.flatten()[i].item():.4g} -> "
+               f"{higher.tensors['g'].flatten()[i].item():.4g} "
                f"moves the gate {low.flatten()[i].item():.6g} -> {high.flatten()[i].item():.6g}")
 
 

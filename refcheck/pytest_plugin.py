@@ -12,7 +12,8 @@ Options (the same words as the ``refcheck`` commands, ``refcheck.selection``): `
 Hypothesis' ``--hypothesis-profile`` (``ci`` by default; ``dev``, ``fuzz``, ``gpu``: see
 ``refcheck.profiles``). A ``gpu`` run draws compile buckets (``refcheck.buckets``) from a seed it
 prints (``--bucket-seed N`` repeats it) and, on a GPU, compiles them in parallel processes before the
-first test (``--no-warm-up`` skips that, ``--warm-up`` does it on the CPU too). Every option is checked before any kernel runs: a budgets file that does not
+first test (``--no-warm-up`` skips that, ``--warm-up`` does it on the CPU too). Every option is checked before any
+kernel runs: a budgets file that does not
 validate, an implementation that does not import, does not fit the op's contract or cannot run
 here, or a dtype the op does not have, is a usage error (exit status 4), never a skip.
 
@@ -274,7 +275,7 @@ def check_law(request):
         try:
             for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict,
                                          boundaries=cfg.profile == "ci", buckets=buckets, max_examples=count):
-                warnings.warn(BitwiseDifference(note))
+                warnings.warn(BitwiseDifference(note), stacklevel=2)
         finally:
             compiled = compile_clock.reading() - before
             request.node.user_properties.append(

@@ -117,8 +117,8 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
     """For every implementation and law: a unit running the law on its first matching base case
     (in the implementation's first precision mode and default knobs), or why it is not run."""
     from . import grid
-    from .laws import LAWS, fixed_params, path_knobs
     from .examples import Example, meets
+    from .laws import LAWS, fixed_params, path_knobs
 
     units, skipped = [], []
     for impl in impls:
@@ -157,6 +157,11 @@ def _weight(impl, case) -> float:
     return size * (100.0 if impl.triton or impl.requires else 1.0)
 
 
+def _crashed(message: str, n: int) -> list[tuple]:
+    """The results of ``n`` points whose unit crashed with ``message``."""
+    return [(None, message, 0.0)] * n
+
+
 def point_units(points: list) -> list[Unit]:
     """The grid points grouped by case and implementation (its modes share the float64 truth; an
     implementation that kills its process takes only its own points with it)."""
@@ -168,7 +173,7 @@ def point_units(points: list) -> list[Unit]:
     return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label} {name}", run_points,
                  (ps,),
                  sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps),
-                 crashed=lambda message, n=len(ps): [(None, message, 0.0)] * n, group=f"{c.op}/{name}")
+                 crashed=functools.partial(_crashed, n=len(ps)), group=f"{c.op}/{name}")
             for (c, name), ps in groups.items()]
 
 

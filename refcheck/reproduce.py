@@ -2,7 +2,8 @@
 
 A reproducer must work where the user stands: for a kernel of their own package (the folder it was
 imported from goes on ``sys.path``), for an op of their own (``--op-card``: ``op_cards``), under their
-budget files (``--budgets``), with the dtypes and backward they declared. ``law`` reruns one law on one example and ``point`` one grid point; both
+budget files (``--budgets``), with the dtypes and backward they declared. ``law`` reruns one law on one example and
+``point`` one grid point; both
 raise while the failure is still there (exit status 1), and print that it holds once fixed.
 """
 from __future__ import annotations
@@ -84,8 +85,8 @@ def law(law_name: str, impl: str, case: Case, *, mode: str | None = None, knobs:
         dtypes: tuple[str, ...] | None = None, backward: bool = True, op_cards=()):
     """Rerun one law on one example, as a failure message prints it: raises ``LawViolation`` again
     if it still fails, else prints that the law holds and returns the ``Outcome``."""
-    from .laws import check
     from .examples import Example
+    from .laws import check
     implementation, device = _setup(impl, case.op, device, budgets, dtypes, backward, op_cards)
     example = Example(case, mode or implementation.modes[0], dict(knobs or {}), dict(params or {}))
     outcome = check(law_name, implementation, example, device=device, strict=strict)

@@ -40,7 +40,7 @@ class Measurement:
     dtype: str = ""
     cancellation: float = 0.0
     natural_scale: float = 0.0
-    computing: "Measurement | None" = None
+    computing: Measurement | None = None
 
     @property
     def passed(self) -> bool:

@@ -139,7 +139,8 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
 
     Same contract and result as ``kda`` (to rounding), in ``q.dtype``; ``chunk_size`` is any positive
     int (a sequence's last chunk may be partial); ``decays`` how the in-chunk decays are formed
-    (``chunk.DECAY_FORMS``: ``stable`` for the truth, ``differenced`` as kernels form them). Returns ``(o [B, T, H, V], final_state
+    (``chunk.DECAY_FORMS``: ``stable`` for the truth, ``differenced`` as kernels form them). Returns
+    ``(o [B, T, H, V], final_state
     [N, H, K, V] or None)``.
     """
     chunk_size = check_chunk_size(chunk_size)

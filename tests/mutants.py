@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from references.attention import check_attention_inputs
-from references.contract import sequence_spans
 from refcheck import naive
 from refcheck.registry import Implementation
+from references.attention import check_attention_inputs
+from references.contract import sequence_spans
 
 TF32_DROPPED_BITS = 13
 

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from rich.console import Console
 
 from refcheck import buckets, registry
-from refcheck.laws import LAWS
 from refcheck.examples import Bucket, cases, examples, signature
+from refcheck.laws import LAWS
 from refcheck.strategies import LARGE, SMALL
 
 IMPLS = [("kda", "naive"), ("kda", "triton"), ("gla", "naive_chunked"), ("attention", "sdpa"), ("kda_gate", "naive")]

@@ -87,7 +87,8 @@ def test_the_budget_and_the_measured_error_are_printed(workdir, capsys):
     code, out, _ = fuzz(capsys, "kda_gate", "--impl", "tests.mutants:gate_overshoots_lower_bound",
                         "--law", "agreement", "--max-examples", "10", "--seed", "0")
     assert code == 1
-    assert re.search(r"gate +error [0-9.e+-]+ +bound [0-9.e+-]+ +FAIL +bound = [0-9.]+ x the fp32 naive error on this case .*\[kda_gate\.gate\.fp32\]", out), out
+    assert re.search(r"gate +error [0-9.e+-]+ +bound [0-9.e+-]+ +FAIL +bound = [0-9.]+ x the fp32 naive error "
+                     r"on this case .*\[kda_gate\.gate\.fp32\]", out), out
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import sys
 
+import mp_truth  # tests/ is on sys.path (pytest's rootdir-relative prepend import mode)
 import mpmath
 import numpy as np
 import pytest
@@ -28,7 +29,6 @@ import torch
 
 import references
 from references.gates import softplus
-import mp_truth  # tests/ is on sys.path (pytest's rootdir-relative prepend import mode)
 
 EPS = sys.float_info.epsilon
 RECURRENCE_BOUND = 1e-13

@@ -9,7 +9,7 @@ def test_an_implementation_without_the_knob_is_judged_at_its_fixed_mode():
     # FLA's Triton kernels run fp32 tl.dot at Triton's default, tf32: judging them by the ieee budgets
     # (1e-5) would fail every fp32 case for a documented choice, not a defect
     fla = {i.op: i for i in registry.implementations() if i.name == "fla_chunk"}
-    assert {op: i.modes for op, i in fla.items()} == {op: ("tf32",) for op in ("kda", "gla", "simple_gla")}
+    assert {op: i.modes for op, i in fla.items()} == {op: ("tf32",) for op in ("kda", "gla", "simple_gla", "gated_delta_rule")}
     assert Implementation("kda", "x", "m:f").modes == ("ieee",)
     triton = next(i for i in registry.implementations() if (i.op, i.name) == ("kda", "triton"))
     assert triton.modes == ("ieee", "tf32", "tf32x3")
@@ -22,7 +22,7 @@ def test_fixed_mode_must_be_a_precision_mode():
 
 def test_a_family_name_selects_every_member_and_a_member_name_one():
     fla = registry.resolve("fla")
-    assert {(i.op, i.name) for i in fla} == {(op, name) for op in ("kda", "gla", "simple_gla")
+    assert {(i.op, i.name) for i in fla} == {(op, name) for op in ("kda", "gla", "simple_gla", "gated_delta_rule")
                                              for name in ("fla_chunk", "fla_recurrent")}
     assert [(i.op, i.name) for i in registry.resolve("kda=fla_chunk")] == [("kda", "fla_chunk")]
     for impl in fla:   # the adapters import flash-linear-attention only when called

@@ -10,8 +10,8 @@ import pytest
 
 from refcheck import cli, grid, registry
 from refcheck.case import Case
-from refcheck.laws import LAWS, fixed_params
 from refcheck.examples import meets
+from refcheck.laws import LAWS, fixed_params
 from tests.mutants import MUTANTS
 
 

@@ -4,10 +4,9 @@ Prints, per dtype, function and case, the relative RMS error  rms(x - ref) / rms
 and the gradients dq, dk, dv, dg, dh0 (upstream gradients: seeded random on o and final_state).
 Run from this folder:  python check_against_float64.py
 """
+import mykernels as mk
 import torch
 import torch.nn.functional as F
-
-import mykernels as mk
 
 FUNCS = ["chunk_simple_gla", "chunk_simple_gla_input_dtype", "bug_state_leak", "bug_chunk_boundary",
          "bug_double_scale", "bug_last_gate"]
@@ -51,11 +50,13 @@ def run(fn, case, dtype, seed=0):
     if gates.startswith("strong"):  # ~5% of steps reset the state (log-decay -1000)
         g = torch.where(torch.rand(B, T, H, generator=gen, dtype=torch.float64) < 0.05, -1000.0, g)
     x = {"q": rnd(B, T, H, K).to(dtype), "k": rnd(B, T, H, K).to(dtype), "v": rnd(B, T, H, V).to(dtype),
-         "g": g.to(torch.bfloat16 if gates.endswith("bf16") else torch.float32), "h0": rnd(N, H, K, V).float() if use_h0 else None}
+         "g": g.to(torch.bfloat16 if gates.endswith("bf16") else torch.float32),
+         "h0": rnd(N, H, K, V).float() if use_h0 else None}
     do, dht = rnd(B, T, H, V), rnd(N, H, K, V)
     results = []
     for impl in ("ref", "fn"):
-        leaves = {n: (t.double() if impl == "ref" else t).detach().clone().requires_grad_() for n, t in x.items() if t is not None}
+        leaves = {n: (t.double() if impl == "ref" else t).detach().clone().requires_grad_()
+                  for n, t in x.items() if t is not None}
         s = K ** -0.5 if scale is None else scale
         if impl == "ref":
             o, ht = reference(*(leaves[n] for n in "qkvg"), s, leaves.get("h0"), cu)

@@ -19,7 +19,8 @@ from importlib.metadata import entry_points
 
 from .card import GRAD_NAMES, REQUIREMENTS, TRAITS, Inputs, OpCard
 
-__all__ = ["GRAD_NAMES", "OPS", "REQUIREMENTS", "TRAITS", "Inputs", "OpCard", "card", "load_user_cards", "named_cards", "register"]
+__all__ = ["GRAD_NAMES", "OPS", "REQUIREMENTS", "TRAITS", "Inputs", "OpCard", "card", "load_user_cards", "named_cards",
+           "register"]
 
 CARDS_ENV = "REFCHECK_OP_CARDS"
 ENTRY_POINT_GROUP = "refcheck.ops"

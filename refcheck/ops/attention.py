@@ -18,7 +18,20 @@ from references.attention import check_attention_inputs
 
 from ..case import Case
 from ..implementation import ALL_DTYPES, Implementation
-from ..strategies import EMPTY, SMALL, Limits, dim_multiple, dtypes, fit, head_dims, lengths, picker, scales, seeds, seqlens
+from ..strategies import (
+    EMPTY,
+    SMALL,
+    Limits,
+    dim_multiple,
+    dtypes,
+    fit,
+    head_dims,
+    lengths,
+    picker,
+    scales,
+    seeds,
+    seqlens,
+)
 from .card import Inputs, OpCard, Templates, sweep_lengths
 from .inputs import cu_seqlens, normal, rounded
 from .linear import LINEAR_DTYPES

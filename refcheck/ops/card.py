@@ -56,11 +56,11 @@ class Inputs:
         kwargs = {n: t for n, t in self.tensors.items() if n not in self.positional}
         return fn(*args, **kwargs, **self.options, **knobs)
 
-    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> "Inputs":
+    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> Inputs:
         """A copy with every tensor replaced by ``fn(name, tensor)``."""
         return Inputs({n: fn(n, t) for n, t in self.tensors.items()}, self.positional, dict(self.options))
 
-    def to_float64(self) -> "Inputs":
+    def to_float64(self) -> Inputs:
         """The same values in float64 (integer tensors such as cu_seqlens unchanged): the truth's input."""
         return self.map(lambda _, t: t.to(torch.float64) if t.is_floating_point() else t)
 
@@ -77,7 +77,7 @@ def _rows_without_keys(case: Case, causal: bool) -> bool:
     return any(q > 0 and (k == 0 or (causal and q > k)) for q, k in spans)
 
 
-REQUIREMENTS: dict[str, tuple[str | None, Callable[["OpCard", Case, object], bool], str]] = {
+REQUIREMENTS: dict[str, tuple[str | None, Callable[[OpCard, Case, object], bool], str]] = {
     "min_len": (None, lambda c, case, n: case.dim["T"] >= n, "at least this many tokens (T; packed: the total)"),
     "min_batch": (None, lambda c, case, n: case.seqlens is None and case.dim["B"] >= n,
                   "at least this many batch rows (not packed)"),
@@ -102,7 +102,7 @@ def _after_cut(case: Case, cut: int) -> dict[str, torch.Tensor]:
     return {"q": torch.arange(case.dim["T"]) > cut}
 
 
-TRAITS: dict[str, Callable[["OpCard"], list[str]]] = {
+TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
     "varlen": lambda c: [] if c.empty_outputs else ["empty_outputs (what a sequence without tokens returns)"],
     "state": lambda c: [f"{what}" for what, ok in (
         ("output 'final_state'", "final_state" in c.outputs),

@@ -16,8 +16,21 @@ import references
 from references.kda import l2norm
 
 from ..case import DTYPES, Case
-from ..strategies import (EMPTY, SMALL, Limits, dim_multiple, dtypes, fit, head_dims, lengths, log_decays,
-                          picker, scales, seeds, seqlens)
+from ..strategies import (
+    EMPTY,
+    SMALL,
+    Limits,
+    dim_multiple,
+    dtypes,
+    fit,
+    head_dims,
+    lengths,
+    log_decays,
+    picker,
+    scales,
+    seeds,
+    seqlens,
+)
 from .card import Inputs, OpCard, Templates, sweep_lengths
 from .inputs import _rms, cu_seqlens, draw_log_decay, normal, rounded
 
