@@ -25,6 +25,10 @@ import os
 import weakref
 import zlib
 
+SEED_ENV = "REFCHECK_BUCKET_SEED"
+"""The run's seed of compile buckets and autotune configs (``refcheck.buckets`` sets it): every process
+of a run derives the same choices from it."""
+
 MODE_ENV = "REFCHECK_AUTOTUNE"
 """``drawn`` (the default on a GPU): one config per kernel drawn from the seed; ``benchmark``:
 Triton's own autotuning (every config compiled and timed, the fastest kept)."""
@@ -69,14 +73,12 @@ def uninstall() -> None:
 
 def seed() -> int:
     """The seed configs are drawn from: the run's bucket seed, 0 when none is set."""
-    from .buckets import SEED_ENV
     return int(os.environ.get(SEED_ENV) or 0)
 
 
 def reproducer_env() -> str:
     """What a reproducer's command line sets to run the configs this process ran: the seed, when
     configs are drawn here from a seed other than 0 ('' otherwise)."""
-    from .buckets import SEED_ENV
     return f"{SEED_ENV}={seed()} " if _STOCK and seed() else ""
 
 

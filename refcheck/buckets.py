@@ -38,8 +38,7 @@ import time
 import zlib
 from dataclasses import dataclass
 
-SEED_ENV = "REFCHECK_BUCKET_SEED"
-"""The environment variable holding the run's bucket seed (set once, inherited by every process)."""
+from .autotune import SEED_ENV
 
 WARM_LENGTHS = (1, 64, 65)
 """Lengths of the warm-up examples: one token, at and one past a chunk for ``agreement``, one past

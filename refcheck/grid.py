@@ -19,11 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-
-import torch
 
 from . import registry
 from .case import Case
@@ -144,22 +140,3 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
             points += [Point(impl, mode, entry) for impl in runnable if entry.case.dtype in impl.dtypes
                        for mode in impl.modes]
     return Grid(tuple(points), tuple(unavailable), identity(ops, impls, quick))
-
-
-@contextmanager
-def threads(device: str) -> Iterator[None]:
-    """Run the grid on the CPU with one intra-op thread (restored afterwards).
-
-    Grid tensors are tiny, so threads only add synchronisation: on 2 busy cores the float64
-    sweep truths took 44 s with 2 threads and 9 s with one. One thread also makes the measured
-    errors independent of the machine's core count (reductions split the same way everywhere).
-    """
-    if device != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from refcheck import autotune
-from refcheck.buckets import SEED_ENV
+from refcheck.autotune import SEED_ENV
 
 
 class StandIn:
