@@ -1,6 +1,6 @@
 """Measure what the contract bounds of ``tolerances.toml`` rest on: for correct implementations that
 round differently, the ratio of each output's error against the float64 truth to the naive error on
-the same case (``refcheck.verify.yardstick``), over random draws of refcheck's own strategies.
+the same case (``refcheck.engine.verify.yardstick``), over random draws of refcheck's own strategies.
 
     python benchmarks/contract_bounds.py --draws 40 --out benchmarks/results/contract_bounds_cpu.json
 
@@ -29,8 +29,8 @@ def mixed_chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_
     bookkeeping as the references: ``references.recurrence.over_sequences``)."""
     import torch
 
-    from references.gla import gla_operands
-    from references.recurrence import over_sequences
+    from refcheck.references.gla import gla_operands
+    from refcheck.references.recurrence import over_sequences
 
     dt = q.dtype
     _, _, _, _, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
@@ -58,7 +58,7 @@ def mixed_chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_
 
 
 def implementations():
-    from refcheck import registry
+    from refcheck.model import registry
     sys.path.insert(0, str(ROOT / "examples" / "my_simple_gla"))
     impls = [i for i in registry.implementations() if i.name in ("triton", "naive_chunked", "sdpa")]
     for fn in ("chunk_simple_gla", "chunk_simple_gla_input_dtype"):
@@ -78,13 +78,14 @@ def main() -> int:
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
 
-    from refcheck.backend import configure_backend
+    from refcheck.runtime.backend import configure_backend
     configure_backend("cpu")
     import torch
     torch.set_num_threads(1)
-    from refcheck import budgets, verify
-    from refcheck.examples import cases
-    from refcheck.laws import interpreted, path_knobs
+    from refcheck.engine import verify
+    from refcheck.engine.examples import cases
+    from refcheck.engine.laws import interpreted, path_knobs
+    from refcheck.model import budgets
     from refcheck.strategies import INTERPRETED, SMALL
 
     loaded = budgets.load()

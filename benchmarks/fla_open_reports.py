@@ -9,10 +9,10 @@
   ``causality`` at T = 100 (last sub-chunk of 16: rows 96..99) with cuts 96, 97, 98: everything
   after the cut is replaced, gates included.
 
-Each example runs through ``refcheck.laws.check`` (not strict): the verdict within budget, and the
+Each example runs through ``refcheck.engine.laws.check`` (not strict): the verdict within budget, and the
 bitwise note with its max abs difference; our Triton ``kda`` runs the same examples beside it. All
 the examples of one compile signature run in one worker process, the signatures in parallel
-(``refcheck.workers``: a crash is a finding). Writes JSON (``--out``) and prints a table.
+(``refcheck.runtime.workers``: a crash is a finding). Writes JSON (``--out``) and prints a table.
 
     python benchmarks/fla_open_reports.py --out benchmarks/results/fla_open_reports_h200.json
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from refcheck.backend import configure_backend
-from refcheck.case import Case
-from refcheck.examples import Example
+from refcheck.engine.examples import Example
+from refcheck.model.case import Case
+from refcheck.runtime.backend import configure_backend
 
 DIMS = {"H": 4, "K": 128, "V": 128}
 SAFE = {"safe_gate": True, "lower_bound": -5.0, "use_gate_in_kernel": False, "use_qk_l2norm": False}
@@ -57,8 +57,8 @@ def checks(dtype: str) -> dict[str, list[tuple[str, str, Example]]]:
 
 def run_group(items: list, impl_name: str, device: str) -> list[dict]:
     """Run one signature's examples on one implementation (in a worker process)."""
-    from refcheck import registry
-    from refcheck.laws import LAWS, LawViolation, Trial, check
+    from refcheck.engine.laws import LAWS, LawViolation, Trial, check
+    from refcheck.model import registry
 
     impl = registry.get("kda", impl_name)
     found = []
@@ -89,8 +89,8 @@ def main() -> int:
     args = parser.parse_args()
     device = args.device
     configure_backend(device)
-    from refcheck.drift import environment
-    from refcheck.workers import Unit, execute
+    from refcheck.commands.drift import environment
+    from refcheck.runtime.workers import Unit, execute
 
     units = [Unit(f"{name} {group}", run_group, (items, name), 1.0, lambda rows: rows,
                   crashed=lambda message, items=items, name=name: [

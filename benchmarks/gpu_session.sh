@@ -36,7 +36,7 @@ for step in "$@"; do
   case $step in
     properties)
       REFCHECK_FAILURE_DIR="$OUT/failures" timeout -k 20 -s INT "${PROPERTIES_S:-500}" \
-        python3 -m pytest refcheck/properties -p refcheck.pytest_plugin -n auto -p no:cacheprovider \
+        python3 -m pytest refcheck/properties -p refcheck.commands.pytest_plugin -n auto -p no:cacheprovider \
         ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
         $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
         -o addopts="" -rfEs -v --durations=0 > "$OUT/gpu_properties.log" 2>&1

@@ -20,7 +20,7 @@ Probes (inputs drawn on the CPU from fixed seeds, so both sides see the same bit
 * ``kda/<dtype>/<mode>``: ``optimized.kda`` against ``references.kda`` in float64 (output ``o``),
   when both import.
 
-The error of every probe is ``refcheck.metrics.rel_rms`` (relative RMS, floor 1e-30); each record
+The error of every probe is ``refcheck.model.metrics.rel_rms`` (relative RMS, floor 1e-30); each record
 also holds a digest of the output bits. ``--compare`` prints one Markdown table: the error on each
 side, their ratio (flagged outside [1/1.5, 1.5]) and whether the outputs are bitwise identical; it
 exits 1 when a row is flagged.
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from refcheck.metrics import rel_rms  # noqa: E402
+from refcheck.model.metrics import rel_rms  # noqa: E402
 
 RATIO_LIMIT = 1.5
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
@@ -170,8 +170,8 @@ def skip_kda(reason: str) -> dict:
 def kda_probes(device):
     """optimized.kda against references.kda (float64) on one small problem per dtype and mode."""
     try:
-        from optimized import kda
-        from references import kda as reference
+        from refcheck.optimized import kda
+        from refcheck.references import kda as reference
     except ImportError as error:
         return skip_kda(str(error))
     if not callable(kda):
@@ -200,7 +200,7 @@ def kda_probes(device):
 
 def measure(device: str, stock: bool) -> dict:
     if device == "cpu":
-        from refcheck import interpreter
+        from refcheck.runtime import interpreter
         interpreter.interpret_new_kernels()
         if not stock:
             interpreter.enable()

@@ -7,7 +7,7 @@
 
 Timing: ``triton.testing.do_bench`` medians (L2 flushed between runs), forward under ``no_grad`` and
 forward+backward through ``torch.autograd.grad`` (no gradient accumulation), for ``optimized.kda``
-and FLA called with the same arguments (``refcheck.ops.kda.fla_chunk_kda``; rows say 'fla not installed' when
+and FLA called with the same arguments (``refcheck.model.ops.kda.fla_chunk_kda``; rows say 'fla not installed' when
 it is missing), after every configuration was compiled in parallel processes (``--jobs``; one
 compile takes 5 to 30 s on an H200 and a process compiles one kernel at a time). The roofline is
 measured in the same run: a bf16 matmul (TFLOP/s) and a device copy
@@ -40,8 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import optimized  # noqa: E402
-import references  # noqa: E402
+from refcheck import optimized, references  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run under TRITON_INTERPRET=1
 CHUNK = 64
@@ -145,7 +144,7 @@ def fla_impl():
     try:
         import fla  # noqa: F401
 
-        from refcheck.ops.kda import fla_chunk_kda as fla_kda
+        from refcheck.model.ops.kda import fla_chunk_kda as fla_kda
         return fla_kda, None
     except Exception as err:  # not installed here
         return None, f"fla not installed ({type(err).__name__})"
@@ -423,8 +422,8 @@ PROFILE_VARIANTS = (
 
 def profile_data(name):
     """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
-    from optimized.common import make_chunks
-    from optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     s = SHAPES[name]
     x, cu = shape_inputs(name)
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
@@ -442,7 +441,7 @@ def profile_data(name):
 
 def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
-    from optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
+    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, gather, "tf32", cfg)

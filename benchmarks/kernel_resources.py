@@ -91,7 +91,7 @@ def kda_launches(shape: dict, safe: bool, keep: bool):
     Launches are recorded, not run, so outputs hold garbage; the wrappers' choices depend on head
     dims and program counts only, so one chunk per sequence of the shape's (B, H, K, V) gives the
     same launches as the full length."""
-    import optimized
+    from refcheck import optimized
     B, H, K, V = (shape[n] for n in "BHKV")
 
     def rnd(*s):

@@ -1,6 +1,6 @@
 """``python -m refcheck``: the ``refcheck`` command line."""
 import sys
 
-from refcheck.cli import main
+from refcheck.commands.cli import main
 
 sys.exit(main())

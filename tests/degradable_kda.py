@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from refcheck import naive
+from refcheck.model import naive
 
 DROPPED_BITS = 23 - 10   # fp32 mantissa bits that tf32 drops
 

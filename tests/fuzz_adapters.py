@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-import references
+from refcheck import references
 
 
 def _f64(x):

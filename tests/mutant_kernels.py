@@ -3,7 +3,7 @@
 block (a tail mask rounded down to whole blocks: a mutant).
 
 Imported only through their records in ``tests.mutants``, after
-``refcheck.backend.configure_backend()`` has chosen compiled or interpreted Triton.
+``refcheck.runtime.backend.configure_backend()`` has chosen compiled or interpreted Triton.
 """
 from __future__ import annotations
 

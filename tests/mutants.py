@@ -1,7 +1,7 @@
-"""Deliberately broken implementations: each law of ``refcheck.laws`` must be able to fail.
+"""Deliberately broken implementations: each law of ``refcheck.engine.laws`` must be able to fail.
 
 Every mutant is a wrapper around the naive implementation (the reference evaluated in the input
-dtype, ``refcheck.naive``) with the op's contract signature and one classic kernel bug. ``MUTANTS``
+dtype, ``refcheck.model.naive``) with the op's contract signature and one classic kernel bug. ``MUTANTS``
 maps its name to its ``Implementation`` record and the laws that must kill it; ``CONTROLS`` are
 correct wrappers of the same kind (a precision knob, path knobs) that every law must let live.
 A record is reachable as ``tests.mutants:NAME`` (what a law's reproducer prints).
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from refcheck import naive
-from refcheck.registry import Implementation
-from references.attention import check_attention_inputs
-from references.contract import sequence_spans
+from refcheck.model import naive
+from refcheck.model.registry import Implementation
+from refcheck.references.attention import check_attention_inputs
+from refcheck.references.contract import sequence_spans
 
 TF32_DROPPED_BITS = 13
 

@@ -1,4 +1,4 @@
-"""refcheck.autotune: on a GPU run every autotuned kernel runs one config per key, drawn from the
+"""refcheck.runtime.autotune: on a GPU run every autotuned kernel runs one config per key, drawn from the
 run's seed, the same in every process; a config the GPU refuses is skipped as the autotuner would.
 
 The kernels here are stand-ins for a compiled ``@triton.jit`` function under a real
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from refcheck import autotune
-from refcheck.autotune import SEED_ENV
+from refcheck.runtime import autotune
+from refcheck.runtime.autotune import SEED_ENV
 
 
 class StandIn:

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import torch
 
-from refcheck import registry
-from refcheck.case import Case
-from refcheck.verify import measure, truth
+from refcheck.engine.verify import measure, truth
+from refcheck.model import registry
+from refcheck.model.case import Case
 
 CASE = Case.make("gla", {"B": 1, "H": 1, "K": 16, "T": 2, "V": 16}, "fp32", 0,
                  draw={"gate_dtype": "fp16", "initial_state": False})

@@ -1,12 +1,13 @@
-"""Compile buckets (refcheck.buckets): a GPU run's examples stay in the specializations compiled
+"""Compile buckets (refcheck.engine.buckets): a GPU run's examples stay in the specializations compiled
 before the first example, every law still gets examples it admits, and the plan is reproducible."""
 import pytest
 from hypothesis import given, settings
 from rich.console import Console
 
-from refcheck import buckets, registry
-from refcheck.examples import Bucket, cases, examples, signature
-from refcheck.laws import LAWS
+from refcheck.engine import buckets
+from refcheck.engine.examples import Bucket, cases, examples, signature
+from refcheck.engine.laws import LAWS
+from refcheck.model import registry
 from refcheck.strategies import LARGE, SMALL
 
 IMPLS = [("kda", "naive"), ("kda", "triton"), ("gla", "naive_chunked"), ("attention", "sdpa"), ("kda_gate", "naive")]

@@ -3,9 +3,9 @@ are one key per line with structured measurements; user files layer over the def
 files fail with the file, the key and the problem; every bound says what it is made of."""
 import pytest
 
-from refcheck import budgets
-from refcheck.case import PRECISION_MODES
-from refcheck.ops import OPS
+from refcheck.model import budgets
+from refcheck.model.case import PRECISION_MODES
+from refcheck.model.ops import OPS
 
 GOOD = '''
 [kda.o.bf16]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refcheck.case import Case
-from refcheck.verify import measure, truth
+from refcheck.engine.verify import measure, truth
+from refcheck.model.case import Case
 
 KDA_GATE = {"use_gate_in_kernel": True, "safe_gate": True, "lower_bound": -3.0}
 CASES = [("gla", "dg", {}), ("simple_gla", "dg", {}), ("kda", "dg", {}),
@@ -27,7 +27,7 @@ def measured(c: Case, name: str, shift):
     """Output ``name`` of an implementation equal to the truth except ``+ shift(natural size)``."""
     import dataclasses
 
-    from refcheck import registry
+    from refcheck.model import registry
     ref = truth(c, True, None)
     out = {n: t.to(torch.float32) if t.is_floating_point() else t for n, t in ref.items()}
     out["o"] = ref["o"].to(c.torch_dtype)

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from refcheck import budget_diff, cli, drift, drift_compare, grid
-from refcheck.budgets import parse
-from refcheck.ops import OPS
+from refcheck.commands import budget_diff, cli, drift, drift_compare
+from refcheck.engine import grid
+from refcheck.model.budgets import parse
+from refcheck.model.ops import OPS
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPL = "degradable_kda:kda"

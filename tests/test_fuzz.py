@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from refcheck import cli
-from refcheck.registry import contract_problems
+from refcheck.commands import cli
+from refcheck.model.registry import contract_problems
 from tests.mutants import MUTANTS
 
 
@@ -96,7 +96,7 @@ def user_module(workdir):
     """A module of the user's kernels in the working directory (imported as ``python -m`` would)."""
     name = f"user_kernels_{uuid.uuid4().hex[:8]}"
     (workdir / f"{name}.py").write_text(textwrap.dedent("""
-        from refcheck import naive
+        from refcheck.model import naive
 
         def explodes(g, A_log, dt_bias=None, lower_bound=None):
             raise RuntimeError("kernel exploded")
@@ -129,10 +129,10 @@ def test_an_exception_on_valid_input_is_a_failure_with_its_traceback(user_module
 
 
 @pytest.mark.parametrize("op, spec, message", [
-    ("kdaa", "refcheck.naive:kda", "unknown op 'kdaa'"),
+    ("kdaa", "refcheck.model.naive:kda", "unknown op 'kdaa'"),
     ("kda", "no_such_module:kda", "cannot import module 'no_such_module'"),
-    ("kda", "refcheck.naive:nope", "has no attribute 'nope'"),
-    ("kda", "refcheck.naive", "no implementation 'refcheck.naive' of kda"),
+    ("kda", "refcheck.model.naive:nope", "has no attribute 'nope'"),
+    ("kda", "refcheck.model.naive", "no implementation 'refcheck.model.naive' of kda"),
     ("kda", "tests.mutants:gla_batch_gate_stride", "an implementation of gla, not of kda"),
     ("kda", "USER:no_beta", "missing argument 'beta'"),
     ("kda", "USER:swapped", "argument 4 is 'beta' where the contract passes 'g'"),

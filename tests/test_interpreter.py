@@ -1,7 +1,7 @@
-"""refcheck.interpreter: interpreted tl.dot and casts bit for bit against independent emulations.
+"""refcheck.runtime.interpreter: interpreted tl.dot and casts bit for bit against independent emulations.
 
 The emulations share no code with the module: tl.dot is replayed in exact rational arithmetic
-(``fractions.Fraction``) following the GPU's arithmetic as ``refcheck.interpreter`` documents it
+(``fractions.Fraction``) following the GPU's arithmetic as ``refcheck.runtime.interpreter`` documents it
 (an FMA loop for fp32 "ieee", the Hopper tensor-core rule for the rest), operand values come from
 torch's own conversions, and casts are compared with ``torch.Tensor.to``. The calibration probes
 are also checked against the bits an H200 produced. Kernels are built as ``InterpretedFunction``
@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from refcheck import interpreter
+from refcheck.runtime import interpreter
 
 pytestmark = pytest.mark.skipif(not triton.__version__.startswith(interpreter.SUPPORTED_VERSIONS),
-                                reason=f"refcheck.interpreter patches triton {interpreter.SUPPORTED_VERSIONS}")
+                                reason=f"refcheck.runtime.interpreter patches triton {interpreter.SUPPORTED_VERSIONS}")
 
 
 def interpreted(fn):
@@ -478,9 +478,9 @@ def _python(code: str, **env) -> subprocess.CompletedProcess:
 
 
 def test_interpretation_must_precede_import_of_triton():
-    late = _python("import triton\nfrom refcheck import interpreter\ninterpreter.interpret_new_kernels()")
+    late = _python("import triton\nfrom refcheck.runtime import interpreter\ninterpreter.interpret_new_kernels()")
     assert late.returncode != 0 and "before the first `import triton`" in late.stderr
-    early = _python("from refcheck import interpreter\ninterpreter.interpret_new_kernels()\n"
+    early = _python("from refcheck.runtime import interpreter\ninterpreter.interpret_new_kernels()\n"
                     "import triton.language as tl\ninterpreter.enable()\n"
                     "assert interpreter.is_interpreted(tl.zeros) and interpreter.is_interpreted()")
     assert early.returncode == 0, early.stderr

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from refcheck.metrics import bitwise_equal, max_abs_diff, rel_rms, representable_floor
+from refcheck.model.metrics import bitwise_equal, max_abs_diff, rel_rms, representable_floor
 
 
 def test_rel_rms_is_relative_rms():

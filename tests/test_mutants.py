@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, settings
 
-from refcheck import profiles
-from refcheck.laws import LAWS, LawViolation, hypothesis_check
+from refcheck.engine.laws import LAWS, LawViolation, hypothesis_check
+from refcheck.strategies import profiles
 from tests.mutants import CONTROLS, MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent

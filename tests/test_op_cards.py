@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from refcheck import laws, registry
-from refcheck.examples import Example, cases, meets
-from refcheck.ops import OPS, REQUIREMENTS, TRAITS, card, register
+from refcheck.engine import laws
+from refcheck.engine.examples import Example, cases, meets
+from refcheck.model import registry
+from refcheck.model.ops import OPS, REQUIREMENTS, TRAITS, card, register
 
 PAIRS = [(law.name, op) for law in laws.LAWS.values() for op in law.ops]
 

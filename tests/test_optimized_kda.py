@@ -6,13 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from refcheck import interpreter
+from refcheck.runtime import interpreter
 
 interpreter.interpret_new_kernels()  # before the kernel modules are imported
 interpreter.enable()
 
-import optimized  # noqa: E402
-import references  # noqa: E402
+from refcheck import optimized, references  # noqa: E402
 
 # relative RMS error allowed, by (input dtype, precision): fp32 inputs with fp32-accurate dots sit
 # near 1e-6; tf32 truncates operands to 10 bits (~1e-3); bf16/fp16 round inputs/outputs.

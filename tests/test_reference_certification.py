@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 import torch
 
-import references
-from references.gates import softplus
+from refcheck import references
+from refcheck.references.gates import softplus
 
 EPS = sys.float_info.epsilon
 RECURRENCE_BOUND = 1e-13

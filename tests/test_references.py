@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import references
+from refcheck import references
 
 AGREEMENT = 1e-12
 F64 = torch.float64

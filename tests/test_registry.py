@@ -1,8 +1,8 @@
 """The registry's own promises: how an implementation's precision modes are declared."""
 import pytest
 
-from refcheck import registry
-from refcheck.registry import Implementation
+from refcheck.model import registry
+from refcheck.model.registry import Implementation
 
 
 def test_an_implementation_without_the_knob_is_judged_at_its_fixed_mode():
@@ -33,7 +33,7 @@ def test_a_family_name_selects_every_member_and_a_member_name_one():
 def test_a_peer_that_asserts_head_dim_multiples_gets_such_dims_in_those_dtypes(op, name, multiple):
     from hypothesis import given, settings
 
-    from refcheck.examples import cases
+    from refcheck.engine.examples import cases
     from refcheck.strategies import LARGE
     impl = registry.get(op, name)
     assert impl.dim_multiple == {"bf16": multiple, "fp16": multiple}
@@ -58,8 +58,8 @@ def refuse_on_cpu(device: str, case=None):
 def test_a_backward_refused_on_a_device_is_checked_forward_only_there_with_the_reason():
     import dataclasses
 
-    from refcheck import grid
-    from refcheck.selection import select
+    from refcheck.commands.selection import select
+    from refcheck.engine import grid
     naive = registry.get("gla", "naive")
     refusing = dataclasses.replace(naive, name="refusing", backward_refusal=f"{__name__}:refuse_on_cpu")
     here = refusing.on("cpu")
@@ -74,8 +74,8 @@ def test_a_backward_refused_on_a_device_is_checked_forward_only_there_with_the_r
 def test_a_backward_refused_on_a_case_checks_that_case_forward_only():
     import dataclasses
 
-    from refcheck.case import Case
-    from refcheck.verify import verify
+    from refcheck.engine.verify import verify
+    from refcheck.model.case import Case
     refusing = dataclasses.replace(registry.get("gla", "naive"), name="refusing",
                                    backward_refusal=f"{__name__}:refuse_on_cpu")
 
@@ -87,8 +87,8 @@ def test_a_backward_refused_on_a_case_checks_that_case_forward_only():
 
 
 def test_flash_attn_4_refuses_the_gqa_backward_of_differing_head_dims_only():
-    from refcheck.case import Case
-    from refcheck.ops.attention import fa4_backward_refusal
+    from refcheck.model.case import Case
+    from refcheck.model.ops.attention import fa4_backward_refusal
 
     def case(h, hk, dqk, dv):
         return Case.make("attention", {"B": 1, "T": 8, "S": 8, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}, "bf16", 0)

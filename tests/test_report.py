@@ -8,10 +8,12 @@ import os
 
 import pytest
 
-from refcheck import cli, grid, registry
-from refcheck.case import Case
-from refcheck.examples import meets
-from refcheck.laws import LAWS, fixed_params
+from refcheck.commands import cli
+from refcheck.engine import grid
+from refcheck.engine.examples import meets
+from refcheck.engine.laws import LAWS, fixed_params
+from refcheck.model import registry
+from refcheck.model.case import Case
 from tests.mutants import MUTANTS
 
 

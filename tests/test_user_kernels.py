@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from refcheck import grid, profiles, registry
-from refcheck.laws import LawViolation, hypothesis_check
-from refcheck.selection import SelectionError, items, select
-from refcheck.verify import verify
+from refcheck.commands.selection import SelectionError, items, select
+from refcheck.engine import grid
+from refcheck.engine.laws import LawViolation, hypothesis_check
+from refcheck.engine.verify import verify
+from refcheck.model import registry
+from refcheck.strategies import profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "my_simple_gla"

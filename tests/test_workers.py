@@ -1,8 +1,8 @@
-"""refcheck.workers: a run stopped by a time limit keeps the results of the units that finished."""
+"""refcheck.runtime.workers: a run stopped by a time limit keeps the results of the units that finished."""
 import pytest
 from rich.console import Console
 
-from refcheck.workers import Interrupted, Unit, execute
+from refcheck.runtime.workers import Interrupted, Unit, execute
 
 
 def _square(x, device):
@@ -20,7 +20,7 @@ def test_a_stopped_run_keeps_what_finished():
 
 
 def test_the_first_wave_starts_one_unit_per_group_then_the_costliest():
-    from refcheck.workers import Unit, order
+    from refcheck.runtime.workers import Unit, order
     units = [Unit(f"u{i}", print, (), cost, list, group=group)
              for i, (cost, group) in enumerate([(5, "kda"), (9, "kda"), (1, "gla"), (7, "kda"), (2, "gla")])]
     assert order(units) == [1, 4, 3, 0, 2]

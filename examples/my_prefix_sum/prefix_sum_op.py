@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from refcheck.case import Case
-from refcheck.ops import Inputs, OpCard
-from refcheck.ops.inputs import cu_seqlens, normal, rounded
+from refcheck.model.case import Case
+from refcheck.model.ops import Inputs, OpCard
+from refcheck.model.ops.inputs import cu_seqlens, normal, rounded
 from refcheck.strategies import EMPTY, SMALL, dtypes, fit, head_dims, lengths, picker, seeds, seqlens
 
 DTYPES = ("fp32", "bf16", "fp16")

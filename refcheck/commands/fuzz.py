@@ -1,0 +1,460 @@
+"""``refcheck fuzz OP --impl module:callable``: hunt for a counterexample to every law, for a new kernel.
+
+For every law of ``refcheck.engine.laws.LAWS`` that concerns OP and applies to the implementation,
+Hypothesis draws examples (a case, a precision mode, every knob the implementation declares and the
+law's own parameters: ``refcheck.engine.examples``) under the ``fuzz`` profile (``refcheck.strategies.profiles``)
+and runs the law on each through ``laws.check``, the path every law and error of refcheck takes.
+A falsified law is shrunk to a minimal example, printed with what broke (the measured error against
+its budget, or the traceback of an implementation that raised on valid input), and written out as
+a self-contained Python reproducer that raises while the bug is there. Failing examples are kept in
+a Hypothesis example database (``.hypothesis/refcheck-fuzz``) and replayed first by the next run.
+
+The callable must have the op's contract signature: that of its float64 reference
+(``ops.card(OP).reference``), whose required arguments are passed by position and the rest by
+keyword; a ``precision`` keyword, if it takes one, makes the precision mode a drawn knob.
+Exit status: 0 nothing falsified, 1 a law falsified, 2 usage error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .cli import UsageError
+
+DATABASE = Path(".hypothesis") / "refcheck-fuzz"
+"""Where failing examples are kept (relative to the working directory unless ``--database``)."""
+
+MIN_SHRINK_SECONDS = 30.0
+"""With ``--seconds``, shrinking a counterexample found in time may take this long at least."""
+
+
+# --- the implementation under test -----------------------------------------------------------------
+
+# --- searching one law -----------------------------------------------------------------------------
+
+@dataclass
+class Failure:
+    """A failing example, what it raised (a ``LawViolation``, or an exception of the check itself)
+    and the text to print: the violation, or the exception with its traceback as it was raised."""
+
+    example: object
+    error: BaseException
+    text: str
+
+    @classmethod
+    def of(cls, example, error: BaseException) -> Failure:
+        from ..engine.laws import LawViolation
+        if isinstance(error, LawViolation):
+            return cls(example, error, str(error))
+        tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        return cls(example, error, f"the check raised {type(error).__name__}: {error}\n{tb.rstrip()}")
+
+
+@dataclass
+class LawResult:
+    """The outcome of searching one law: examples run, the minimal failure (if any), bitwise notes."""
+
+    law: object
+    examples: int = 0
+    shrink_runs: int = 0
+    failure: Failure | None = None
+    flaky: bool = False
+    out_of_time: bool = False
+    notes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    search_seconds: float = 0.0   # until the first failure (the rest is shrinking)
+    compiling_seconds: float = 0.0  # in examples during which Triton's cache grew (they compiled)
+
+    def count_notes(self, outcome) -> None:
+        """Count the bitwise notes of an example where the law held, one key per distinct check."""
+        for line in outcome.notes:
+            key = line.split(" (max abs diff")[0]
+            self.notes[key] = self.notes.get(key, 0) + 1
+
+    @property
+    def status(self) -> str:
+        if self.failure is not None:
+            return "FALSIFIED" + (" (flaky: passed on replay)" if self.flaky else "")
+        if not self.examples:
+            return "not run (no time left)"
+        return "holds" + (" (time limit)" if self.out_of_time else "")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Wall-clock limits (``time.monotonic``) of one law: new examples until ``search``, shrinking a
+    found counterexample until ``shrink``; ``inf`` without ``--seconds``."""
+
+    search: float = math.inf
+    shrink: float = math.inf
+
+
+class _OutOfTime(BaseException):
+    """Ends a Hypothesis run at a deadline: a ``BaseException``, so Hypothesis lets it through (as it
+    does Ctrl-C) instead of taking it for a failure to shrink."""
+
+
+def search(law, impl, settings, *, limits, mode: str | None, device: str, strict: bool,
+           deadlines: Deadlines = Deadlines(), seed: int | None = None, on_run=None,
+           buckets: tuple = ()) -> LawResult:
+    """Search for a counterexample to ``law`` on ``impl``: the law's fixed chunk-boundary examples
+    first (``laws.boundary_examples``, already minimal; not with ``buckets``, whose examples stay in
+    the compiled specializations, ``refcheck.engine.buckets``), then Hypothesis under ``settings``.
+
+    Every example goes through ``laws.check``; an exception of any kind is a failure of the law
+    (the implementation raising on valid input arrives as a ``LawViolation`` with its traceback).
+    The run ends at ``deadlines.search`` while nothing failed, at ``deadlines.shrink`` while
+    shrinking (keeping the smallest failure so far). ``on_run(result)`` is called after every run."""
+    from hypothesis import given
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
+
+    from ..engine import laws
+    from ..engine.buckets import triton_cache_entries
+    from ..engine.examples import examples
+
+    result = LawResult(law)
+    failures: list[Failure] = []
+    drawn = examples(law, impl, limits, mode, buckets)
+    started = time.monotonic()
+    for example in () if buckets else laws.boundary_examples(law, impl, mode):   # boundaries first, as ci
+        result.examples += 1
+        try:
+            outcome = laws.check(law, impl, example, device=device, strict=strict)
+        except Exception as err:
+            result.failure = Failure.of(example, err)
+            result.seconds = result.search_seconds = time.monotonic() - started
+            return result
+        result.count_notes(outcome)
+
+    def attempt(data):
+        example = data.draw(drawn)     # before stopping: Hypothesis checks that every run draws alike
+        if time.monotonic() > (deadlines.shrink if failures else deadlines.search):
+            raise _OutOfTime
+        if failures:
+            result.shrink_runs += 1
+        else:
+            result.examples += 1
+        entries, began = triton_cache_entries(), time.monotonic()
+        try:
+            outcome = laws.check(law, impl, example, device=device, strict=strict)
+        except Exception as err:
+            if not failures:
+                result.search_seconds = time.monotonic() - started
+            failures.append(Failure.of(example, err))
+            result.failure = failures[-1]      # each failure the shrinker keeps is smaller than the last
+            raise
+        finally:
+            if triton_cache_entries() > entries:
+                result.compiling_seconds += time.monotonic() - began
+            if on_run:
+                on_run(result)
+        result.count_notes(outcome)
+
+    # one database entry per law and implementation (the source of ``attempt`` is the same for all)
+    attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()
+    test = settings(given(st.data())(attempt))
+    if seed is not None:
+        test = hseed(seed)(test)
+    try:
+        test()
+    except _OutOfTime:
+        result.out_of_time = True
+    except Exception as err:
+        if not failures:
+            raise
+        # the final replay of the minimal example raised ``err``; Flaky wraps one that did not fail again
+        found = [f for f in failures if f.error is err]
+        result.failure = found[-1] if found else result.failure
+        result.flaky = not found
+    result.seconds = time.monotonic() - started
+    if not failures:
+        result.search_seconds = result.seconds
+    return result
+
+
+# --- the reproducer --------------------------------------------------------------------------------
+
+def reproducer_name(op: str, law_name: str) -> str:
+    return f"refcheck-repro-{op}-{law_name}.py"
+
+
+def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: str) -> str:
+    """The text of a standalone script that reruns the minimal failing example of ``result``
+    (``refcheck.engine.reproduce.law``, with the user's import root and budget files): it raises (exit
+    status 1) while the law is still broken and prints that it holds once fixed."""
+    from ..engine.reproduce import impl_arguments, import_root
+    from ..model import budgets as budgets_mod
+
+    example, law = result.failure.example, result.law
+    header = [f"refcheck fuzz reproducer: law {law.name} ({law.number}) falsified for {impl.op} by {impl.target}",
+              f"found by: {command}", "", "run it alone:  python <this file>  (raises while the bug is there)", "",
+              *result.failure.text.splitlines()]
+    root = import_root(impl)
+    paths = budgets_mod.user_paths()
+    spec, keywords = impl_arguments(impl)
+    return "\n".join([
+        "#!/usr/bin/env python",
+        *(f"# {line}".rstrip() for line in header),
+        "import sys",
+        "",
+        *([f"sys.path.insert(0, {root!r})  # where {impl.target.partition(':')[0]} was imported from", ""] if root else []),
+        "from refcheck.model.case import Case",
+        "from refcheck.engine.reproduce import law",
+        "",
+        f"law({law.name!r}, {spec},",
+        f"    {example.case.to_python()},",
+        f"    mode={example.mode!r}, knobs={dict(example.knobs)!r}, params={dict(example.params)!r},",
+        f"    device={device!r}, strict={strict!r}" + "".join(f", {k}" for k in keywords)
+        + (f", budgets={list(paths)!r}" if paths else "") + ")  # raises LawViolation",
+        ""])
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+def add_parser(subparsers) -> None:
+    from .selection import add_options
+
+    p = subparsers.add_parser("fuzz", help="search for a counterexample to every law of an op, for one implementation",
+                              description=__doc__.split("\n\n")[0].replace("``", ""))
+    p.add_argument("op", help="the op (refcheck.model.ops; a user's with --op-card)")
+    add_options(p, op=False)
+    p.add_argument("--law", action="append", default=[], metavar="NAME",
+                   help="only this law (repeatable, or comma-separated); default: every applicable one")
+    p.add_argument("--max-examples", type=int, default=None, metavar="N",
+                   help="examples per law, divided by the law's cost (default: the fuzz profile's, 500)")
+    p.add_argument("--seconds", type=float, default=None, metavar="S",
+                   help="search for S seconds of wall time, shared out among the laws (shrinking a counterexample a "
+                        f"law found takes up to max(its share, {MIN_SHRINK_SECONDS:g} s) more)")
+    p.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"), help="only this precision mode")
+    p.add_argument("--strict-bitwise", action="store_true",
+                   help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
+    p.add_argument("--seed", type=int, default=None, help="seed of the search (default: random)")
+    p.add_argument("--out-dir", type=Path, default=Path("."), help="where reproducers are written (default: .)")
+    p.add_argument("--database", type=Path, default=None, metavar="DIR",
+                   help=f"Hypothesis example database (default: {DATABASE} in the working directory)")
+    p.set_defaults(run=run)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def command_line(args) -> str:
+    """The ``refcheck fuzz`` command line of ``args`` (for the reproducer's header)."""
+    words = ["refcheck", "fuzz", args.op]
+    for name in ("impl", "dtype", "law", "budgets"):
+        for value in getattr(args, name):
+            words += [f"--{name}", value]
+    for name in ("max_examples", "seconds", "precision", "device", "seed"):
+        if getattr(args, name) is not None:
+            words += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    words += [f"--{name.replace('_', '-')}" for name in ("forward_only", "strict_bitwise") if getattr(args, name)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _laws_for(impl, names: list[str]):
+    """The laws to search, and the skipped ones with the reason."""
+    from ..engine.laws import LAWS
+    from ..engine.laws import law as get_law
+
+    chosen = list(LAWS.values())
+    if names:
+        try:
+            chosen = [get_law(n) for n in names]
+        except ValueError as err:
+            raise UsageError(f"--law: {err}") from None
+    searched = [law for law in chosen if law.why_not(impl) is None]
+    skipped = [(law, law.why_not(impl)) for law in chosen if law.why_not(impl) is not None]
+    if not searched:
+        raise UsageError(f"no law to search for {impl.op}/{impl.name}: "
+                         + "; ".join(f"{law.name}: {why}" for law, why in skipped))
+    return searched, skipped
+
+
+def _checked(args):
+    """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off
+    (checked before any kernel runs: budgets, device, op, dtypes, the implementation)."""
+    from ..model.ops import OPS
+    from .selection import SelectionError, items, load_op_cards, select
+
+    if args.max_examples is not None and args.max_examples < 1:
+        raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
+    if args.seconds is not None and not args.seconds > 0:
+        raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
+    if not args.out_dir.is_dir():
+        raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
+    try:
+        load_op_cards(args.op_card)
+    except SelectionError as err:
+        raise UsageError(str(err)) from None
+    if args.op not in OPS:
+        raise UsageError(f"unknown op {args.op!r}; known ops: {', '.join(OPS)}")
+    specs = items(args.impl)
+    if len(specs) != 1:
+        raise UsageError(f"--impl: fuzz searches one implementation at a time, got {len(specs)}")
+    try:
+        selection = select(impls=specs, ops=[args.op], dtypes=args.dtype, budgets=args.budgets, device=args.device,
+                           forward_only=args.forward_only, op_cards=args.op_card)
+    except SelectionError as err:
+        raise UsageError(str(err)) from None
+    if len(selection.named) != 1:
+        raise UsageError(f"--impl {specs[0]}: names {len(selection.named)} implementations of {args.op}")
+    impl = selection.narrowed(selection.named[0])
+    if args.precision is not None and args.precision not in impl.modes:
+        raise UsageError(f"--precision {args.precision}: {impl.target} offers {', '.join(impl.modes)} "
+                         "(a callable gets the mode as a `precision` keyword argument)")
+    if ":" in impl.target and impl.name == impl.target and not impl.triton:
+        # a Triton package with autotuned kernels gets its configs pinned by path_agreement
+        from ..engine import laws
+        if laws.autotuned_kernels(dataclasses.replace(impl, triton=True)):
+            impl = dataclasses.replace(impl, triton=True)
+    return selection.device, impl
+
+
+def search_all(impl, laws: list, settings, *, device: str, mode: str | None, seconds: float | None,
+               strict: bool, seed: int | None, console, buckets: tuple = ()) -> list[LawResult]:
+    """``search`` every law in turn, with a progress bar per law on ``console``. With ``seconds``,
+    each law searches for the search time left divided by the laws left; shrinking comes on top.
+    With ``buckets`` (a GPU run), each law gets the full example count."""
+    from hypothesis import settings as hsettings
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..engine import laws as laws_mod
+
+    slow = laws_mod.interpreted(impl, device)
+    limits = case_limits(impl, device)
+    results: list[LawResult] = []
+    progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console)
+    with progress:
+        for i, law in enumerate(laws):
+            count = settings.max_examples if buckets else laws_mod.examples_for(law, settings, interpreted=slow)
+            deadlines = Deadlines()
+            if seconds:
+                share = (seconds - sum(r.search_seconds for r in results)) / (len(laws) - i)
+                now = time.monotonic()
+                deadlines = Deadlines(now + share, now + share + max(share, MIN_SHRINK_SECONDS))
+            task = progress.add_task(f"{law.name} ({law.number})", total=count, status="")
+
+            def on_run(result, task=task):
+                status = f"shrinking: {result.shrink_runs} runs" if result.failure else ""
+                progress.update(task, completed=result.examples, status=status)
+
+            result = search(law, impl, hsettings(settings, max_examples=count), limits=limits, mode=mode,
+                            device=device, strict=strict, deadlines=deadlines, seed=seed, on_run=on_run,
+                            buckets=buckets)
+            progress.update(task, completed=result.examples, status=result.status)
+            results.append(result)
+    return results
+
+
+def case_limits(impl, device: str):
+    """Case sizes: ``LARGE`` on a GPU, else the ``fuzz`` profile's (``INTERPRETED`` for a Triton kernel)."""
+    from ..engine import laws
+    from ..strategies import LARGE, profiles
+    return LARGE if device != "cpu" else profiles.limits("fuzz", laws.interpreted(impl, device))
+
+
+def compile_buckets(impl, device: str, *, seed: int | None, mode: str | None, out) -> tuple[tuple, dict]:
+    """On a GPU: the implementation's compile buckets (``refcheck.engine.buckets``, from ``seed`` or a
+    fresh one) compiled in parallel processes; their ``warm_up`` figures. On the CPU: none."""
+    from rich.console import Console
+
+    from ..engine.buckets import plan, run_seed, warm_up, warm_ups
+    from ..runtime.workers import default_jobs
+    if device == "cpu":
+        return (), {}
+    seed = run_seed(seed)
+    buckets = plan(impl, case_limits(impl, device), seed=seed, mode=mode)
+    jobs = warm_ups(impl, buckets, seed=seed)
+    out.print(f"compile buckets of seed {seed} (--seed {seed} repeats them): {len(buckets)}; "
+              f"compiling them by {_count(len(jobs), 'law run')} in parallel")
+    took = warm_up(jobs, device, min(len(jobs), default_jobs(device)), Console(stderr=True))
+    return buckets, took
+
+
+def print_summary(out, impl, results: list[LawResult]) -> None:
+    """The table of laws searched (examples, result, seconds) and the bitwise notes."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"refcheck fuzz {impl.op} {escape(f'[{impl.name}]')}")
+    for col in ("law", "examples", "result", "seconds"):
+        table.add_column(col, justify="right" if col in ("examples", "seconds") else "left")
+    for r in results:
+        status = r.status if r.failure is None else f"[bold red]{r.status}[/]"
+        table.add_row(f"{r.law.name} ({r.law.number})", str(r.examples), status, f"{r.seconds:.1f}")
+    out.print(table)
+    for r in results:
+        for line, n in r.notes.items():
+            out.print(f"  note: {escape(line)} in {_count(n, 'example')}")
+
+
+def run(args) -> int:
+    from hypothesis import settings as hsettings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ..engine import laws as laws_mod
+    from ..strategies import profiles
+    from .selection import items
+
+    device, impl = _checked(args)
+    to_search, skipped = _laws_for(impl, items(args.law))
+    profiles.register()
+    base = hsettings.get_profile("fuzz")
+    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
+                         database=DirectoryBasedExampleDatabase(str(args.database or DATABASE)))
+    strict = args.strict_bitwise or laws_mod.strict_default()
+    out = Console(highlight=False, soft_wrap=True)
+    who = impl.name if impl.name == impl.target else f"{impl.name} = {impl.target}"
+    scaled = f", x{laws_mod.INTERPRETED_SHARE:g} interpreted" if laws_mod.interpreted(impl, device) else ""
+    out.print(f"fuzzing {impl.op} {escape(f'[{who}]')} on {device}: {_count(len(to_search), 'law')}, up to "
+              f"{settings.max_examples} examples each (divided by the law's cost{scaled})"
+              + (f", {args.seconds:g} s" if args.seconds else "") + (f", seed {args.seed}" if args.seed is not None else ""))
+    for law, why in skipped:
+        out.print(f"  not searched: {law.name}: {escape(why)}")
+
+    started = time.monotonic()
+    buckets, took = compile_buckets(impl, device, seed=args.seed, mode=args.precision, out=out)
+    if device != "cpu":
+        from ..runtime import autotune
+        out.print(escape(autotune.describe()))
+    seconds = args.seconds - took["seconds"] if args.seconds and took else args.seconds
+    results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
+                         strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)
+    print_summary(out, impl, results)
+    if took:
+        examples_s = sum(r.seconds for r in results)
+        compiling = took["seconds"] + sum(r.compiling_seconds for r in results)
+        out.print(f"time: {took['seconds']:.0f} s compiling {len(buckets)} buckets ({took['processes']} processes, "
+                  f"{took['compiled']} new Triton cache entries), {examples_s:.0f} s running "
+                  f"{_count(sum(r.examples + r.shrink_runs for r in results), 'example')}, of which "
+                  f"{sum(r.compiling_seconds for r in results):.0f} s in examples that compiled: "
+                  f"{100 * compiling / max(took['seconds'] + examples_s, 1e-9):.0f}% of the time compiling")
+    falsified = [r for r in results if r.failure is not None]
+    for r in falsified:
+        path = args.out_dir / reproducer_name(impl.op, r.law.name)
+        path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args)))
+        found = "smallest example when time ran out" if r.out_of_time else "minimal example"
+        out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
+                  f"({found} after {_count(r.shrink_runs, 'shrink run')})"
+                  + (" - flaky: it passed when replayed" if r.flaky else "") + ":")
+        out.print(r.failure.text, markup=False)
+        out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
+    elapsed, total = time.monotonic() - started, _count(sum(r.examples for r in results), "example")
+    if falsified:
+        out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({total}, {elapsed:.0f} s): "
+                  + ", ".join(r.law.name for r in falsified))
+        return 1
+    not_run = [r.law.name for r in results if not r.examples]
+    out.print(f"\nno counterexample in {total} ({_count(len(results), 'law')}, {elapsed:.0f} s)"
+              + (f"; not run for lack of time: {', '.join(not_run)}" if not_run else ""))
+    return 0

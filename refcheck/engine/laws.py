@@ -1,0 +1,820 @@
+"""The laws every implementation of an op must obey, as plain functions.
+
+A law takes an implementation and one drawn example (a ``Case``, a precision mode, the
+implementation's knobs and the law's own parameters) and raises ``LawViolation`` when the
+implementation breaks it. pytest (``properties/``), ``refcheck fuzz`` and ``refcheck report`` run the
+same functions: ``check`` runs one example, ``hypothesis_check`` searches for a counterexample,
+``reproduce`` is what a failure message tells you to run.
+
+Errors are measured one way only: against the float64 truth through ``refcheck.engine.verify``, or between
+two evaluations of the same math with ``verify.measure`` (the two may differ by no more than the
+implementation may differ from the truth: the budgets of ``tolerances.toml``), and bit for bit with
+``refcheck.model.metrics``. Laws exact in real arithmetic but not in floating point (batch invariance,
+varlen == separate runs, state chaining, causality, path agreement, ...) give two verdicts: within
+budget (a failure raises) and bitwise (reported in ``Outcome.notes``; ``strict`` -- the environment
+variable ``REFCHECK_STRICT_BITWISE=1`` or pytest's ``--strict-bitwise`` -- makes it a failure too).
+
+``LAWS`` lists them by name; numbers refer to issue 4.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+import os
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from ..model import budgets as budgets_mod
+from ..model import registry
+from ..model.case import PRECISION_MODES, Case
+from ..model.metrics import bitwise_equal, max_abs_diff, rel_rms
+from ..model.ops import OPS, REQUIREMENTS, Inputs, card
+from ..strategies import INTERPRETED, SMALL, Limits
+from . import verify
+from .examples import Example, boundary_cases, examples
+
+STRICT_ENV = "REFCHECK_STRICT_BITWISE"
+
+
+class LawViolation(AssertionError):
+    """An implementation broke a law on one example. The message names the law, op, implementation,
+    mode, knobs, case (shapes, dtypes, seed), what went wrong and a one-line reproducer."""
+
+
+class BitwiseDifference(UserWarning):
+    """A law exact in real arithmetic held within budget but not bit for bit (reported, not failed
+    unless strict)."""
+
+
+@dataclass
+class Outcome:
+    """What a law found on an example where it held: bitwise differences, one line each."""
+
+    law: str
+    notes: list[str] = field(default_factory=list)
+
+
+def strict_default() -> bool:
+    """Strict bitwise mode from the environment (``REFCHECK_STRICT_BITWISE=1``)."""
+    return os.environ.get(STRICT_ENV, "") not in ("", "0", "false", "no")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal up to the sign of zero and NaN payloads (same dtype, shape and values)."""
+    return bitwise_equal(a, b) or (a.dtype == b.dtype and a.shape == b.shape and max_abs_diff(a, b) == 0.0)
+
+
+# --- one example of one law ----------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    """A law evaluated on one example: runs the implementation, measures, and fails with a message
+    that says everything needed to reproduce."""
+
+    law: Law
+    impl: registry.Implementation
+    case: Case
+    mode: str
+    knobs: dict
+    params: dict
+    device: str = "cpu"
+    strict: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def op(self):
+        return card(self.case.op)
+
+    @property
+    def grads(self) -> bool:
+        return (self.impl.backward and self.case.dtype != "fp8"
+                and self.impl.refused_backward(self.device, self.case) is None)
+
+    def knob_args(self, knobs: dict | None = None) -> dict:
+        """The keyword knobs passed to the implementation (``precision`` = the mode where it has one)."""
+        knobs = dict(self.knobs if knobs is None else knobs)
+        return {"precision": self.mode, **knobs} if "precision" in self.impl.knobs else knobs
+
+    def inputs(self, case: Case | None = None) -> Inputs:
+        return self.op.make_inputs(case or self.case, torch.device(self.device))
+
+    def cotangents(self, outputs: dict) -> dict:
+        return verify.upstream_gradients(self.op, self.case, outputs)
+
+    # running the implementation: an exception it raises on valid input is a violation
+    @contextmanager
+    def running(self, what: str = "the implementation"):
+        try:
+            yield
+        except LawViolation:
+            raise
+        except Exception as err:
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-6))
+            self.fail(f"{what} raised {type(err).__name__} on valid input: {err}\n{tb}")
+
+    def call(self, inputs: Inputs, knobs: dict | None = None, **options) -> dict[str, torch.Tensor]:
+        """One call of the implementation (inside a graph being built); returns the named outputs.
+        ``options`` override the case's options (e.g. ``output_final_state=True``)."""
+        inputs = Inputs(inputs.tensors, inputs.positional, {**inputs.options, **options})
+        with self.running():
+            return self.op.split(inputs.call(self.impl.fn, **self.knob_args(knobs)))
+
+    def evaluate(self, inputs: Inputs, cotangents=None, knobs: dict | None = None) -> dict[str, torch.Tensor]:
+        """Outputs and (with a backward) gradients of one call, against ``cotangents`` (a dict, or a
+        function of the outputs; default the case's seeded ones)."""
+        with self.running():
+            return verify.evaluate(self.impl.fn, self.op, inputs, grads=self.grads,
+                                   cotangents=self.cotangents if cotangents is None else cotangents,
+                                   **self.knob_args(knobs))
+
+    def composite(self, inputs: Inputs, forward: Callable[[Inputs], dict], cotangents=None, *,
+                  fresh_leaves: bool = True) -> dict[str, torch.Tensor]:
+        """Outputs and gradients of ``forward(inputs)``, a computation made of several calls (the
+        pieces of a packed batch, two halves of a sequence): autograd carries the gradients of the
+        pieces back to the whole inputs, so they compare with one call's gradients directly.
+        ``cotangents``: a dict, or a function of the outputs (default the case's seeded ones).
+        ``fresh_leaves=False`` makes the given tensors themselves the leaves (to see in-place writes)."""
+        leaves = {}
+        if self.grads:
+            if fresh_leaves:
+                inputs, leaves = verify.leaf_inputs(self.op, inputs)
+            else:
+                leaves = {n: t.requires_grad_(True) for n, t in inputs.tensors.items()
+                          if n in self.op.differentiable and t.is_floating_point()}
+        with torch.set_grad_enabled(self.grads):
+            result = {n: t for n, t in forward(inputs).items() if t is not None}
+        if not self.grads:
+            return {n: t.detach() for n, t in result.items()}
+        if cotangents is None or callable(cotangents):
+            cotangents = (cotangents or self.cotangents)(result)
+        with self.running("the implementation's backward"):
+            out = verify.backprop(self.op, result, cotangents, leaves)
+        for name, leaf in leaves.items():            # a leaf no piece read (all pieces empty): zero gradient
+            out.setdefault(self.op.grad_name(name), torch.zeros_like(leaf.detach()))
+        return out
+
+    # verdicts
+    def compare(self, what: str, out: dict, ref: dict, *, bitwise: bool = True, sums: bool = False) -> None:
+        """Within budget (fails) and, if ``bitwise``, bit for bit (noted; fails when strict): ``out``
+        against ``ref``, two evaluations of the same math. ``sums``: ``ref`` is a composite
+        whose parameter gradients (dA_log, ddt_bias) autograd summed over the pieces, an order no
+        single run shares: those are held to the budget only."""
+        verdict = verify.measure(self.impl, self.case, out, ref, mode=self.mode,
+                                 grads=self.grads, knobs=self.knob_args())
+        if not verdict.passed:
+            self.fail(f"{what}: the two evaluations differ by more than the budget\n{verdict.table()}")
+        if not bitwise:
+            return
+        skip = {self.op.grad_name(p) for p in self.op.shared_inputs} if sums else set()
+        differ = {n: max_abs_diff(out[n], ref[n]) for n in ref
+                  if n in out and n not in skip and not same_bits(out[n], ref[n])}
+        if differ:
+            worst = ", ".join(f"{n} {d:.2e}" for n, d in differ.items())
+            line = f"{self.law.name} {self.case.op}/{self.impl.name}: {what}: within budget, not bitwise (max abs diff {worst})"
+            if self.strict:
+                self.fail(f"{what}: not bitwise identical (strict mode): max abs diff {worst}")
+            self.notes.append(line)
+
+    def fail(self, what: str):
+        raise LawViolation(self.message(what))
+
+    def message(self, what: str) -> str:
+        knobs = ", ".join(f"{k}={v!r}" for k, v in (*self.knobs.items(), *self.params.items()))
+        try:
+            shapes = ", ".join(f"{n}{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                               for n, t in self.inputs().tensors.items())
+        except Exception as err:  # the message must not hide the violation
+            shapes = f"(cannot rebuild inputs: {err})"
+        return "\n".join([
+            f"law {self.law.name} ({self.law.number}) violated: {self.case.op} [{self.impl.name}] mode={self.mode}"
+            + (f" {knobs}" if knobs else ""),
+            f"  case: {self.case.describe()}",
+            f"  inputs: {shapes}",
+            *("  " + line for line in what.splitlines()),
+            f"  reproduce: {self.reproducer()}"])
+
+    def reproducer(self) -> str:
+        """A one-liner rerunning this example (``refcheck.engine.reproduce.law``), for a user's kernel too."""
+        from .reproduce import one_liner
+        args = [self.case.to_python(), f"mode={self.mode!r}"]
+        if self.knobs:
+            args.append(f"knobs={self.knobs!r}")
+        if self.params:
+            args.append(f"params={self.params!r}")
+        if self.device != "cpu":
+            args.append(f"device={self.device!r}")
+        if self.strict:
+            args.append("strict=True")
+        return one_liner("law", self.impl, args, leading=[repr(self.law.name)])
+
+
+def _join(parts: list[dict], dims) -> dict:
+    """Concatenate the pieces' outputs, each along its dim in ``dims`` (default 0)."""
+    names = [n for n in parts[0] if parts[0][n] is not None] if parts else []
+    return {n: torch.cat([p[n] for p in parts], dims.get(n, 0)) for n in names}
+
+
+# --- the laws ------------------------------------------------------------------------------------
+
+def agreement(t: Trial) -> None:
+    """Law 1: outputs, final states and every gradient the implementation provides agree with the
+    float64 reference within the budgets of ``tolerances.toml`` (random upstream gradients)."""
+    ref = verify.truth(t.case, t.grads, verify.cotangent_names(t.op, registry.provides(t.impl)))
+    out = t.evaluate(t.inputs())
+    verdict = verify.measure(t.impl, t.case, out, ref, mode=t.mode, grads=t.grads,
+                             knobs=t.knob_args())
+    if not verdict.passed:
+        t.fail("not within budget of the float64 truth\n" + verdict.table())
+
+
+def causality(t: Trial, *, cut: int) -> None:
+    """Law 2 (and 11: a causal query row never depends on later keys): changing every input at
+    positions ``> cut`` (for attention: later queries and every key no row ``<= cut`` sees) leaves
+    the outputs at positions ``<= cut`` unchanged, and, with upstream gradients zero after ``cut``,
+    every gradient unchanged. Inputs are replaced by those of another seed (valid draws)."""
+    case = t.case
+    base_in, alt = t.inputs(), t.inputs(case.replace(seed=case.seed ^ 0x5EED))
+    later = {axis: mask.to(t.device) for axis, mask in t.op.after(case, cut).items()}
+
+    def mix(name, x):
+        axis = t.op.token_axes.get(name)
+        if axis is None:
+            return x
+        x = x.clone()
+        x[:, later[axis]] = alt.tensors[name][:, later[axis]]
+        return x
+
+    def masked(outputs):
+        cts = t.cotangents(outputs)
+        cts.pop("final_state", None)
+        for name, dim in t.op.join_dims.items():
+            if name in cts:
+                cts[name] = cts[name].clone()
+                cts[name].narrow(dim, cut + 1, cts[name].shape[dim] - cut - 1).zero_()
+        return cts
+
+    before = t.evaluate(base_in, masked)
+    after = t.evaluate(base_in.map(mix), masked)
+
+    def kept(res):
+        res = {n: x for n, x in res.items() if n != "final_state"}
+        for name, dim in t.op.join_dims.items():
+            if name in res:
+                res[name] = res[name].narrow(dim, 0, cut + 1)
+        return res
+    t.compare(f"outputs at positions <= {cut} after changing later inputs", kept(after), kept(before))
+
+
+def varlen_equals_separate(t: Trial) -> None:
+    """Law 3: packing sequences with cu_seqlens gives each sequence (outputs, final state and
+    gradients) what it gets when run alone. An empty sequence, never run alone, gets what the
+    contract says: no output rows, its initial state (or zeros) as final state; an attention query
+    span without keys gets o = 0 and lse = -inf."""
+    case, op = t.case, t.op
+    inputs = t.inputs()
+    packed = t.evaluate(inputs)
+
+    def separate(x: Inputs) -> dict:
+        parts = []
+        for n, (q, k) in enumerate(op.spans(case)):
+            if q[1] > q[0] and k[1] > k[0]:
+                parts.append(t.call(op.piece(x, q, k, n)))
+            else:
+                parts.append(op.empty_outputs(case, x, q[1] - q[0], n, registry.provides(t.impl)))
+        return _join(parts, op.join_dims)
+    alone = t.composite(inputs, separate, t.cotangents(packed))
+    t.compare("packed sequences against each sequence run alone", packed, alone, sums=True)
+
+
+def batch_invariance(t: Trial) -> None:
+    """Law 3: each row of a batch gets (outputs, final state, gradients) what it gets run alone."""
+    inputs = t.inputs()
+    batched = t.evaluate(inputs)
+
+    def rows(x: Inputs) -> dict:
+        return _join([t.call(t.op.row(x, b)) for b in range(t.case.dim["B"])], {})
+    alone = t.composite(inputs, rows, t.cotangents(batched))
+    t.compare("batch rows against each row run alone", batched, alone, sums=True)
+
+
+def state_chaining(t: Trial, *, split: int) -> None:
+    """Law 4: running tokens [0, split) with output_final_state, then [split, T) from the carried
+    final state, equals one run over [0, T): outputs, final state and gradients (the gradient flows
+    back through the carried state). Packed sequences are cut at the same position: cu_seqlens
+    clipped to each part, sequences that end before (start after) the cut pass their state through
+    an empty span."""
+    case, op = t.case, t.op
+    inputs = t.inputs()
+    whole = t.evaluate(inputs)
+    total = case.dim["T"]
+    cu = inputs.tensors.get("cu_seqlens")
+
+    def chained(x: Inputs) -> dict:
+        first = op.piece(x, (0, split), cu=None if cu is None else cu.clamp(max=split))
+        a = t.call(first, output_final_state=True)
+        if "final_state" not in a:
+            t.fail("returned no final state with output_final_state=True")
+        second = op.piece(x, (split, total), cu=None if cu is None else cu.clamp(min=split) - split)
+        second.tensors["initial_state"] = a["final_state"]
+        b = t.call(second)
+        return {"o": torch.cat([a["o"], b["o"]], 1), "final_state": b.get("final_state")}
+    parts = t.composite(inputs, chained, t.cotangents(whole))
+    t.compare(f"one run against two runs split at {split} with the state carried", whole, parts, sums=True)
+
+
+def determinism(t: Trial) -> None:
+    """Law 5: two runs on the same inputs give bitwise identical outputs and gradients."""
+    first, second = t.evaluate(t.inputs()), t.evaluate(t.inputs())
+    differ = {n: (max_abs_diff(first[n], second[n]) if n in second else math.inf) for n in first
+              if n not in second or not same_bits(first[n], second[n])}
+    if differ:
+        t.fail("two runs on the same inputs differ: max abs diff "
+               + ", ".join(f"{n} {d:.2e}" for n, d in differ.items()))
+
+
+@contextmanager
+def poisoned_allocations():
+    """Inside the block ``torch.empty`` and friends return NaN-filled memory (PyTorch's
+    ``fill_uninitialized_memory``, active under deterministic algorithms), so an output element an
+    implementation never writes shows up as NaN."""
+    import torch.utils.deterministic as det
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    was_fill = det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        det.fill_uninitialized_memory = was_fill
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)
+
+
+def no_side_effects(t: Trial) -> None:
+    """Law 6: after the forward and backward call every input (cu_seqlens, initial state and
+    parameters included) is bitwise unchanged, and every output and gradient is finite wherever the
+    float64 truth is. The contract's implementations take no preallocated output buffers, so instead
+    of poisoning given buffers, fresh allocations are poisoned with NaN (``poisoned_allocations``):
+    an element never written is NaN and fails the finiteness check."""
+    inputs = t.inputs()
+    before = {n: x.clone() for n, x in inputs.tensors.items()}
+    with poisoned_allocations():
+        out = t.composite(inputs, t.call, fresh_leaves=False)
+    changed = [n for n, x in inputs.tensors.items() if not bitwise_equal(x.detach(), before[n])]
+    if changed:
+        t.fail("modified its inputs in place: " + ", ".join(
+            f"{n} (max abs change {max_abs_diff(inputs.tensors[n].detach(), before[n]):.2e})" for n in changed))
+    ref = verify.truth(t.case, t.grads, verify.cotangent_names(t.op, registry.provides(t.impl)))
+    bad = [n for n in ref if n in out and math.isinf(rel_rms(out[n], ref[n], budgets_mod.DEFAULT_FLOOR))]
+    if bad:
+        counts = _nonfinite(out, ref)
+        t.fail("NaN/Inf (or an unwritten, NaN-poisoned element) where the float64 truth is finite: "
+               + ", ".join(f"{n} ({counts.get(n, 0)} elements)" for n in bad))
+
+
+def _nonfinite(out: dict, ref: dict) -> dict[str, int]:
+    """For each name in both: how many elements of ``out`` are NaN or Inf where ``ref`` is finite
+    (names with none left out)."""
+    counts = {n: int((~torch.isfinite(out[n]) & torch.isfinite(ref[n].to(out[n].device))).sum())
+              for n in ref if n in out}
+    return {n: c for n, c in counts.items() if c}
+
+
+def path_knobs(impl: registry.Implementation) -> list[dict]:
+    """Every combination of the implementation's non-precision knobs, the declared defaults first."""
+    names = [n for n in impl.knobs if n != "precision"]
+    return [dict(zip(names, values)) for values in itertools.product(*(impl.knobs[n] for n in names))]
+
+
+def autotuned_kernels(impl: registry.Implementation) -> dict[str, object]:
+    """The interpreted ``@triton.autotune`` kernels with more than one config in the package of a
+    Triton implementation, by ``module.name`` (empty when not interpreted: configs are pinned through
+    the faithful interpreter, ``refcheck.runtime.interpreter.pin_config``)."""
+    if not impl.triton or os.environ.get("TRITON_INTERPRET") != "1":
+        return {}
+    from ..runtime import interpreter
+    if not interpreter.is_enabled():
+        return {}
+    _ = impl.fn  # imports the package
+    package = impl.target.partition(":")[0].split(".")[0]
+    found, seen = {}, set()
+    for module_name, module in sorted(sys.modules.items()):
+        if module is None or not (module_name == package or module_name.startswith(package + ".")):
+            continue
+        for attr, obj in sorted(vars(module).items()):
+            if id(obj) in seen:
+                continue
+            try:
+                if len(interpreter.configs(obj)) > 1 and interpreter.is_interpreted(obj):
+                    found[f"{module_name}.{attr}"] = obj
+                    seen.add(id(obj))
+            except (ValueError, TypeError, AttributeError):
+                continue
+    return found
+
+
+def path_agreement(t: Trial) -> None:
+    """Law 7: every combination of the implementation's knobs (gather or not, recompute or not,
+    chunk size, ...) computes what the default combination computes, within budget (bitwise
+    reported); and, interpreted, so does every autotune config: run i pins each autotuned kernel
+    of the implementation to its config ``i mod (its number of configs)``, so every config of every
+    kernel runs in every example."""
+    inputs = t.inputs()
+    combos = path_knobs(t.impl)
+    base = t.evaluate(inputs, knobs=combos[0])
+    for knobs in combos[1:]:
+        t.compare(f"knobs {knobs} against {combos[0]}", t.evaluate(t.inputs(), knobs=knobs), base)
+    kernels = autotuned_kernels(t.impl)
+    if not kernels:
+        return
+    from ..runtime import interpreter
+    counts = {name: len(interpreter.configs(k)) for name, k in kernels.items()}
+    for i in range(max(counts.values())):
+        with ExitStack() as pins:
+            for name, kernel in kernels.items():
+                pins.enter_context(interpreter.pin_config(kernel, i % counts[name]))
+            pinned = t.evaluate(t.inputs(), knobs=combos[0])
+        chosen = ", ".join(f"{name}[{i % n}]" for name, n in counts.items())
+        t.compare(f"autotune configs {chosen} against the default configs", pinned, base)
+
+
+PRECISION_SLACK = 4.0
+"""error(ieee) <= SLACK * error(tf32x3) + NOISE and error(tf32x3) <= SLACK * error(tf32) + NOISE."""
+PRECISION_NOISE = 2e-6
+"""Absolute allowance for the order: ~16 fp32 ulps of relative error, below which modes are equal."""
+TF32_GAIN = 8.0
+"""tf32 must be at least this many times worse than ieee and tf32x3 (its operands keep 10 of 23
+mantissa bits: ~1000x in practice) ..."""
+TF32_MIN_ERROR = 1e-5
+"""... and at least this bad (2^-11 operand rounding shows as >= 1e-4 on random data)."""
+
+
+def precision_modes(t: Trial) -> None:
+    """Law 8: on fp32 inputs the precision modes are honoured: per output, error(ieee) <=
+    error(tf32x3) <= error(tf32) up to ``PRECISION_SLACK`` and ``PRECISION_NOISE``, and on some
+    output tf32 is measurably worse than both ieee and tf32x3 (``TF32_GAIN``, ``TF32_MIN_ERROR``;
+    an output dominated by something else, dg stored in bf16, cannot show it): a kernel that ignores
+    its mode, or runs tf32 where tf32x3 was asked, fails."""
+    errors = {}
+    for mode in ("ieee", "tf32x3", "tf32"):
+        with t.running():
+            verdict = verify.verify(t.impl, t.case, mode=mode, device=t.device, grads=t.grads, **t.knobs)
+        errors[mode] = {m.output: m.error for m in verdict.measurements}
+    table = "\n".join(f"{n:<12} ieee {errors['ieee'][n]:9.2e}  tf32x3 {errors['tf32x3'][n]:9.2e}  "
+                      f"tf32 {errors['tf32'][n]:9.2e}" for n in errors["ieee"])
+    for name in errors["ieee"]:
+        e = {m: errors[m][name] for m in errors}
+        if e["ieee"] > PRECISION_SLACK * e["tf32x3"] + PRECISION_NOISE or \
+                e["tf32x3"] > PRECISION_SLACK * e["tf32"] + PRECISION_NOISE:
+            t.fail(f"{name}: errors not ordered ieee <= tf32x3 <= tf32 (slack {PRECISION_SLACK}x + "
+                   f"{PRECISION_NOISE:g})\n{table}")
+    if not any(errors["tf32"][n] >= max(TF32_MIN_ERROR, TF32_GAIN * max(errors["ieee"][n], errors["tf32x3"][n]))
+               for n in errors["tf32"]):
+        t.fail(f"tf32 is not measurably worse than ieee and tf32x3 on any output (needs >= {TF32_GAIN}x "
+               f"and >= {TF32_MIN_ERROR:g}): the precision mode is not honoured\n{table}")
+
+
+def fp16_gates(t: Trial) -> None:
+    """Law 9: given fp16 gates, the implementation computes what it computes on ``g.float()`` of the
+    same values (the gradient dg compared after rounding the fp32 run's to fp16)."""
+    inputs = t.inputs()
+    half = t.evaluate(inputs)
+    full = t.evaluate(inputs.map(lambda n, x: x.float() if n == "g" else x), t.cotangents(half))
+    full = {n: (x.to(half[n].dtype) if n in half and x.dtype != half[n].dtype else x) for n, x in full.items()}
+    t.compare("fp16 gates against the same values as fp32", half, full)
+
+
+def gate_bounds(t: Trial) -> None:
+    """Law 10: the lower-bound gate lies in [lower_bound, 0] (the open interval of the math, closed
+    by rounding: sigmoid saturates), the softplus gate in (-inf, 0]; both finite."""
+    gate = t.evaluate(t.inputs())["gate"]
+    low = t.case.opts.get("lower_bound")
+    bad = ~torch.isfinite(gate) | (gate > 0)
+    if low is not None:
+        bad |= gate < low
+    if bool(bad.any()):
+        where = f"[{low}, 0]" if low is not None else "(-inf, 0]"
+        t.fail(f"{int(bad.sum())} gate values outside {where}: e.g. {gate[bad][:4].tolist()}")
+
+
+def gate_monotone(t: Trial) -> None:
+    """Law 10: both gates are non-increasing in g: raising g (by a seeded non-negative amount,
+    rounded in g's dtype so it never goes down) never raises the gate by more than the budget's
+    relative error."""
+    inputs = t.inputs()
+    g = inputs.tensors["g"]
+    gen = torch.Generator().manual_seed(t.case.seed + 2)
+    step = torch.randn(g.shape, generator=gen).abs().to(g.device) * float(t.case.drawn.get("input_scale", 1.0))
+    higher = inputs.map(lambda n, x: (x.double() + step).to(x.dtype) if n == "g" else x)
+    low, high = t.evaluate(inputs)["gate"], t.evaluate(higher)["gate"]
+    limit = verify.bound_of(t.impl, t.case, "gate", t.case.dtype, t.mode, grads=False)
+    rise = (high.double() - low.double()) - limit.bound * low.double().abs()
+    if bool((rise > 0).any()):
+        i = int(rise.flatten().argmax())
+        t.fail(f"gate rises with g at {int((rise > 0).sum())} elements beyond the relative budget "
+               f"{limit.bound:.2g} ({limit.explanation}): e.g. g {g.flatten()[i].item():.4g} -> "
+               f"{higher.tensors['g'].flatten()[i].item():.4g} "
+               f"moves the gate {low.flatten()[i].item():.6g} -> {high.flatten()[i].item():.6g}")
+
+
+def key_permutation(t: Trial) -> None:
+    """Law 11: non-causal attention is invariant to permuting keys together with values (within
+    each packed sequence): o and lse unchanged, dq unchanged, dk and dv permuted alike (compared
+    after autograd maps them back). Within budget only: the softmax sums in another order."""
+    case = t.case
+    inputs = t.inputs()
+    base = t.evaluate(inputs)
+    gen = torch.Generator().manual_seed(case.seed + 3)
+    spans = [k for _, k in t.op.spans(case)] if case.seqlens is not None else [(0, case.dim["S"])]
+    perm = torch.arange(case.dim["S"])
+    for ks, ke in spans:
+        perm[ks:ke] = ks + torch.randperm(ke - ks, generator=gen)
+    perm = perm.to(t.device)
+
+    def shuffled(x: Inputs) -> dict:
+        return t.call(x.map(lambda n, v: v[:, perm] if n in ("k", "v") else v))
+    t.compare("keys and values permuted together", t.composite(inputs, shuffled, t.cotangents(base)), base,
+              bitwise=False)   # the softmax sums in another order: bits cannot be expected to match
+
+
+def rows_without_keys(t: Trial) -> None:
+    """Law 11: lse matches the float64 truth within budget, and a query row that sees no key
+    (causal with S < T, an empty key span) gets exactly o = 0 and lse = -inf, as the contract says."""
+    ref = verify.truth(t.case, False)
+    out = t.evaluate(t.inputs())
+    empty = torch.isneginf(ref["lse"]).to(out["o"].device)             # [B, H, T]
+    rows = empty.transpose(1, 2)                                        # [B, T, H]
+    if bool((out["o"][rows] != 0).any()):
+        t.fail(f"o is not 0 on {int(rows.sum())} (row, head) pairs that see no key: e.g. "
+               f"{out['o'][rows][:2].flatten()[:6].tolist()}")
+    if "lse" not in registry.provides(t.impl):
+        return
+    if not bool(torch.isneginf(out["lse"][empty]).all()):
+        t.fail(f"lse is not -inf on rows that see no key: e.g. {out['lse'][empty][:6].tolist()}")
+    verdict = verify.measure(t.impl, t.case, {"lse": out["lse"]}, {"lse": ref["lse"]}, mode=t.mode,
+                             grads=False, knobs=t.knob_args())
+    if not verdict.passed:
+        t.fail("lse not within budget of the float64 truth\n" + verdict.table())
+
+
+POISON_INT = 2**30
+"""What the margins of an integer input (cu_seqlens) hold: a sequence boundary far past any T."""
+POISON_ALIGN = 16
+"""Bytes: the views of ``reads_past_input`` keep the alignment a contiguous tensor has (16 bytes, what
+vectorized and TMA loads need): their start always, their row stride where the row is a multiple."""
+
+
+def _poison(n: int, dtype: torch.dtype, device, nan_at: int) -> torch.Tensor:
+    """``n`` poison values: NaN at ``nan_at`` and every second position from there, between them
+    alternately +big and -big (the dtype's largest finite value, at most 1e30); integers: ``POISON_INT``."""
+    if not dtype.is_floating_point:
+        return torch.full((n,), POISON_INT, dtype=dtype, device=device)
+    big = min(1e30, torch.finfo(dtype).max)
+    cycle = torch.tensor([math.nan, big, math.nan, -big], dtype=torch.float64)
+    return cycle[(torch.arange(n) - nan_at) % 4].to(dtype).to(device)
+
+
+def in_poisoned_buffer(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values in a view into a larger buffer of ``_poison``: more than a row of poison before
+    the start and after the end, and (rank >= 2) each row of the last dimension followed by
+    ``16 bytes + d % 2`` elements of it (strides, unit stride in the last dimension kept). The element
+    right after every row and after the end is NaN."""
+    align = max(1, POISON_ALIGN // x.element_size())
+    flat = x.ndim < 2
+    d = x.numel() if flat else x.shape[-1]
+    rows = 1 if flat else math.prod(x.shape[:-1])
+    width = d if flat else d + align + d % 2                # even: every row end falls on a NaN
+    lead = (width // align + 1) * align
+    buffer = _poison(lead + rows * width + width + align, x.dtype, x.device, nan_at=lead + d)
+    body = buffer[lead:lead + rows * width]
+    view = body.view(x.shape) if flat else body.view(*x.shape[:-1], width)[..., :d]
+    return view.copy_(x.detach())
+
+
+def reads_past_input(t: Trial) -> None:
+    """Law 12: an implementation reads its inputs where they are and nowhere else. Every tensor
+    input (cu_seqlens included) is handed over as a view into a larger buffer
+    (``in_poisoned_buffer``): poison before its start and after its end, and every row of the last
+    dimension followed by poison, reached through the strides (the contract takes any strides; the
+    unit stride of the last dimension is kept). Floating poison is NaN, +1e30 and -1e30 (the dtype's
+    largest value where smaller), NaN right after each row and after the end; integer poison 2**30.
+    Forward and backward (the views are the leaves, their gradients compared), every output and
+    gradient is finite wherever that of a run on the plain contiguous inputs is, and within budget
+    of it (bitwise reported: a kernel that copies to contiguous memory computes the same bits)."""
+    inputs = t.inputs()
+    plain = t.evaluate(inputs)
+    out = t.composite(inputs.map(lambda _, x: in_poisoned_buffer(x)), t.call, t.cotangents(plain),
+                      fresh_leaves=False)
+    what = "inputs as views into poisoned buffers against the plain inputs"
+    bad = _nonfinite(out, plain)
+    if bad:
+        t.fail(f"{what}: NaN/Inf where the plain run is finite: poison from outside an input (before its "
+               "start, between its rows, after its end) reached "
+               + ", ".join(f"{n} ({c} elements)" for n, c in bad.items()))
+    t.compare(what, out, plain)
+
+
+# --- the registry of laws ------------------------------------------------------------------------
+
+def _always(impl: registry.Implementation) -> str | None:
+    return None
+
+
+def _has_paths(impl: registry.Implementation) -> str | None:
+    if len(path_knobs(impl)) > 1 or impl.triton:
+        return None
+    return "declares no path knobs (gather, recompute, chunk size) and no autotuned kernels"
+
+
+def _has_precision(impl: registry.Implementation) -> str | None:
+    if not set(PRECISION_MODES) <= set(impl.knobs.get("precision", ())):
+        return "has no precision knob with ieee, tf32 and tf32x3"
+    if "fp32" not in impl.dtypes:
+        return "does not take fp32 inputs"
+    return None
+
+
+def _cut(impl, case: Case) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({"cut": st.integers(0, case.dim["T"] - 2)})
+
+
+def _split(impl, case: Case) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({"split": st.integers(1, case.dim["T"] - 1)})
+
+
+@dataclass(frozen=True)
+class Law:
+    """A law: its function ``fn(trial, **params)``, the traits an op needs for it to apply
+    (``refcheck.model.ops.TRAITS``; those its requirements concern are implied), the requirements its
+    cases meet (``refcheck.model.ops.REQUIREMENTS``: they draw the cases and check fixed ones), whether it
+    applies to an implementation (``applies(impl)`` -> None or why not), its own parameters
+    (``params(impl, case)`` -> a strategy of dicts) and its cost in implementation runs per example
+    (the ci profile divides its example count by it). It applies to every op, built-in or a user's,
+    whose card has the traits: no law names an op."""
+
+    name: str
+    number: str
+    fn: Callable
+    traits: frozenset[str] = frozenset()
+    requires: Mapping = field(default_factory=dict)
+    applies: Callable[[registry.Implementation], str | None] = _always
+    params: Callable | None = None
+    cost: float = 1.0
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """The traits an op needs: the law's own and those of its requirements."""
+        implied = {REQUIREMENTS[key][0] for key in self.requires}
+        return frozenset(self.traits) | {t for t in implied if t is not None}
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The known ops it applies to (their cards have every trait it needs)."""
+        return tuple(name for name, c in OPS.items() if self.why_not_op(c) is None)
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip()
+
+    def why_not_op(self, op_card) -> str | None:
+        """None when the law applies to the op of ``op_card``, else why not."""
+        missing = self.needs - op_card.traits
+        if missing:
+            return f"law {self.name} needs an op with trait(s) {', '.join(sorted(missing))}; {op_card.name} has none"
+        return None
+
+    def why_not(self, impl: registry.Implementation) -> str | None:
+        """None when the law applies to ``impl``, else why not."""
+        why = self.why_not_op(card(impl.op))
+        if why:
+            return why
+        if "dtype" in self.requires and self.requires["dtype"] not in impl.dtypes:
+            return f"needs {self.requires['dtype']} inputs"
+        return self.applies(impl)
+
+
+LAWS: dict[str, Law] = {law.name: law for law in (
+    Law("agreement", "1", agreement),
+    Law("causality", "2, 11", causality, requires={"min_len": 2, "causal": True}, params=_cut, cost=2),
+    Law("varlen_equals_separate", "3", varlen_equals_separate, requires={"varlen": True, "min_seqs": 2}, cost=3),
+    Law("batch_invariance", "3", batch_invariance, requires={"min_batch": 2}, cost=3),
+    Law("state_chaining", "4", state_chaining, frozenset({"state", "causal"}), {"min_len": 2}, params=_split,
+        cost=3),
+    Law("determinism", "5", determinism, cost=2),
+    Law("no_side_effects", "6", no_side_effects, cost=2),
+    Law("path_agreement", "7", path_agreement, applies=_has_paths, cost=5),
+    Law("precision_modes", "8", precision_modes, requires={"dtype": "fp32"}, applies=_has_precision, cost=4),
+    Law("fp16_gates", "9", fp16_gates, requires={"gate_dtype": "fp16"}, cost=2),
+    Law("gate_bounds", "10", gate_bounds, frozenset({"gate_function"})),
+    Law("gate_monotone", "10", gate_monotone, frozenset({"gate_function"}), cost=2),
+    Law("key_permutation", "11", key_permutation, requires={"causal": False, "min_keys": 2}, cost=2),
+    Law("rows_without_keys", "11", rows_without_keys, requires={"rows_without_keys": True}),
+    Law("reads_past_input", "12", reads_past_input, cost=2),
+)}
+
+
+def law(name: str) -> Law:
+    try:
+        return LAWS[name]
+    except KeyError:
+        raise ValueError(f"unknown law {name!r}; known laws: {', '.join(LAWS)}") from None
+
+
+# --- fixed examples -------------------------------------------------------------------------------
+
+FIXED_PARAMS = {
+    "cut": lambda case: (case.dim["T"] - 1) // 2,     # causality: change everything after mid-sequence
+    "split": lambda case: case.dim["T"] // 2,         # state chaining: carry the state across mid-sequence
+}
+"""A fixed value for each required parameter of a law (a keyword-only argument of its function
+without a default), chosen from the case: mid-sequence, inside a chunk of a chunked kernel."""
+
+
+def fixed_params(law, case) -> dict:
+    """The law's required parameters, fixed for ``case`` (``FIXED_PARAMS``)."""
+    params = {}
+    for p in inspect.signature(law.fn).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+            if p.name not in FIXED_PARAMS:
+                raise ValueError(f"law {law.name}: no fixed value for its parameter {p.name!r} "
+                                 "(add one to refcheck.commands.report.FIXED_PARAMS)")
+            params[p.name] = FIXED_PARAMS[p.name](case)
+    return params
+
+
+# --- running laws --------------------------------------------------------------------------------
+
+def check(law_: Law | str, impl: registry.Implementation, example: Example, *, device: str = "cpu",
+          strict: bool | None = None) -> Outcome:
+    """Run one law on one example; raises ``LawViolation``, else returns the bitwise notes."""
+    law_ = law(law_) if isinstance(law_, str) else law_
+    trial = Trial(law_, impl, example.case, example.mode, dict(example.knobs), dict(example.params), device,
+                  strict_default() if strict is None else strict)
+    law_.fn(trial, **example.params)
+    return Outcome(law_.name, trial.notes)
+
+
+INTERPRETED_SHARE = 0.4
+"""The share of a profile's examples a Triton kernel gets in the CPU interpreter (seconds per call)."""
+
+
+def interpreted(impl: registry.Implementation, device: str) -> bool:
+    """Whether ``impl`` runs in the Triton interpreter on ``device``."""
+    return impl.triton and torch.device(device).type == "cpu"
+
+
+def examples_for(law_: Law, base: hsettings | None = None, *, interpreted: bool = False) -> int:
+    """The example count of a law under a profile: the profile's ``max_examples`` divided by the
+    law's cost, times ``INTERPRETED_SHARE`` for an interpreted kernel, at least 2."""
+    base = base or hsettings()
+    return max(2, math.ceil(base.max_examples / law_.cost * (INTERPRETED_SHARE if interpreted else 1.0)))
+
+
+def boundary_examples(law_: Law, impl: registry.Implementation, mode: str | None = None) -> list[Example]:
+    """The law's fixed examples at chunk boundaries (``examples.boundary_cases``): default knobs,
+    the implementation's first mode (or ``mode``), the law's parameters fixed for the case."""
+    return [Example(case, mode or impl.modes[0], path_knobs(impl)[0], fixed_params(law_, case))
+            for case in boundary_cases(impl.op, impl, dict(law_.requires))]
+
+
+def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings: hsettings | None = None,
+                     limits: Limits | None = None, mode: str | None = None, device: str = "cpu",
+                     strict: bool | None = None, max_examples: int | None = None,
+                     boundaries: bool = False, buckets: tuple = ()) -> list[str]:
+    """Search for a counterexample to a law with Hypothesis (the current profile unless
+    ``settings``; ``examples_for`` examples unless ``max_examples``; sizes ``SMALL``, or
+    ``INTERPRETED`` for an interpreted kernel, unless ``limits``; with ``boundaries`` the fixed
+    ``boundary_examples`` first; with ``buckets`` what a compiler specializes on drawn from those,
+    ``refcheck.engine.buckets``); raise the shrunk example's ``LawViolation``, else return the bitwise
+    notes (one line per distinct check, with how many examples it concerned)."""
+    law_ = law(law_) if isinstance(law_, str) else law_
+    why = law_.why_not(impl)
+    if why:
+        raise ValueError(f"{impl.op}/{impl.name}: {why}")
+    base = settings or hsettings()
+    notes: dict[str, int] = {}
+
+    def run(example: Example) -> None:
+        for line in check(law_, impl, example, device=device, strict=strict).notes:
+            key = line.split(" (max abs diff")[0]
+            notes[key] = notes.get(key, 0) + 1
+
+    # Separate database entries (and derandomized seeds) per law and implementation.
+    run._hypothesis_internal_add_digest = f"{law_.name}/{impl.op}/{impl.name}".encode()
+    slow = interpreted(impl, device)
+    limits = limits or (INTERPRETED if slow else SMALL)
+    count = max_examples or examples_for(law_, base, interpreted=slow)
+    test = hsettings(base, max_examples=count, report_multiple_bugs=False)(
+        given(examples(law_, impl, limits, mode, buckets))(run))
+    for fixed in reversed(boundary_examples(law_, impl, mode)) if boundaries else ():   # run in order of T
+        test = example(fixed)(test)
+    test()
+    return [f"{line} in {count} example(s)" for line, count in notes.items()]

@@ -1,0 +1,356 @@
+"""The pipeline: case -> implementation and float64 truth -> errors -> budgets -> verdict.
+
+Every loop of refcheck (pytest laws, ``refcheck report``, ``drift record``, ``fuzz``) measures an
+implementation through ``verify`` or its parts here, so an error is computed one way only.
+
+For a case, the truth is the op's float64 reference on the same (already rounded) input values;
+with gradients, both sides are differentiated against the same seeded upstream gradient (rounded
+to the output's contract dtype), so ``dq`` of an implementation and ``dq`` of the truth answer the
+same question.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from ..model import budgets as budgets_mod
+from ..model import registry
+from ..model.case import DTYPE_NAMES, Case
+from ..model.metrics import rel_rms, rel_rms_denominator
+from ..model.ops import Inputs, OpCard, card
+
+CHUNKED_TRUTH_MIN_T = 256
+"""From this sequence length on, the truth uses the float64 chunk form (equal to ~1e-12)."""
+
+
+@dataclass
+class Measurement:
+    """One output's error against its budget; ``naive_error`` and ``naive_form`` are the yardstick of
+    a ``naive_ratio`` bound (``yardstick``), ``dtype`` the dtype whose budget applies."""
+
+    output: str
+    error: float
+    bound: float
+    budget: budgets_mod.Budget
+    naive_error: float | None = None
+    naive_form: str = ""
+    dtype: str = ""
+    cancellation: float = 0.0
+    natural_scale: float = 0.0
+    computing: Measurement | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.error <= self.bound
+
+    @property
+    def explanation(self) -> str:
+        """What the bound is made of (``Budget.explain``, and a cancellation's allowance)."""
+        text = self.budget.explain(self.naive_error, self.naive_form, self.dtype)
+        if self.computing is not None:
+            text += f" + {self.computing.bound:.1e} for computing it in {self.computing.dtype} ({self.computing.explanation})"
+        if self.cancellation:
+            text += (f" + {self.cancellation:.1e} ({CANCELLATION_ULPS} ulps of the terms it is a difference "
+                     f"of, {self.natural_scale:.1e})")
+        return text
+
+    @property
+    def headroom(self) -> float:
+        """bound / error: how many times the error could grow before failing (inf when exact)."""
+        return math.inf if self.error == 0 else self.bound / self.error
+
+
+@dataclass
+class Verdict:
+    """Every measured output of one implementation on one case, with contract violations."""
+
+    op: str
+    impl: str
+    case: Case
+    mode: str
+    knobs: dict
+    measurements: list[Measurement] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    record: registry.Implementation | None = None   # the implementation measured (for the reproducer)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and all(m.passed for m in self.measurements)
+
+    def reproducer(self, device: str = "cpu") -> str:
+        """A one-liner that measures this point again and fails while it is over budget
+        (``refcheck.engine.reproduce.point``), from any folder, for a user's kernel too."""
+        from .reproduce import one_liner
+        knobs = {k: v for k, v in self.knobs.items() if k != "precision"}
+        args = [self.case.to_python(), f"mode={self.mode!r}"] + ([f"knobs={knobs!r}"] if knobs else []) \
+            + ([f"device={device!r}"] if device != "cpu" else [])
+        return one_liner("point", self.record or registry.get(self.op, self.impl), args)
+
+    def table(self) -> str:
+        head = f"{self.op} [{self.impl}] mode={self.mode} knobs={self.knobs}\n  case: {self.case.describe()}"
+        rows = [f"  {m.output:<12} error {m.error:9.3e}  bound {m.bound:9.3e}  {'ok  ' if m.passed else 'FAIL'}"
+                f"  bound = {m.explanation}" for m in self.measurements]
+        rows += [f"  problem: {p}" for p in self.problems]
+        return "\n".join([head, *rows])
+
+    def failure_message(self, device: str = "cpu") -> str:
+        return f"{self.table()}\n  reproduce: {self.reproducer(device)}"
+
+
+def upstream_gradients(op: OpCard, case: Case, outputs: dict[str, torch.Tensor],
+                       names: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """Seeded random cotangents for the outputs, rounded to each output's contract dtype.
+
+    ``o`` is in the input dtype, every other output (states, lse, gates) in float32. Entries where
+    an output is not finite (lse of a row that sees no key) get a zero cotangent. Each output's
+    cotangent depends on the case only (drawn in the card's output order), so an implementation
+    that returns fewer outputs gets the same cotangents for the ones it returns; ``names`` keeps
+    only those outputs (the truth of an implementation without ``lse`` is differentiated without it).
+    """
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    grads = {}
+    for name in op.outputs:
+        if name not in outputs:
+            continue
+        x = outputs[name]
+        g = torch.randn(x.shape, generator=gen).to(output_dtype(case, name)).to(x.device)
+        if names is None or name in names:
+            grads[name] = torch.where(torch.isfinite(x.detach()), g,
+                                      torch.zeros((), dtype=g.dtype, device=g.device))
+    return grads
+
+
+def leaf_inputs(op: OpCard, inputs: Inputs) -> tuple[Inputs, dict[str, torch.Tensor]]:
+    """A copy of ``inputs`` whose differentiable float tensors are fresh autograd leaves, and the leaves."""
+    leaves = {}
+
+    def leaf(name, t):
+        if name in op.differentiable and t.is_floating_point():
+            leaves[name] = t.detach().clone().requires_grad_(True)
+            return leaves[name]
+        return t
+
+    return inputs.map(leaf), leaves
+
+
+def backprop(op: OpCard, result: dict[str, torch.Tensor], cotangents: dict[str, torch.Tensor],
+             leaves: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Backpropagate ``cotangents`` from the outputs in ``result`` to ``leaves``; returns the
+    detached outputs plus each leaf's gradient as ``d<name>`` (``dh0`` for the initial state)."""
+    pairs = [(result[n], cotangents[n]) for n in cotangents if n in result and result[n].requires_grad]
+    if pairs:
+        torch.autograd.backward([p[0] for p in pairs], [p[1].to(p[0].dtype) for p in pairs])
+    result = dict(result)
+    for name, t in leaves.items():
+        if t.grad is not None:
+            result[op.grad_name(name)] = t.grad
+    return {n: t.detach() for n, t in result.items()}
+
+
+def evaluate(fn, op: OpCard, inputs: Inputs, *, grads: bool, cotangents=None, **knobs) -> dict[str, torch.Tensor]:
+    """Run ``fn`` on ``inputs``; with ``grads``, backpropagate ``cotangents`` (or fresh ones from
+    ``cotangents(outputs)``) and add each differentiable input's gradient as ``d<name>``."""
+    leaves = {}
+    if grads:
+        inputs, leaves = leaf_inputs(op, inputs)
+    with torch.set_grad_enabled(grads):
+        result = op.split(inputs.call(fn, **knobs))
+    if not grads:
+        return {n: t.detach() for n, t in result.items()}
+    return backprop(op, result, cotangents(result) if callable(cotangents) else cotangents, leaves)
+
+
+def cotangent_names(op: OpCard, provides) -> tuple[str, ...] | None:
+    """The outputs whose cotangents the truth takes for an implementation returning ``provides``
+    (None: all of them, the common case, so that the cache holds one truth per case)."""
+    names = tuple(n for n in op.outputs if n in provides)
+    return None if names == op.outputs else names
+
+
+REFERENCE_DEVICE = torch.device("cpu")
+"""Where the float64 truth and the naive forms are evaluated, whatever the implementation's device:
+the inputs are drawn on the CPU (``OpCard.make_inputs``), so the numbers are the same, and the
+references' Python loops of small kernels would time-slice a GPU shared by several worker processes
+(measured on an H100, 8 processes: 16 s per example of chunk_simple_gla at T <= 1100, 0 s of it
+compiling; on one CPU core the truth and both naive forms of the largest such case take 1.5-3 s)."""
+
+
+@lru_cache(maxsize=256)
+def truth(case: Case, grads: bool = True, outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+    """The float64 reference outputs (and gradients) of a case, on ``REFERENCE_DEVICE``; cached,
+    since every implementation, mode and knob setting of a case shares it. The gradients
+    backpropagate the cotangents of ``outputs`` only (default all): those an implementation returns
+    (torch SDPA has no ``lse``)."""
+    op = card(case.op)
+    fn = op.chunked_reference if op.chunked_reference and case.dim.get("T", 0) >= CHUNKED_TRUTH_MIN_T else op.reference
+    inputs = op.make_inputs(case, REFERENCE_DEVICE).to_float64()
+    return evaluate(fn, op, inputs, grads=grads, cotangents=lambda out: {
+        n: g.to(torch.float64) for n, g in upstream_gradients(op, case, out, outputs).items()})
+
+
+def run(impl: registry.Implementation, case: Case, device: str = "cpu", grads: bool = True,
+        **knobs) -> dict[str, torch.Tensor]:
+    """Outputs (and, if it has a backward, gradients) of an implementation on a case."""
+    op = card(case.op)
+    inputs = op.make_inputs(case, torch.device(device))
+    return evaluate(impl.fn, op, inputs, grads=grads and impl.backward,
+                    cotangents=lambda o: upstream_gradients(op, case, o), **knobs)
+
+
+@lru_cache(maxsize=256)
+def naive_outputs(case: Case, grads: bool = True, outputs: tuple[str, ...] | None = None,
+                  form: str = "recurrent") -> dict[str, torch.Tensor]:
+    """The results of a naive form (``registry.NAIVE_FORMS``: the reference evaluated in the input
+    dtype) on a case, on ``REFERENCE_DEVICE``, cotangents of ``outputs`` only (as ``truth``)."""
+    op = card(case.op)
+    return evaluate(registry.get(case.op, registry.NAIVE_FORMS[form]).fn, op,
+                    op.make_inputs(case, REFERENCE_DEVICE),
+                    grads=grads, cotangents=lambda o: upstream_gradients(op, case, o, outputs))
+
+
+CANCELLATION_ULPS = 16
+"""Where an output is a difference of larger terms (``OpCard.natural_scales``) and its truth is no
+larger than this many unit roundoffs of the precision mode's float32 arithmetic
+(``MODE_UNIT_ROUNDOFF``) of their size, it is 0 at that precision (a gate gradient at T = 1
+without an initial state), and an error of that size is allowed: the residue a correct kernel
+leaves when it forms the difference, which no naive form shows there (they differentiate the
+recurrence and get an exact 0)."""
+
+MODE_UNIT_ROUNDOFF = {"ieee": 2.0 ** -24, "tf32x3": 2.0 ** -24, "tf32": 2.0 ** -11}
+"""Unit roundoff of a precision mode's float32 products: tf32 keeps 10 mantissa bits of each
+operand, tf32x3 recovers about float32's."""
+
+
+def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[str, torch.Tensor],
+                           floor: float, mode: str = "ieee") -> tuple[float, float]:
+    """``(allowance, scale)``: what the bound of output ``name`` gains (relative, as ``rel_rms``
+    measures) where its truth ``ref[name]`` vanishes at float32 precision of the terms it is a
+    difference of (``CANCELLATION_ULPS``), and their natural size; ``(0, scale)`` where the truth
+    is larger, ``(0, 0)`` for an output that is no such difference."""
+    op = card(case.op)
+    natural = op.natural_scales.get(name)
+    if natural is None:
+        return 0.0, 0.0
+    scale = natural(op.make_inputs(case, ref[name].device), ref)
+    residue = CANCELLATION_ULPS * MODE_UNIT_ROUNDOFF[mode] * scale
+    truth = ref[name].detach().double()
+    truth = truth[torch.isfinite(truth)]
+    if truth.numel() and float(truth.norm()) / math.sqrt(truth.numel()) > residue:
+        return 0.0, scale
+    return residue / rel_rms_denominator(out, ref[name], floor), scale
+
+
+def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
+              outputs: tuple[str, ...] | None = None) -> tuple[float | None, str]:
+    """The naive error of output ``name`` on ``case``: the largest relative RMS error against the
+    float64 truth among the naive forms of the op (the reference evaluated in the input dtype,
+    recurrent, and chunked with decays differenced as kernels do), and which form it was. A form
+    whose result is not finite (an overflow of the input dtype) is no yardstick; ``(None, "")``
+    when none is."""
+    base = truth(case, grads, outputs)
+    errors = {}
+    for form in registry.naive_forms(case.op):
+        out = naive_outputs(case, grads, outputs, form)
+        if name in out and name in base:
+            error = rel_rms(out[name], base[name], floor=floor)
+            if math.isfinite(error):
+                errors[form] = error
+    if not errors:
+        return None, ""
+    form = max(errors, key=errors.get)
+    return errors[form], form
+
+
+def output_dtype(case: Case, name: str) -> torch.dtype:
+    """The contract dtype of an output: ``o`` in the input dtype (bf16 for fp8 inputs), every other
+    output (states, lse, gates) float32."""
+    if name != "o":
+        return torch.float32
+    return torch.bfloat16 if case.dtype == "fp8" else case.torch_dtype
+
+
+def computed_twin(case: Case) -> Case:
+    """``case`` with its gates drawn in the case's dtype: the naive error there is what computing
+    a gate gradient costs before it is stored in a coarser gate dtype (``budget_dtype``)."""
+    import dataclasses
+    return dataclasses.replace(case, draw=tuple(sorted({**dict(case.draw), "gate_dtype": case.dtype}.items())))
+
+
+def budget_dtype(case: Case, name: str, value: torch.Tensor) -> str:
+    """The dtype whose budget bounds output ``name``: the case's input dtype, or for a gradient
+    returned in a coarser dtype than that (dg of bf16 gates with fp32 q, k, v) the coarser one,
+    since storing the gradient rounds it to that dtype's precision."""
+    coarser = value.dtype if value.is_floating_point() and value.dtype in DTYPE_NAMES else case.torch_dtype
+    if name in card(case.op).outputs or torch.finfo(coarser).eps <= torch.finfo(case.torch_dtype).eps:
+        return case.dtype
+    return DTYPE_NAMES[coarser]
+
+
+def bound_of(impl: registry.Implementation, case: Case, name: str, dtype: str, mode: str, *,
+             grads: bool = True, budgets: budgets_mod.Budgets | None = None) -> Measurement:
+    """The bound on output ``name`` of ``impl`` on ``case`` (dtype ``dtype``, mode ``mode``), with
+    what it is made of, as a ``Measurement`` whose error is not yet known (0)."""
+    budgets = budgets or budgets_mod.load()
+    budget = budgets.get(case.op, name, dtype, mode, impl.name)
+    naive_error, form = None, ""
+    if budget.metric == "naive_ratio":
+        naive_error, form = yardstick(case, name, budget.floor, grads=grads,
+                                      outputs=cotangent_names(card(case.op), registry.provides(impl)))
+    bound = budget.bound(naive_error) if naive_error is not None or budget.metric == "rel_rms" else budget.slack
+    return Measurement(name, 0.0, bound, budget, naive_error, form, dtype)
+
+
+def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tensor],
+            ref: dict[str, torch.Tensor], *, mode: str, grads: bool = True,
+            budgets: budgets_mod.Budgets | None = None, knobs: dict | None = None) -> Verdict:
+    """Measure ``out`` against ``ref`` under the budgets of ``impl`` on ``case`` in ``mode``.
+
+    ``ref`` is the float64 truth (``verify``) or, for the laws that compare two evaluations of the
+    same math (batch rows alone, a split run, another path), the other evaluation: the two may
+    differ by no more than an implementation may differ from the truth. Every output and gradient
+    in ``ref`` is measured (an output ``impl`` does not provide is left out); one missing from
+    ``out`` is a problem. A ``naive_ratio`` bound uses the naive implementation's error on ``case``.
+    """
+    op = card(case.op)
+    budgets = budgets or budgets_mod.load()
+    verdict = Verdict(case.op, impl.name, case, mode, dict(knobs or {}), record=impl)
+    for name in ref:
+        if name in op.outputs and name not in registry.provides(impl):
+            continue
+        if name not in out:
+            verdict.problems.append(f"{name}: not returned")
+            continue
+        want = output_dtype(case, name)
+        if name in op.outputs and out[name].dtype != want:
+            verdict.problems.append(f"{name}: dtype {out[name].dtype}, contract says {want}")
+        limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, grads=grads,
+                         budgets=budgets)
+        limit.error = rel_rms(out[name], ref[name], floor=limit.budget.floor)
+        if limit.dtype != case.dtype:    # computed in the case's dtype, then stored coarser: both add
+            limit.computing = bound_of(impl, computed_twin(case), name, case.dtype, mode, grads=grads, budgets=budgets)
+            limit.bound += limit.computing.bound
+        limit.cancellation, limit.natural_scale = cancellation_allowance(case, name, out[name], ref,
+                                                                         limit.budget.floor, mode)
+        limit.bound += limit.cancellation
+        verdict.measurements.append(limit)
+    return verdict
+
+
+def verify(impl: str | registry.Implementation, case: Case, *, mode: str | None = None, device: str = "cpu",
+           grads: bool = True, budgets: budgets_mod.Budgets | None = None, **knobs) -> Verdict:
+    """Measure one implementation on one case against the float64 truth and the budgets.
+
+    ``mode`` selects the precision mode (passed as the ``precision`` knob where the implementation
+    has it; budgets are looked up under it). Extra keyword arguments are the implementation's knobs.
+    """
+    impl = impl if isinstance(impl, registry.Implementation) else registry.resolve(impl, case.op)[0]
+    mode = mode or impl.modes[0]
+    if "precision" in impl.knobs:
+        knobs = {"precision": mode, **knobs}
+    grads = grads and impl.backward and impl.refused_backward(device, case) is None
+    ref = truth(case, grads, cotangent_names(card(case.op), registry.provides(impl)))
+    out = run(impl, case, device, grads, **knobs)
+    return measure(impl, case, out, ref, mode=mode, grads=grads, budgets=budgets, knobs=knobs)

@@ -1,0 +1,227 @@
+"""The record of ``attention`` (softmax attention: flash attention, MLA, GQA, varlen).
+
+Math, shapes and options: ``references/attention.py`` (float64 truth). Budgets: ``[attention.*]`` in
+``tolerances.toml``. Laws: every law whose traits the record has (varlen, causal, keys),
+``refcheck/engine/laws.py``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from refcheck import references
+from refcheck.references.attention import check_attention_inputs
+
+from ...strategies import (
+    EMPTY,
+    SMALL,
+    Limits,
+    dim_multiple,
+    dtypes,
+    fit,
+    head_dims,
+    lengths,
+    picker,
+    scales,
+    seeds,
+    seqlens,
+)
+from ..case import Case
+from ..implementation import ALL_DTYPES, Implementation
+from .card import Inputs, OpCard, Templates, sweep_lengths
+from .inputs import cu_seqlens, normal, rounded
+from .linear import LINEAR_DTYPES
+
+DTYPES = LINEAR_DTYPES + ("fp8",)
+
+MLA_DIMS = (192, 128)
+"""Dqk, Dv of multi-head latent attention."""
+
+GQA_GROUPS = (1, 2, 4, 3)
+"""Query heads per key head."""
+
+
+def make_inputs(case: Case, device) -> Inputs:
+    """q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``, v ``[B, S, Hk, Dv]``; packed: cu_seqlens_q and
+    cu_seqlens_k."""
+    d = case.dim
+    gen = torch.Generator().manual_seed(case.seed)
+    b, t, s, h, hk, dqk, dv = (d[n] for n in ("B", "T", "S", "H", "Hk", "Dqk", "Dv"))
+    dt = case.torch_dtype
+    tensors = {"q": rounded(normal(gen, (b, t, h, dqk), device), dt),
+               "k": rounded(normal(gen, (b, s, hk, dqk), device), dt),
+               "v": rounded(normal(gen, (b, s, hk, dv), device), dt)}
+    if case.seqlens is not None:
+        tensors["cu_seqlens_q"] = cu_seqlens(case, case.seqlens, device)
+        tensors["cu_seqlens_k"] = cu_seqlens(case, case.seqlens_k, device)
+    return Inputs(tensors, ("q", "k", "v"), case.opts)
+
+
+@st.composite
+def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
+                    varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
+                    causal: bool | None = None, min_keys: int = 1, rows_without_keys: bool = False,
+                    pinned: Mapping = EMPTY) -> Case:
+    """A case of attention: GQA (H = Hk * group), Dqk != Dv (MLA's 192/128 included), T != S,
+    causal or not, batched or packed with separate query and key lengths (empty spans included)."""
+    pick = picker(draw, pinned)
+    dt = pick("dtype", dtypes(DTYPES, impl, dtype))
+    hk = pick("Hk", st.integers(1, limits.max_heads))
+    h = pick("H", st.sampled_from(GQA_GROUPS).map(lambda group: hk * group))
+    pairs = st.tuples(head_dims(limits.max_dim, dim_multiple(impl, dt)), head_dims(limits.max_dim, dim_multiple(impl, dt)))
+    if limits.mla:
+        pairs = st.one_of(pairs, st.just(MLA_DIMS))
+    dqk, dv = (pinned["Dqk"], pinned["Dv"]) if "Dqk" in pinned else draw(pairs)
+    if rows_without_keys:
+        causal, min_len = True, max(min_len, 2)
+    is_causal = pick("causal", st.booleans() if causal is None else st.just(causal))
+    if min_batch > 1:
+        varlen = False
+    packed = pick("packed", st.booleans() if varlen is None else st.just(varlen))
+    seqs = seqs_k = None
+    if packed:
+        b = 1
+        cap = fit(limits, 1, h, dqk + dv, max(min_len, min_keys))
+        seqs = draw(seqlens(cap, limits.max_seqs, min_seqs=min_seqs, min_total=min_len, min_nonempty=min(min_seqs, 2)))
+        n = len(seqs)
+        seqs_k = draw(st.lists(st.integers(0, max(min_keys, cap // n)), min_size=n, max_size=n))
+        if max(seqs_k) < min_keys:                          # construct: one span with enough keys
+            seqs_k[draw(st.integers(0, n - 1))] = min_keys
+        if rows_without_keys:                               # a query span longer than its key span
+            i = max(range(n), key=lambda j: seqs[j])
+            seqs_k[i] = draw(st.integers(0, seqs[i] - 1))
+            if sum(seqs_k) == 0:                            # keep S >= 1 (seqs[i] >= 2 when n == 1)
+                seqs_k[(i + 1) % n if n > 1 else i] = 1
+        t, s, seqs_k = sum(seqs), sum(seqs_k), tuple(seqs_k)
+    else:
+        b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
+        cap = fit(limits, b, h, dqk + dv, max(min_len, min_keys))
+        t = draw(lengths(min_len, cap))
+        if rows_without_keys:                               # causal is bottom-right: S < T
+            s = draw(st.integers(max(1, min(min_keys, t - 1)), t - 1))
+        elif draw(st.booleans()) and t >= min_keys:
+            s = t
+        else:
+            s = draw(lengths(min_keys, cap))
+    options = {"causal": is_causal, "scale": pick("scale", scales())}
+    drawn = {"cu_dtype": pick("cu_dtype", st.sampled_from(["int32", "int64"]))} if packed else {}
+    dims = {"B": b, "T": t, "S": s, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}
+    return Case.make("attention", dims, dt, draw(seeds()), seqlens=seqs, seqlens_k=seqs_k, options=options, draw=drawn)
+
+
+def grid(quick: bool) -> Templates:
+    """A causal GQA batch with more queries than keys (its first rows see no key); packed non-causal
+    sequences (one empty query span); causal sweep with S = T."""
+    if quick:
+        base = [("dense", dict(B=1, T=12, S=16, H=2, Hk=1, Dqk=16, Dv=8), dict(options={"causal": True}))]
+    else:
+        dims = dict(T=40, S=50, H=4, Hk=2, Dqk=32, Dv=24)
+        base = [("dense", dict(dims, B=2, T=50, S=40), dict(options={"causal": True})),
+                ("varlen", dict(dims, B=1), dict(seqlens=(13, 0, 27), seqlens_k=(20, 5, 25)))]
+    sweep_dims = dict(B=1, H=2, Hk=1, Dqk=16, Dv=8) if quick else dict(B=1, H=2, Hk=1, Dqk=32, Dv=32)
+    return base, [(f"T={t}", dict(sweep_dims, T=t, S=t), dict(options={"causal": True}))
+                  for t in sweep_lengths(quick)]
+
+
+def boundary(t: int, dtype: str, packed: bool, batch: int, require: Mapping) -> tuple[dict, dict]:
+    """``t`` queries and keys (packed: a 1-token sequence, then ``t``), two query heads on one key
+    head, head dims 16, causal unless asked otherwise."""
+    total = t + 1 if packed else t
+    dims = {"B": 1 if packed else batch, "T": total, "S": total, "H": 2, "Hk": 1, "Dqk": 16, "Dv": 16}
+    seqs = (1, t) if packed else None
+    return dims, dict(seqlens=seqs, seqlens_k=seqs, options={"causal": require.get("causal", True)})
+
+
+def _spans(case: Case) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    return CARD.spans(case) if case.seqlens is not None else [((0, case.dim["T"]), (0, case.dim["S"]))]
+
+
+def after(case: Case, cut: int) -> dict[str, torch.Tensor]:
+    """Queries after ``cut`` and every key no query row ``<= cut`` sees (bottom-right causal mask,
+    per packed sequence)."""
+    hidden = torch.ones(case.dim["S"], dtype=torch.bool)
+    for (qs, qe), (ks, ke) in _spans(case):
+        if qs > cut or qe == qs:
+            continue
+        last = min(qe - 1, cut) - qs                       # last kept query row, local index
+        visible = last + (ke - ks) - (qe - qs)             # it sees local keys 0..visible
+        hidden[ks:ks + max(0, min(ke - ks, visible + 1))] = False
+    return {"q": torch.arange(case.dim["T"]) > cut, "k": hidden}
+
+
+def empty_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
+    """A query span without keys (or without queries): o = 0 and lse = -inf on its rows."""
+    d, ref = case.dim, x.tensors["q"]
+    o_dtype = torch.bfloat16 if case.dtype == "fp8" else case.torch_dtype
+    out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=o_dtype)}
+    if "lse" in provides:
+        out["lse"] = torch.full((1, d["H"], length), -math.inf, device=ref.device)
+    return out
+
+
+# --- peers: torch SDPA and flash-attn-4, renamed arguments and reshapes only ---------------------
+
+def sdpa_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """torch SDPA per sequence (bottom-right causal mask, GQA by repeating heads); no lse."""
+    pairs = check_attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    groups = q.shape[2] // k.shape[2]
+    out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    for row, (qs, qe), (ks, ke) in pairs:
+        qi = q[row, qs:qe].transpose(0, 1)
+        kj = k[row, ks:ke].repeat_interleave(groups, dim=1).transpose(0, 1)
+        vj = v[row, ks:ke].repeat_interleave(groups, dim=1).transpose(0, 1)
+        mask = None
+        if causal:
+            i = torch.arange(qe - qs, device=q.device).unsqueeze(1)
+            j = torch.arange(ke - ks, device=q.device).unsqueeze(0)
+            mask = j <= i + (ke - ks) - (qe - qs)
+        o = F.scaled_dot_product_attention(qi, kj, vj, attn_mask=mask, scale=scale)
+        out[row, qs:qe] = o.transpose(0, 1)
+    return out, None
+
+
+def fa4_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+    """flash-attn-4 ``flash_attn_func`` / ``flash_attn_varlen_func``: o and lse (``[B, H, T]``;
+    packed, its ``[H, total]`` gets the batch axis of one)."""
+    from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    if cu_seqlens_q is None:
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+    lengths_q, lengths_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
+    o, lse = flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
+                                    max_seqlen_q=int(lengths_q.max()) if len(lengths_q) else 0,
+                                    max_seqlen_k=int(lengths_k.max()) if len(lengths_k) else 0,
+                                    softmax_scale=scale, causal=causal, return_lse=True)
+    return o.unsqueeze(0), lse.unsqueeze(0)
+
+
+def fa4_backward_refusal(device: str, case=None) -> str | None:
+    """Why flash-attn-4 refuses the backward of ``case``, or None: with GQA (H != Hk) it asserts
+    "GQA backward requires head_dim == head_dim_v" (4.0.0b36), so MLA's 192/128 with GQA is
+    checked forward only."""
+    if case is None:
+        return None
+    d = case.dim
+    if d["H"] != d["Hk"] and d["Dqk"] != d["Dv"]:
+        return "flash-attn-4: 'GQA backward requires head_dim == head_dim_v'"
+    return None
+
+
+CARD = OpCard(
+    "attention", references.attention, None, ("o", "lse"), ("q", "k", "v"), DTYPES, make_inputs, cases=cases,
+    traits=frozenset({"varlen", "causal", "keys"}), grid=grid, boundary=boundary,
+    token_axes={"q": "q", "k": "k", "v": "k"}, join_dims={"o": 1, "lse": 2},
+    causal=lambda case: bool(case.opts.get("causal")), after=after, empty_outputs=empty_outputs,
+    implementations=(
+        Implementation("attention", "sdpa", "refcheck.model.ops.attention:sdpa_attention", outputs=("o",),
+                       description="torch scaled_dot_product_attention (no lse)"),
+        # "head_dim and head_dim_v must be between 8 and 256 and divisible by 8" (flash-attn-4 4.0.0b36 on SM90)
+        Implementation("attention", "fa4", "refcheck.model.ops.attention:fa4_attention", devices=("cuda",),
+                       dtypes=("bf16", "fp16"), requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8},
+                       backward_refusal="refcheck.model.ops.attention:fa4_backward_refusal",
+                       description="flash-attn-4 (CUTLASS DSL)"),
+    ),
+    naive_dtypes=ALL_DTYPES)

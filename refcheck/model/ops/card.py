@@ -1,0 +1,272 @@
+"""The op record (card): everything refcheck knows about one op, in one value.
+
+In the spirit of PyTorch's OpInfo, smaller: a card holds the op's contract and float64 truth, how its
+inputs are made from a ``Case``, how Hypothesis draws its cases, its grid, its traits and the hooks
+those traits need, and its implementations. Generic code (laws, strategies, grid, report, drift,
+fuzz, budgets) reads cards and never names an op: a law chooses its ops by trait (``Law.needs``).
+
+Traits (``TRAITS``) and what a card that claims one must provide (``OpCard.problems``):
+
+    varlen         packed sequences through ``cu_seqlens``: ``empty_outputs`` (what a sequence
+                   without tokens returns). Requirements ``varlen``, ``min_seqs``.
+    state          a recurrent state: ``initial_state`` input, ``final_state`` output, the
+                   ``output_final_state`` option.
+    causal         an output at a position depends on no later position: ``causal`` (whether a
+                   case is causal) and ``after`` (the positions, per token axis, after a cut).
+                   Requirement ``causal``.
+    decay_gate     a log-decay gate input ``g`` whose dtype is drawn apart (``Case.draw``'s
+                   ``gate_dtype``). Requirement ``gate_dtype``.
+    keys           a key sequence apart from the queries (dims ``S``, ``Case.seqlens_k``).
+                   Requirements ``min_keys``, ``rows_without_keys``.
+    gate_function  the op is a gate: output ``gate``, option ``lower_bound``.
+
+Requirements (``REQUIREMENTS``) are the one vocabulary in which laws ask for cases: the same words
+draw a case (keyword arguments of ``OpCard.cases``) and check a fixed one (``OpCard.meets``).
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..case import Case
+from ..implementation import Implementation
+
+GRAD_NAMES = {"initial_state": "dh0"}
+"""Gradient output names are ``d`` + input name, except where listed here."""
+
+
+@dataclass
+class Inputs:
+    """Tensors and options of one call of an op.
+
+    tensors:    every tensor argument by name (positional ones and keyword ones such as cu_seqlens)
+    positional: the names passed positionally, in order
+    options:    non-tensor keyword arguments
+    """
+
+    tensors: dict[str, torch.Tensor]
+    positional: tuple[str, ...]
+    options: dict[str, Any]
+
+    def call(self, fn: Callable, **knobs):
+        args = [self.tensors[n] for n in self.positional]
+        kwargs = {n: t for n, t in self.tensors.items() if n not in self.positional}
+        return fn(*args, **kwargs, **self.options, **knobs)
+
+    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> Inputs:
+        """A copy with every tensor replaced by ``fn(name, tensor)``."""
+        return Inputs({n: fn(n, t) for n, t in self.tensors.items()}, self.positional, dict(self.options))
+
+    def to_float64(self) -> Inputs:
+        """The same values in float64 (integer tensors such as cu_seqlens unchanged): the truth's input."""
+        return self.map(lambda _, t: t.to(torch.float64) if t.is_floating_point() else t)
+
+
+def _packed_spans(case: Case) -> list[tuple[int, int]]:
+    queries = case.seqlens or ()
+    return list(zip(queries, case.seqlens_k or queries))
+
+
+def _rows_without_keys(case: Case, causal: bool) -> bool:
+    """Some query row sees no key (causal is bottom-right aligned: a span with more queries than
+    keys; any span with queries but no keys)."""
+    d = case.dim
+    spans = _packed_spans(case) if case.seqlens is not None else [(d["T"], d["S"])]
+    return any(q > 0 and (k == 0 or (causal and q > k)) for q, k in spans)
+
+
+REQUIREMENTS: dict[str, tuple[str | None, Callable[[OpCard, Case, object], bool], str]] = {
+    "min_len": (None, lambda c, case, n: case.dim["T"] >= n, "at least this many tokens (T; packed: the total)"),
+    "min_batch": (None, lambda c, case, n: case.seqlens is None and case.dim["B"] >= n,
+                  "at least this many batch rows (not packed)"),
+    "dtype": (None, lambda c, case, want: case.dtype == want, "this input dtype only"),
+    "varlen": ("varlen", lambda c, case, want: want is None or (case.seqlens is not None) == want,
+               "True packed (B == 1 with cu_seqlens), False not packed, None either"),
+    "min_seqs": ("varlen", lambda c, case, n: case.seqlens is None or len(case.seqlens) >= n,
+                 "packed cases have at least this many sequences"),
+    "causal": ("causal", lambda c, case, want: c.causal(case) == want, "a causal case (or not)"),
+    "gate_dtype": ("decay_gate", lambda c, case, want: case.drawn.get("gate_dtype", case.dtype) == want,
+                   "gates of this dtype"),
+    "min_keys": ("keys", lambda c, case, n: max(case.seqlens_k or (case.dim["S"],), default=0) >= n,
+                 "some sequence has at least this many keys"),
+    "rows_without_keys": ("keys", lambda c, case, want: not want or _rows_without_keys(case, c.causal(case)),
+                          "some query row sees no key (causal with S < T, or an empty key span)"),
+}
+"""Requirement name -> (the trait it concerns, or None for every op; its check; what it means)."""
+
+
+def _after_cut(case: Case, cut: int) -> dict[str, torch.Tensor]:
+    """Default of ``OpCard.after``: the query positions after ``cut``."""
+    return {"q": torch.arange(case.dim["T"]) > cut}
+
+
+TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
+    "varlen": lambda c: [] if c.empty_outputs else ["empty_outputs (what a sequence without tokens returns)"],
+    "state": lambda c: [f"{what}" for what, ok in (
+        ("output 'final_state'", "final_state" in c.outputs),
+        ("differentiable input 'initial_state'", "initial_state" in c.differentiable)) if not ok],
+    "causal": lambda c: [] if c.causal else ["causal (whether a case is causal)"],
+    "decay_gate": lambda c: [] if "g" in c.differentiable else ["differentiable input 'g'"],
+    "keys": lambda c: [] if c.token_axes and "k" in c.token_axes.values() else ["token_axes with a key axis 'k'"],
+    "gate_function": lambda c: [] if "gate" in c.outputs else ["output 'gate'"],
+}
+"""Trait -> what a card claiming it lacks (empty: complete). See the module docstring."""
+
+
+Templates = tuple[list[tuple[str, dict, dict]], list[tuple[str, dict, dict]]]
+"""Grid templates: (base, sweep), lists of (label, dims, keyword arguments of ``Case.make`` other
+than dtype and seed). Sizes are small (the CPU runs Triton interpreted) but cover what kernels get
+wrong: several batch rows and heads, a partial chunk, a sequence across a chunk boundary, an empty
+packed sequence. The sweep is one sequence per length."""
+
+SWEEP_T = (32, 128, 512)
+QUICK_SWEEP_T = (16, 64)
+"""Sequence lengths of the grid's error-growth sweep (full and ``quick`` grid). Interpreted Triton
+costs ~0.5 s per program and chunk of 64 with the backward, so T = 512 is what fits the CPU budget."""
+
+
+def sweep_lengths(quick: bool) -> tuple[int, ...]:
+    return QUICK_SWEEP_T if quick else SWEEP_T
+
+
+
+
+@dataclass(frozen=True)
+class OpCard:
+    """The record of one op.
+
+    reference:      the float64 truth, written from the math (``references/``); its signature is the
+                    op's contract: required parameters by position, the others by keyword
+    chunked_reference: the same math in chunks (faster float64 truth; the naive chunked form)
+    outputs:        names of the returned values, in order (a single return value is one name)
+    differentiable: tensor inputs that get a gradient when present
+    dtypes:         input dtypes of the op
+    make_inputs:    ``(case, device) -> Inputs``, deterministic in the case's seed
+    cases:          ``(impl, limits, *, pinned, **requirements) -> strategy of Case``: how Hypothesis
+                    draws the op's cases (``refcheck.strategies`` has the building blocks)
+    traits:         what the op is (``TRAITS``); laws choose ops by trait
+    grid:           ``quick -> Templates``: the cases of ``refcheck report`` and ``drift``
+    boundary:       ``(T, dtype, packed, batch) -> dims, Case.make keywords`` of a small fixed case
+                    at a chunk boundary, or None (no sequence axis worth it)
+    token_axes:     input name -> the token axis it runs along (dim 1): "q" (queries / tokens) or
+                    "k" (attention's keys); inputs not named have none (states, parameters, cu_seqlens)
+    join_dims:      output name -> dim along which pieces of a cut case are joined (tokens; the final
+                    state: sequences, 0)
+    shared_inputs:  inputs shared by every batch row and sequence (parameters): never sliced
+    causal:         ``case -> bool`` (trait ``causal``)
+    after:          ``(case, cut) -> {axis: bool mask}``: positions no output at or before ``cut`` may
+                    depend on (default: queries after the cut)
+    empty_outputs:  ``(case, inputs, length, sequence, provides) -> outputs`` of a packed sequence
+                    without tokens (trait ``varlen``)
+    natural_scales: by output name, ``(inputs, truth) -> float``: the size of what that output is a
+                    difference of, used as the floor of its relative error (``natural_floor``)
+    implementations: ours and the peers' (the naive forms are added for every card by the registry)
+    naive_dtypes:   input dtypes of the naive forms (default: the op's)
+    """
+
+    name: str
+    reference: Callable
+    chunked_reference: Callable | None
+    outputs: tuple[str, ...]
+    differentiable: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    make_inputs: Callable[[Case, torch.device], Inputs]
+    cases: Callable
+    traits: frozenset[str] = frozenset()
+    grid: Callable[[bool], Templates] | None = None
+    boundary: Callable | None = None
+    token_axes: Mapping[str, str] = field(default_factory=dict)
+    join_dims: Mapping[str, int] = field(default_factory=dict)
+    shared_inputs: tuple[str, ...] = ()
+    causal: Callable[[Case], bool] | None = None
+    after: Callable[[Case, int], dict[str, torch.Tensor]] = _after_cut
+    empty_outputs: Callable | None = None
+    natural_scales: Mapping[str, Callable[[Inputs, Mapping[str, torch.Tensor]], float]] = field(default_factory=dict)
+    implementations: tuple[Implementation, ...] = ()
+    naive_dtypes: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        unknown = set(self.traits) - set(TRAITS)
+        if unknown:
+            raise ValueError(f"op {self.name}: unknown traits {sorted(unknown)}; known: {', '.join(TRAITS)}")
+        for impl in self.implementations:
+            if impl.op != self.name:
+                raise ValueError(f"op {self.name}: lists an implementation of {impl.op!r} ({impl.name})")
+
+    def problems(self) -> list[str]:
+        """What this card lacks for the traits it claims (empty when complete)."""
+        return [f"op {self.name} claims trait {trait!r} but has no {what}"
+                for trait in sorted(self.traits) for what in TRAITS[trait](self)]
+
+    @staticmethod
+    def grad_name(input_name: str) -> str:
+        return GRAD_NAMES.get(input_name, "d" + input_name)
+
+    @property
+    def budget_outputs(self) -> tuple[str, ...]:
+        """Every name a budget can be given for: outputs, then gradients."""
+        return self.outputs + tuple(self.grad_name(n) for n in self.differentiable)
+
+    def split(self, result) -> dict[str, torch.Tensor]:
+        """Name the values an implementation returned; a ``None`` output is left out."""
+        values = result if isinstance(result, tuple) else (result,)
+        if len(values) != len(self.outputs):
+            raise TypeError(f"{self.name}: expected {len(self.outputs)} return values "
+                            f"{self.outputs}, got {len(values)}")
+        return {n: v for n, v in zip(self.outputs, values) if v is not None}
+
+    # --- requirements: one vocabulary to draw and to check ---------------------------------------
+
+    def understands(self, requirement: str) -> bool:
+        """Whether the requirement concerns this op (its trait is one of the op's, or it has none)."""
+        if requirement not in REQUIREMENTS:
+            raise ValueError(f"unknown requirement {requirement!r}; known: {', '.join(REQUIREMENTS)}")
+        trait = REQUIREMENTS[requirement][0]
+        return trait is None or trait in self.traits
+
+    def meets(self, case: Case, require: Mapping) -> bool:
+        """Whether a fixed ``case`` meets ``require`` (a requirement that does not concern the op,
+        ``understands``, is met: the op has no such thing to vary)."""
+        return all(REQUIREMENTS[key][1](self, case, want) for key, want in require.items() if self.understands(key))
+
+    def relevant(self, require: Mapping) -> dict:
+        """The requirements of ``require`` that concern this op (what its ``cases`` is given)."""
+        return {k: v for k, v in require.items() if self.understands(k)}
+
+    # --- cutting a case into pieces (laws 2-4) ----------------------------------------------------
+
+    def piece(self, x: Inputs, q: tuple[int, int], k: tuple[int, int] | None = None,
+              seq: int | None = None, cu: torch.Tensor | None = None) -> Inputs:
+        """Tokens ``q`` (and keys ``k``) of ``x``, the initial state of sequence ``seq``, no
+        cu_seqlens (or ``cu`` in their place)."""
+        tensors = {}
+        for name, t in x.tensors.items():
+            axis = self.token_axes.get(name)
+            if axis == "q":
+                t = t[:, q[0]:q[1]]
+            elif axis == "k":
+                t = t[:, k[0]:k[1]]
+            elif name == "initial_state" and seq is not None:
+                t = t[seq:seq + 1]
+            elif name.startswith("cu_seqlens"):
+                if cu is None:
+                    continue
+                t = cu
+            tensors[name] = t
+        return Inputs(tensors, x.positional, dict(x.options))
+
+    def row(self, x: Inputs, b: int) -> Inputs:
+        """Batch row ``b`` of ``x`` (shared inputs whole)."""
+        return x.map(lambda n, t: t if n in self.shared_inputs else t[b:b + 1])
+
+    def spans(self, case: Case) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """(query span, key span) of each packed sequence (key span = query span without keys)."""
+        def bounds(lens):
+            edges = list(itertools.accumulate(lens, initial=0))
+            return list(zip(edges[:-1], edges[1:]))
+        q = bounds(case.seqlens)
+        return list(zip(q, bounds(case.seqlens_k) if case.seqlens_k is not None else q))

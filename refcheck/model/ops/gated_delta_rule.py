@@ -1,0 +1,67 @@
+"""The record of ``gated_delta_rule`` (Gated DeltaNet: the delta rule with one scalar decay per head
+and step, as in Qwen3-Next).
+
+Math, shapes and options: ``references/gated_delta_rule.py`` (float64 truth, recurrent and
+chunked; KDA with the decay broadcast over K). Budgets: ``[gated_delta_rule.*]`` in
+``tolerances.toml``. Laws: every law whose traits the record has (varlen, state, causal,
+decay_gate), ``refcheck/engine/laws.py``.
+"""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from refcheck import references
+
+from ..implementation import Implementation
+from .card import Inputs
+from .linear import linear_card, linear_tensors
+
+
+def make_inputs(case, device) -> Inputs:
+    """q, k ``[B, T, H, K]`` (k unit-norm unless l2norm is asked), v ``[B, T, H, V]``, g and beta
+    ``[B, T, H]``."""
+    tensors, _ = linear_tensors(case, device, gate_shape=lambda b, t, h, k: (b, t, h), with_beta=True)
+    return Inputs(tensors, ("q", "k", "v", "g", "beta"), case.opts)
+
+
+def options(draw, pick, k, gate_dtype):
+    """l2norm of q and k (from K = 2 on: with K = 1, q / ||q|| is +-1 and its gradient only the 1e-6
+    epsilon's artifact)."""
+    return {"use_qk_l2norm": pick("use_qk_l2norm", st.booleans() if k > 1 else st.just(False))}, {}, None
+
+
+# --- peers: flash-linear-attention 0.6.0, renamed arguments only ---------------------------------
+
+def fla_chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                               cu_seqlens=None, use_qk_l2norm=False):
+    """flash-linear-attention ``chunk_gated_delta_rule``."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                  output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                  use_qk_l2norm_in_kernel=use_qk_l2norm)
+
+
+def fla_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                                   cu_seqlens=None, use_qk_l2norm=False):
+    """flash-linear-attention ``fused_recurrent_gated_delta_rule`` (forward only: its backward raises
+    NotImplementedError)."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                                            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm)
+
+
+CARD = linear_card(
+    "gated_delta_rule", reference=references.gated_delta_rule,
+    chunked_reference=references.gated_delta_rule_chunked,
+    differentiable=("q", "k", "v", "g", "beta", "initial_state"), make_inputs=make_inputs, options=options,
+    grid_varlen_options={"use_qk_l2norm": True},
+    implementations=(
+        Implementation("gated_delta_rule", "fla_chunk", "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule",
+                       devices=("cuda",), requires="fla", fixed_mode="tf32", family="fla",
+                       description="flash-linear-attention chunk_gated_delta_rule"),
+        Implementation("gated_delta_rule", "fla_recurrent",
+                       "refcheck.model.ops.gated_delta_rule:fla_recurrent_gated_delta_rule", devices=("cuda",),
+                       requires="fla", backward=False, family="fla",
+                       description="flash-linear-attention fused_recurrent_gated_delta_rule (no backward)"),
+    ))

@@ -1,0 +1,46 @@
+"""The record of ``gla`` (gated linear attention: a decay per key channel).
+
+Math, shapes and options: ``references/gla.py`` (float64 truth, recurrent and chunked). Budgets:
+``[gla.*]`` in ``tolerances.toml``. Laws: every law whose traits the record has (varlen, state,
+causal, decay_gate), ``refcheck/engine/laws.py``.
+"""
+from __future__ import annotations
+
+from refcheck import references
+
+from ..implementation import Implementation
+from .card import Inputs
+from .linear import linear_card, linear_tensors
+
+
+def make_inputs(case, device) -> Inputs:
+    """q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``."""
+    tensors, _ = linear_tensors(case, device, gate_shape=lambda b, t, h, k: (b, t, h, k), with_beta=False)
+    return Inputs(tensors, ("q", "k", "v", "g"), case.opts)
+
+
+# --- peers: flash-linear-attention 0.6.0, renamed arguments only ---------------------------------
+
+def fla_chunk_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """flash-linear-attention ``chunk_gla``."""
+    from fla.ops.gla import chunk_gla
+    return chunk_gla(q, k, v, g, scale=scale, initial_state=initial_state,
+                     output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def fla_recurrent_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    """flash-linear-attention ``fused_recurrent_gla`` (the per-key gate is its ``gk``)."""
+    from fla.ops.gla import fused_recurrent_gla
+    return fused_recurrent_gla(q, k, v, gk=g, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+CARD = linear_card(
+    "gla", reference=references.gla, chunked_reference=references.gla_chunked,
+    differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
+    implementations=(
+        Implementation("gla", "fla_chunk", "refcheck.model.ops.gla:fla_chunk_gla", devices=("cuda",), requires="fla",
+                       fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
+        Implementation("gla", "fla_recurrent", "refcheck.model.ops.gla:fla_recurrent_gla", devices=("cuda",),
+                       requires="fla", family="fla", description="flash-linear-attention fused_recurrent_gla"),
+    ))

@@ -1,0 +1,213 @@
+"""What the linear-attention records share (kda, gla, simple_gla, gated_delta_rule): the mechanism.
+
+These ops run a recurrent state ``S [K, V]`` per sequence and head over tokens ``[B, T, H, ...]``,
+packed sequences through ``cu_seqlens``, gated by log-decays ``g <= 0``. ``linear_card`` makes the
+record of such an op from what is its own: its references, its gate's shape, whether it has a
+``beta``, the options it draws (``options``), its extra grid cases and its implementations.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from hypothesis import strategies as st
+
+from refcheck import references
+from refcheck.references.kda import l2norm
+
+from ...strategies import (
+    EMPTY,
+    SMALL,
+    Limits,
+    dim_multiple,
+    dtypes,
+    fit,
+    head_dims,
+    lengths,
+    log_decays,
+    picker,
+    scales,
+    seeds,
+    seqlens,
+)
+from ..case import DTYPES, Case
+from .card import Inputs, OpCard, Templates, sweep_lengths
+from .inputs import _rms, cu_seqlens, draw_log_decay, normal, rounded
+
+LINEAR_DTYPES = ("fp32", "bf16", "fp16")
+
+# --- tensors -------------------------------------------------------------------------------------
+
+def linear_tensors(case: Case, device, *, gate_shape: Callable, with_beta: bool,
+                   raw_gate: bool = False) -> tuple[dict, torch.Generator]:
+    """q, k, v (and beta), the gate, cu_seqlens and the initial state of a linear op's case. Keys are
+    unit-norm for the delta rule (stable for ``||k|| <= 1``) unless it normalizes them itself, else
+    scaled by ``K ** -0.5`` (a realistic state scale); ``raw_gate``: the gate is drawn N(0, 1) for a
+    gate function inside the kernel, else log-decays (``draw_log_decay``)."""
+    d, drawn, opts = case.dim, case.drawn, case.opts
+    gen = torch.Generator().manual_seed(case.seed)
+    b, t, h, k, v = d["B"], d["T"], d["H"], d["K"], d["V"]
+    dt = case.torch_dtype
+    q = normal(gen, (b, t, h, k), device)
+    key = normal(gen, (b, t, h, k), device)
+    if with_beta and not opts.get("use_qk_l2norm"):
+        key = l2norm(key.double()).float()
+    else:
+        key = key * k ** -0.5
+    tensors = {"q": rounded(q, dt), "k": rounded(key, dt), "v": rounded(normal(gen, (b, t, h, v), device), dt)}
+    gate_dtype = DTYPES[drawn.get("gate_dtype", case.dtype)]
+    shape = gate_shape(b, t, h, k)
+    g = normal(gen, shape, device) if raw_gate else draw_log_decay(gen, shape, device, drawn)
+    tensors["g"] = rounded(g, gate_dtype)
+    if with_beta:
+        tensors["beta"] = rounded(torch.sigmoid(normal(gen, (b, t, h), device)), dt)
+    n = b
+    if case.seqlens is not None:
+        tensors["cu_seqlens"] = cu_seqlens(case, case.seqlens, device)
+        n = len(case.seqlens)
+    if drawn.get("initial_state"):
+        tensors["initial_state"] = normal(gen, (n, h, k, v), device, 0.5)
+    return tensors, gen
+
+
+def gate_gradient_scales(inputs: Inputs, truth: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """The natural size of the gradients that reach a log-decay gate: the gradient of the decay is
+    a reverse cumulative sum over time of ``q * dq - k * dk`` (summed over channels for a scalar
+    gate), exactly 0 where no state precedes the decay (T = 1 without an initial state), where a
+    correct kernel that forms the difference returns its rounding residue. Its size is
+    ``|q * dq| + |k * dk|`` (reduced to the decay's shape); carried back through KDA's in-kernel
+    gate (``references.kda_gate``, whose partials keep one sign) it gives the size of ``dg``,
+    ``dA_log`` and ``ddt_bias``. RMS of each, in float64, by gradient name ({} without dq, dk)."""
+    if "dq" not in truth or "dk" not in truth:
+        return {}
+    t = inputs.tensors
+    size = (t["q"].double() * truth["dq"].double()).abs() + (t["k"].double() * truth["dk"].double()).abs()
+    while size.dim() > t["g"].dim():
+        size = size.sum(-1)
+    if not inputs.options.get("use_gate_in_kernel"):
+        return {"dg": _rms(size)}
+    leaves = {n: t[n].double().detach().requires_grad_() for n in ("g", "A_log", "dt_bias") if n in t}
+    decay = references.kda_gate(leaves["g"], leaves["A_log"], leaves.get("dt_bias"), inputs.options.get("lower_bound"))
+    grads = torch.autograd.grad(decay, list(leaves.values()), grad_outputs=size.to(decay.device))
+    return {"d" + n: _rms(g) for n, g in zip(leaves, grads)}
+
+
+def _gate_gradient_scale(name: str) -> Callable[[Inputs, Mapping[str, torch.Tensor]], float]:
+    """``OpCard.natural_scales`` entry of gate gradient ``name`` (``gate_gradient_scales``)."""
+    return lambda inputs, truth: gate_gradient_scales(inputs, truth).get(name, 0.0)
+
+
+GATE_GRADIENT_SCALES = {name: _gate_gradient_scale(name) for name in ("dg", "dA_log", "ddt_bias")}
+
+
+# --- cases ---------------------------------------------------------------------------------------
+
+Options = Callable[..., tuple[dict, dict, float | None]]
+"""An op's own options: ``(draw, pick, k, gate_dtype) -> (options, drawn, clamp)``: keyword options
+of the call, ``Case.draw`` entries (a ``gate_dtype`` there means the gate is raw, not log-decays)
+and the clamp of the log-decays (safe_gate's lower bound), or None."""
+
+
+def no_options(draw, pick, k, gate_dtype) -> tuple[dict, dict, float | None]:
+    return {}, {}, None
+
+
+def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Callable:
+    """The case strategy of a linear op: B, T (or packed lengths), H, K, V; initial state or not;
+    the scale, output_final_state and the op's own ``options``; gates from ``log_decays``.
+    ``pinned`` fixes what a compiler specializes on (``refcheck.engine.examples.signature``)."""
+    @st.composite
+    def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, varlen: bool | None = None,
+              min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None, gate_dtype: str | None = None,
+              causal: bool | None = None, pinned: Mapping = EMPTY) -> Case:
+        if causal is False:
+            raise ValueError(f"causal: every {name} case is causal")
+        pick = picker(draw, pinned)
+        dt = pick("dtype", dtypes(of_dtypes, impl, dtype))
+        h = pick("H", st.integers(1, limits.max_heads))
+        head_dim = head_dims(limits.max_dim, dim_multiple(impl, dt))
+        k, v = pick("K", head_dim), pick("V", head_dim)
+        if min_batch > 1:
+            varlen = False
+        packed = pick("packed", st.booleans() if varlen is None else st.just(varlen))
+        seqs = None
+        if packed:
+            b = 1
+            seqs = draw(seqlens(fit(limits, 1, h, k + v, min_len), limits.max_seqs, min_seqs=min_seqs,
+                                min_total=min_len, min_nonempty=min(min_seqs, 2)))
+            t = sum(seqs)
+        else:
+            b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
+            t = draw(lengths(min_len, fit(limits, b, h, k + v, min_len)))
+        opts = {"scale": pick("scale", scales()), "output_final_state": pick("output_final_state", st.booleans())}
+        drawn = {"initial_state": pick("initial_state", st.booleans())}
+        if seqs is not None:
+            drawn["cu_dtype"] = pick("cu_dtype", st.sampled_from(["int32", "int64"]))
+        own, own_drawn, clamp = options(draw, pick, k, gate_dtype)
+        opts.update(own)
+        drawn.update(own_drawn)
+        if "gate_dtype" not in drawn:
+            drawn.update(draw(log_decays(clamp=clamp, gate_dtype=gate_dtype or pinned.get("gate_dtype"))))
+        dims = {"B": b, "T": t, "H": h, "K": k, "V": v}
+        return Case.make(name, dims, dt, draw(seeds()), seqlens=seqs, options=opts, draw=drawn)
+    return cases
+
+
+def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[[bool], Templates]:
+    """The grid of a linear op: a dense batch (one partial chunk) with initial and final states,
+    packed sequences (an empty one, one across a chunk boundary; with ``varlen_options``), no
+    initial state to reset to (a state leaking between packed sequences or batch rows shows), a
+    partial last chunk of one token (T = 65), steep decay over a partial last chunk, then ``extra``
+    base cases ``(label, T, options)``; the sweep returns the final state too."""
+    def templates(quick: bool) -> Templates:
+        final = {"output_final_state": True}
+        if quick:
+            base = [("dense", dict(B=1, T=24, H=1, K=8, V=8), dict(options=final, draw={"initial_state": True}))]
+        else:
+            dims = dict(H=2, K=16, V=24)
+            base = [("dense", dict(dims, B=2, T=40), dict(options=final, draw={"initial_state": True})),
+                    ("varlen", dict(dims, B=1, T=97),
+                     dict(seqlens=(17, 0, 80), draw={"initial_state": True}, options=dict(final, **varlen_options))),
+                    ("varlen_no_h0", dict(dims, B=1, T=100), dict(seqlens=(35, 0, 65), options=final)),
+                    ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=final)),
+                    ("steep_partial", dict(dims, B=1, T=70),
+                     dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
+            base += [(label, dict(dims, B=1, T=t), dict(options=dict(final, **opts))) for label, t, opts in extra]
+        sweep_dims = dict(B=1, H=1, K=8, V=8) if quick else dict(B=1, H=1, K=16, V=16)
+        return base, [(f"T={t}", dict(sweep_dims, T=t), dict(options=final)) for t in sweep_lengths(quick)]
+    return templates
+
+
+def linear_boundary(t: int, dtype: str, packed: bool, batch: int, require: Mapping) -> tuple[dict, dict]:
+    """A small fixed case of ``t`` tokens (packed: a 1-token sequence, then ``t``): one head, K = V = 16,
+    no initial state (a state that leaks between sequences or rows shows), the final state returned."""
+    dims = {"B": 1 if packed else batch, "T": t + 1 if packed else t, "H": 1, "K": 16, "V": 16}
+    return dims, dict(seqlens=(1, t) if packed else None, options={"output_final_state": True},
+                      draw={"initial_state": False, "gate_dtype": require.get("gate_dtype", dtype)})
+
+
+def empty_linear_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
+    """A packed sequence without tokens: no output rows, its initial state (or zeros) as final state."""
+    d, ref = case.dim, x.tensors["q"]
+    out = {"o": ref.new_zeros(1, 0, d["H"], d["V"])}
+    if case.opts.get("output_final_state"):
+        h0 = x.tensors.get("initial_state")
+        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(1, d["H"], d["K"], d["V"], device=ref.device)
+    return out
+
+
+def linear_card(name: str, *, reference, chunked_reference, differentiable: tuple[str, ...], make_inputs,
+                options: Options = no_options, grid_varlen_options: Mapping = EMPTY, grid_extra: tuple = (),
+                shared_inputs: tuple[str, ...] = (), implementations: tuple = (),
+                dtypes: tuple[str, ...] = LINEAR_DTYPES) -> OpCard:
+    """The record of a linear-attention op: outputs ``o`` and ``final_state``; traits varlen, state,
+    causal and decay_gate; every token input along the query axis."""
+    token_inputs = {n: "q" for n in differentiable if n not in ("initial_state", *shared_inputs)}
+    return OpCard(
+        name, reference, chunked_reference, ("o", "final_state"), differentiable, dtypes, make_inputs,
+        cases=linear_cases(name, dtypes, options),
+        traits=frozenset({"varlen", "state", "causal", "decay_gate"}),
+        grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
+        token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
+        causal=lambda case: True, empty_outputs=empty_linear_outputs,
+        natural_scales=GATE_GRADIENT_SCALES, implementations=implementations)

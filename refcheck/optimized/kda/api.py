@@ -1,0 +1,199 @@
+"""Public ``kda_gate`` and ``kda``: the contract signature, input checks once, autograd Functions.
+
+The checks are the contract's own (``references.contract``, ``references.kda.check_kda_inputs``) plus
+what the kernels need: fp32/bf16/fp16 tensors on one device, head dims up to 256, a float32 initial
+state. Tokens are flattened to ``[B*T, H, D]``; a batch without ``cu_seqlens`` is handled as B packed
+sequences of T tokens, so every kernel sees one layout.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from refcheck.references.contract import check_cu_seqlens, check_scale, check_shape, check_state, check_tensor
+from refcheck.references.kda import check_kda_inputs
+
+from ..common import Chunks, check_flag, check_precision, make_chunks
+from .chunk_bwd import dstate, grads
+from .chunk_fwd import CHUNK, intra, recurrence
+from .gate import gate_backward, gate_cumsum
+from .l2norm import l2norm_backward, l2norm_forward
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256
+DEFAULT_PRECISION = "tf32"
+
+
+def _check_lower_bound(lower_bound) -> None:
+    if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))
+                                    or not (math.isfinite(lower_bound) and lower_bound < 0)):
+        raise ValueError(f"lower_bound: expected a finite negative number, got {lower_bound!r}")
+
+
+def _check_gate_params(A_log, dt_bias, H: int, K: int, device) -> None:
+    check_tensor("A_log", A_log, 1, KERNEL_DTYPES)
+    check_shape("A_log", A_log, (H,), "[H]")
+    if dt_bias is not None:
+        check_tensor("dt_bias", dt_bias, 1, KERNEL_DTYPES)
+        check_shape("dt_bias", dt_bias, (H * K,), "[H*K]")
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if x is not None and x.device != device:
+            raise ValueError(f"{name}: expected a tensor on {device}, got {x.device}")
+
+
+# ------------------------------------------------------------------------------------------ gate
+
+
+class KdaGateFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, g, A_log, dt_bias, lower_bound):
+        B, T, H, K = g.shape
+        flat = g.reshape(B * T, H, K).contiguous()
+        chunks = make_chunks(1, B * T, None, CHUNK, g.device)
+        gate = gate_cumsum(flat, A_log.contiguous(), None if dt_bias is None else dt_bias.contiguous(),
+                           lower_bound, chunks, cumsum=False)
+        ctx.save_for_backward(flat, A_log, dt_bias)
+        ctx.lower_bound = lower_bound
+        return gate.view(B, T, H, K)
+
+    @staticmethod
+    def backward(ctx, dgate):
+        flat, A_log, dt_bias = ctx.saved_tensors
+        dg, da, ddt = gate_backward(dgate.reshape(flat.shape).contiguous(), flat, A_log.contiguous(),
+                                    None if dt_bias is None else dt_bias.contiguous(), ctx.lower_bound)
+        return (dg.view(dgate.shape), da.to(A_log.dtype), None if ddt is None else ddt.to(dt_bias.dtype), None)
+
+
+def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None = None,
+             lower_bound: float | None = None) -> torch.Tensor:
+    """The KDA log-decay (``references.gates``), float32 ``[B, T, H, K]``; differentiable in g,
+    A_log and dt_bias. g may be fp32, bf16 or fp16: it is converted in registers, never copied."""
+    check_tensor("g", g, 4, KERNEL_DTYPES)
+    _, _, H, K = g.shape
+    _check_gate_params(A_log, dt_bias, H, K, g.device)
+    _check_lower_bound(lower_bound)
+    return KdaGateFunction.apply(g, A_log, dt_bias, None if lower_bound is None else float(lower_bound))
+
+
+# ------------------------------------------------------------------------------------------- kda
+
+
+@dataclass(frozen=True)
+class KdaConfig:
+    """Everything about a kda call that is not a differentiable tensor."""
+
+    chunks: Chunks
+    scale: float
+    safe_gate: bool
+    lower_bound: float | None
+    use_gate: bool
+    l2norm: bool
+    precision: str
+    use_gather: bool
+    keep: bool
+    final: bool
+
+
+class KdaFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, h0, cfg: KdaConfig):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        q, k, v, g = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v, g))
+        beta = beta.reshape(B * T, H).contiguous()
+        qn, kn = (l2norm_forward(q), l2norm_forward(k)) if cfg.l2norm else (q, k)
+        gate_args = (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None)
+        G = gate_cumsum(g, *gate_args, cfg.chunks)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
+        o, ht, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,
+                                  output=True, final=cfg.final, keep=cfg.keep)
+        kept = (hs, U) if cfg.keep else ()
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
+        ctx.cfg = cfg
+        ctx.shape = (B, T)
+        return o.view(B, T, H, V), ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        cfg: KdaConfig = ctx.cfg
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept = ctx.saved_tensors
+        B, T = ctx.shape
+        do = do.reshape(v.shape).contiguous()
+        if cfg.keep:
+            hs, U = kept
+        else:
+            _, _, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,
+                                     output=False, final=False, keep=True)
+        dh, dY, dh0 = dstate(qn, kn, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
+                             cfg.scale, cfg.precision, want_dh0=h0 is not None)
+        dq, dk, dv, dg, dbeta, dA, ddt = grads(
+            qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
+            cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather,
+            cfg.precision, torch.float32 if cfg.l2norm else q.dtype, torch.float32 if cfg.l2norm else k.dtype)
+        if cfg.l2norm:
+            dq, dk = l2norm_backward(q, dq), l2norm_backward(k, dk)
+        unflat = lambda x: x.view(B, T, *x.shape[1:])  # noqa: E731
+        return (unflat(dq), unflat(dk), unflat(dv), unflat(dg), unflat(dbeta),
+                None if dA is None else dA.to(A_log.dtype), None if ddt is None else ddt.to(dt_bias.dtype),
+                dh0, None)
+
+
+def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        use_qk_l2norm=False, safe_gate=False, lower_bound=None, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+        precision=DEFAULT_PRECISION, use_gather=False, disable_recompute=False):
+    """Chunked KDA (chunk 64, sub-chunks 16): ``(o [B, T, H, V] in q.dtype, final_state fp32 or None)``.
+
+    The contract of ``references.kda``, plus knobs:
+      precision:  input precision of every fp32 ``tl.dot`` ("ieee", "tf32", "tf32x3"). Default
+                  "tf32": the tensor-core rate that Hopper needs here, with errors (~1e-3 relative)
+                  below the bf16/fp16 rounding of the inputs and outputs that the kernel mostly
+                  serves; ask for "tf32x3" (or "ieee") for fp32 accuracy.
+      use_gather: read a chunk's rows at other rows (sub-chunk reference rows) with ``tl.gather``
+                  from registers (True) or by loading them again (False, the default: the loads hit
+                  L1/L2 and were faster on an H200, e.g. intra-chunk kernel 3.21 vs 3.37 ms).
+      disable_recompute: keep the forward's chunk states ``h [NC, H, K, V]`` and U for the backward
+                  instead of recomputing them there by a second pass of the state recurrence (fp32:
+                  as much memory as bf16 q, k, v and g together at K = V; saves the pass, 0.9 ms
+                  at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
+                  ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the whole
+                  forward's intra-chunk kernel (1.6 to 3.0 ms there) for half the memory of the inputs.
+    Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.
+    """
+    check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
+                     use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        check_tensor(name, x, x.ndim, KERNEL_DTYPES)
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    for name, d in (("q", K), ("v", V)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
+    scale = check_scale(scale, K)
+    for name, flag in (("output_final_state", output_final_state), ("use_qk_l2norm", use_qk_l2norm),
+                       ("safe_gate", safe_gate), ("use_gate_in_kernel", use_gate_in_kernel),
+                       ("use_gather", use_gather), ("disable_recompute", disable_recompute)):
+        check_flag(name, flag)
+    precision = check_precision(precision)
+    if use_gate_in_kernel:
+        _check_gate_params(A_log, dt_bias, H, K, q.device)
+        _check_lower_bound(lower_bound)
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, T)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if initial_state is not None:
+        check_state("initial_state", initial_state, N, H, K, V)
+        if initial_state.dtype != torch.float32 or initial_state.device != q.device:
+            raise ValueError(f"initial_state: expected float32 on {q.device}, got {initial_state.dtype} on "
+                             f"{initial_state.device}")
+        initial_state = initial_state.contiguous()
+    cfg = KdaConfig(make_chunks(B, T, cu_seqlens, CHUNK, q.device), scale, safe_gate,
+                    None if lower_bound is None else float(lower_bound), use_gate_in_kernel, use_qk_l2norm, precision,
+                    use_gather, disable_recompute, output_final_state)
+    if use_gate_in_kernel:
+        A_log = A_log.contiguous()
+        dt_bias = None if dt_bias is None else dt_bias.contiguous()
+    return KdaFunction.apply(q, k, v, g, beta, A_log, dt_bias, initial_state, cfg)

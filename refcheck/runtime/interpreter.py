@@ -1,0 +1,529 @@
+"""Faithful Triton interpreter: make ``TRITON_INTERPRET=1`` runs compute what a Hopper GPU computes.
+
+Out of the box the interpreter of triton 3.9 ignores ``tl.dot``'s ``input_precision``, multiplies the
+raw bit patterns of bf16 operands, truncates float casts that the GPU rounds, and cannot run an
+``@triton.autotune`` kernel with more than one config (it tries to benchmark, "0 active drivers").
+:func:`enable` replaces the four interpreter internals responsible; each replacement says what the
+GPU does and how we know.
+
+Switching interpretation on (triton 3.9)
+----------------------------------------
+Triton decides *when a function is decorated* whether it is compiled or interpreted: ``@triton.jit``
+reads ``triton.knobs.runtime.interpret``, i.e. the environment variable ``TRITON_INTERPRET``
+(``1``/``true``/``on``/``yes``, any case), at that moment. triton's own library functions
+(``tl.sum``, ``tl.max``, ``tl.zeros``, ``tl.cdiv``, ``tl.sigmoid``, ``tl.cumsum``, ... about 40, all
+``@jit`` in ``triton.language.standard``) are decorated when triton is first imported. So
+``TRITON_INTERPRET=1`` must be set **before the first ``import triton``** in the process; set later,
+kernels that use only builtins run, but any call of those library functions fails with "Cannot call
+@triton.jit'd outside of the scope of a kernel". :func:`interpret_new_kernels` sets it and raises if
+triton was already imported compiled. This module imports triton only inside its functions.
+:func:`enable` only changes how interpreted kernels compute; call it before launching them.
+
+Public API
+----------
+``SUPPORTED_VERSIONS``       triton version prefixes :func:`enable` accepts (("3.9.",)).
+``UnsupportedTritonError``   raised by :func:`enable` (a RuntimeError) for any other triton, or when
+                             an internal it replaces is missing or has another signature.
+``enable()``                 install the faithful patches (idempotent); raises
+                             :class:`UnsupportedTritonError` on a triton this module was not checked on.
+``disable()``                restore the stock interpreter (idempotent).
+``is_enabled()``             whether the patches are installed.
+``is_interpreted(kernel=None)``  with a kernel: whether that kernel (jit, autotuned or heuristics
+                             wrapper) runs in the interpreter; without: whether kernels defined from
+                             now on will.
+``interpret_new_kernels()``  set ``TRITON_INTERPRET=1`` so that kernels defined from now on are
+                             interpreted; raises if triton was already imported without it.
+``configs(kernel)``          the configs of an ``@triton.autotune`` kernel.
+``pin_config(kernel, config)``  context manager: every launch of ``kernel`` inside it uses ``config``
+                             (an index into ``configs(kernel)`` or one of its elements), pruning
+                             bypassed.
+``each_config(kernel)``      iterate over ``configs(kernel)`` with each one pinned in turn, so a test
+                             can run the same op under every config and compare.
+
+Semantics after ``enable()`` (Hopper, sm_90; "measured" = bitwise equal to an H200 running
+triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider random draws)
+----------------------------------------------------------------------------------------------
+* ``tl.dot``, operands ``a`` [..., M, K] and ``b`` [..., K, N], accumulator ``c`` [..., M, N]. For fp32
+  operands ``input_precision`` decides (Triton's front end has already resolved the default:
+  ``TRITON_F32_DEFAULT``, else ``allow_tf32``, else "tf32"):
+  - "ieee": ``c <- fma(a[:, k], b[k, :], c)`` in float32 for k = 0, 1, ...: Triton lowers an fp32 ieee
+    dot to FMA instructions. Measured.
+  - "tf32": operands truncated to 10 mantissa bits (the tensor core drops the low 13 bits of the
+    fp32 register; Triton's ``tl.dot`` docstring warns of it), then the tensor-core sum below.
+    Measured.
+  - "tf32x3": Triton's F32DotTC pass (lib/Dialect/TritonGPU/Transforms/F32DotTC.cpp):
+    ``hi = cvt.rna.tf32(x)`` (nearest, ties away), ``lo = x - hi``; ``s = dot_tf32(lo_a, hi_b, 0)``,
+    ``s = dot_tf32(hi_a, lo_b, s)``, NaN in ``s`` replaced by 0, result ``dot_tf32(hi_a, hi_b, s) + c``
+    (``lo`` is truncated again by the tf32 dot). Measured.
+  bf16, fp16, fp8 e4m3 (``tl.float8e4nv``) and e5m2 (``tl.float8e5``) operands: decoded exactly and
+  summed by the tensor core as below; ``input_precision`` does not apply (as on the GPU).
+  The tensor-core sum, fitted on the H200 and then measured bitwise equal on every probe: one
+  instruction takes 8 (tf32), 16 (bf16, fp16) or 32 (fp8) values of k; the products are exact; every
+  product (its exponent is the sum of the operands' exponent fields, subnormals counting as the
+  smallest) and the accumulator are truncated toward zero at 25 bits below the largest exponent
+  among them, added exactly, and the sum is truncated to float32 (with ``out_dtype=tl.float16``:
+  rounded to nearest float16). fp8 dots with M >= 64 run on wgmma with Triton's sm_90 default
+  ``max_num_imprecise_acc`` (2**30): the whole sum stays in the tensor core, whose fp8 accumulator
+  keeps 13 mantissa bits (align 13, result truncated to 13 bits). fp8 dots with M < 64 (mma.sync)
+  are approximated by the 25-bit rule (89-90% of outputs bitwise equal, same error size); an explicit
+  ``max_num_imprecise_acc`` is not modelled. int8 and fp64 dots are left to the stock interpreter.
+* Float casts round to nearest, ties to even, with IEEE overflow to Inf (NaN for e4m3, which has no
+  Inf), as PTX ``cvt.rn`` does; ``fp_downcast_rounding="rtz"`` truncates. Measured, with the special
+  values below. A conversion *to fp8*
+  through ``.to()`` saturates: Triton emits ``cvt.rn.satfinite.{e4m3,e5m2}x2`` on sm_90
+  (third_party/nvidia/lib/TritonNVIDIAGPUToLLVM/ElementwiseOpToLLVM.cpp), so finite values beyond
+  the largest fp8 value and +-Inf become +-max. NaN is written as the PTX canonical NaN (0x7FFF for
+  bf16/fp16, 0x7F for fp8). Integer <-> bf16/fp8 casts use the values, not the stored bit patterns.
+* ``@triton.autotune`` kernels run without a driver: with no pin, the first config left after the
+  kernel's own pruning (``early_config_prune``, ``perf_model``) is used and cached per key as the GPU
+  caches its winner. No benchmark runs, so the ``reset_to_zero`` reset that the GPU applies once
+  after benchmarking does not happen: every launch behaves like a cached GPU launch.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+import numpy as np
+
+SUPPORTED_VERSIONS = ("3.9.",)
+"""Triton versions (prefixes) whose interpreter internals this module was checked against."""
+
+_FP8 = ("fp8e4nv", "fp8e5")
+_STOCK: dict[str, tuple[type, object]] = {}   # patched name -> (owner class, original)
+_PINNED: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+
+
+class UnsupportedTritonError(RuntimeError):
+    """The installed triton is not one whose interpreter this module knows how to patch."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+def enable() -> None:
+    """Make the interpreter faithful (see the module docstring). Idempotent."""
+    if _STOCK:
+        return
+    _check_import_order()
+    from triton.runtime import autotuner
+    from triton.runtime import interpreter as stock
+
+    patches = _patch_table(stock, autotuner)
+    for owner, name, _ in patches:
+        _STOCK[name] = (owner, owner.__dict__[name])
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
+
+
+def disable() -> None:
+    """Restore the stock interpreter. Idempotent."""
+    while _STOCK:
+        name, (owner, original) = _STOCK.popitem()
+        setattr(owner, name, original)
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` is in effect."""
+    return bool(_STOCK)
+
+
+def is_interpreted(kernel=None) -> bool:
+    """With ``kernel`` (a jit function, possibly wrapped by autotune/heuristics): whether it runs in
+    the interpreter. Without: whether kernels defined from now on will (``TRITON_INTERPRET``)."""
+    import triton
+
+    if kernel is None:
+        return bool(triton.knobs.runtime.interpret)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_base_kernel(kernel), InterpretedFunction)
+
+
+def interpret_new_kernels() -> None:
+    """Set ``TRITON_INTERPRET=1`` for this process (and its children): kernels defined from now on
+    are interpreted; kernels already defined are not affected. RuntimeError if triton was imported
+    before without it (its library functions are compiled then; see the module docstring)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    _check_import_order()
+
+
+def _check_import_order() -> None:
+    """Under TRITON_INTERPRET, triton's own jit functions must be interpreted too."""
+    standard = sys.modules.get("triton.language.standard")
+    if standard is None or not is_interpreted():
+        return
+    from triton.runtime.jit import JITFunction
+
+    compiled = [name for name, value in vars(standard).items() if type(value) is JITFunction]
+    if compiled:
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 was set after triton was imported: triton's own jit functions "
+            f"({', '.join(compiled[:4])}, ...) are compiled and fail inside interpreted kernels; "
+            "set TRITON_INTERPRET=1 before the first `import triton` of the process")
+
+
+def configs(kernel) -> list:
+    """The ``triton.Config`` list of an ``@triton.autotune`` kernel (possibly under heuristics)."""
+    return list(_autotuner(kernel).configs)
+
+
+@contextmanager
+def pin_config(kernel, config):
+    """Inside the block every launch of the autotuned ``kernel`` uses ``config``: an index into
+    :func:`configs` or one of its elements. Pruning is bypassed; the kernel's config cache is
+    emptied on entry and restored on exit. Needs :func:`enable` and an interpreted kernel."""
+    tuner = _autotuner(kernel)
+    if not is_enabled():
+        raise RuntimeError("pin_config needs refcheck.runtime.interpreter.enable() first")
+    if not is_interpreted(tuner):
+        raise ValueError("kernel: expected an interpreted kernel (define it with TRITON_INTERPRET=1)")
+    if isinstance(config, int):
+        if not 0 <= config < len(tuner.configs):
+            raise ValueError(f"config: expected an index in [0, {len(tuner.configs)}), got {config}")
+        config = tuner.configs[config]
+    elif not any(config is c for c in tuner.configs):
+        raise ValueError(f"config: expected an index or one of configs(kernel), got {config}")
+    if tuner in _PINNED:
+        raise RuntimeError("pin_config: this kernel is already pinned")
+    saved = dict(tuner.cache)
+    tuner.cache.clear()
+    _PINNED[tuner] = config
+    try:
+        yield config
+    finally:
+        del _PINNED[tuner]
+        tuner.cache.clear()
+        tuner.cache.update(saved)
+
+
+def each_config(kernel) -> Iterator:
+    """Yield each config of the autotuned ``kernel`` while it is pinned::
+
+        outputs = [op(x) for _ in interpreter.each_config(kernel)]
+    """
+    for config in configs(kernel):
+        with pin_config(kernel, config):
+            yield config
+
+
+# ---------------------------------------------------------------------------------------------
+# Number formats: exact decoding and correctly rounded encoding of the formats stored as bits
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Format:
+    """A float format of ``bits`` <= 16 bits: sign, exponent (``bias``), ``mantissa`` bits. Codes
+    ``0..max_code`` are the finite non-negative values in increasing order; ``inf_code`` is +Inf
+    (None: the format has none), ``nan_code`` the NaN the GPU writes."""
+    bits: int
+    mantissa: int
+    bias: int
+    max_code: int
+    inf_code: int | None
+    nan_code: int
+    storage: type
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        """float64 value of every code 0 .. 2**bits - 1 (exact: at most 11 significant bits)."""
+        codes = np.arange(1 << self.bits, dtype=np.int64)
+        magnitude = codes & ((1 << (self.bits - 1)) - 1)
+        exponent = magnitude >> self.mantissa
+        fraction = magnitude & ((1 << self.mantissa) - 1)
+        value = np.where(exponent == 0, np.ldexp(fraction.astype(np.float64), 1 - self.bias - self.mantissa),
+                         np.ldexp((fraction + (1 << self.mantissa)).astype(np.float64),
+                                  exponent - self.bias - self.mantissa))
+        value[magnitude > self.max_code] = np.nan
+        if self.inf_code is not None:
+            value[magnitude == self.inf_code] = np.inf
+        return np.where(codes >> (self.bits - 1) == 1, -value, value)
+
+    def encode(self, x: np.ndarray, rtz: bool, saturate: bool) -> np.ndarray:
+        """Codes of float64 ``x`` rounded to this format: to nearest, ties to even code (the even
+        mantissa), or toward zero (``rtz``). Overflow: +-max if ``saturate`` (or ``rtz``), else +-Inf,
+        or NaN without Inf. NaN becomes ``nan_code``."""
+        finite = self.values[: self.max_code + 1]
+        beyond = 2 * finite[-1] - finite[-2]        # one ulp past the largest finite value
+        magnitude = np.abs(x)
+        low = np.searchsorted(finite, magnitude, side="right") - 1
+        if rtz:
+            code = low
+        else:
+            high_value = np.append(finite[1:], beyond)[low]
+            middle = (finite[low] + high_value) / 2
+            code = low + ((magnitude > middle) | ((magnitude == middle) & (low % 2 == 1)))
+        infinite = np.isinf(magnitude)
+        code = np.where(infinite, self.max_code + 1, code)
+        overflow = code > self.max_code
+        to_max = overflow & (saturate | (rtz & ~infinite))
+        overflow_code = self.inf_code if self.inf_code is not None else self.nan_code
+        code = np.where(to_max, self.max_code, np.where(overflow, overflow_code, code))
+        code = code | (np.signbit(x).astype(np.int64) << (self.bits - 1))
+        return np.where(np.isnan(x), self.nan_code, code)
+
+
+_FORMATS = {
+    "bf16": _Format(16, 7, 127, 0x7F7F, 0x7F80, 0x7FFF, np.uint16),
+    "fp16": _Format(16, 10, 15, 0x7BFF, 0x7C00, 0x7FFF, np.float16),
+    "fp8e4nv": _Format(8, 3, 7, 0x7E, None, 0x7F, np.uint8),
+    "fp8e5": _Format(8, 2, 15, 0x7B, 0x7C, 0x7F, np.uint8),
+}
+_HANDLED = ("fp32", "fp64", *_FORMATS)
+
+
+def _values(data: np.ndarray, dtype) -> np.ndarray:
+    """Exact float64 values of interpreter storage ``data`` of triton scalar type ``dtype``."""
+    fmt = _FORMATS.get(dtype.name)
+    if fmt is None:
+        return np.asarray(data).astype(np.float64)
+    return fmt.values[np.asarray(data).view(f"uint{fmt.bits}")]
+
+
+def _round(x: np.ndarray, dtype, rtz: bool, saturate: bool) -> np.ndarray:
+    """Interpreter storage of float64 ``x`` rounded once to triton scalar type ``dtype``."""
+    fmt = _FORMATS.get(dtype.name)
+    if fmt is not None:
+        return fmt.encode(x, rtz, saturate).astype(f"uint{fmt.bits}").view(fmt.storage)
+    if dtype.name == "fp64":
+        return x.astype(np.float64)
+    rounded = x.astype(np.float32)                 # numpy rounds to nearest even
+    if rtz:
+        rounded = np.where(np.abs(rounded) > np.abs(x), np.nextafter(rounded, np.float32(0)), rounded)
+    return rounded
+
+
+# ---------------------------------------------------------------------------------------------
+# tl.dot
+# ---------------------------------------------------------------------------------------------
+
+def _tf32_truncate(x: np.ndarray) -> np.ndarray:
+    """fp32 -> tf32 as the tensor core reads it: the low 13 mantissa bits dropped (Inf/NaN kept)."""
+    bits = x.view(np.uint32)
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, bits, bits & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _tf32_round_away(x: np.ndarray) -> np.ndarray:
+    """``cvt.rna.tf32.f32``: nearest tf32, ties away from zero (on the magnitude bits)."""
+    bits = x.view(np.uint32)
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, bits, (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _fma_dot(a: np.ndarray, b: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """``acc + a @ b`` as fused multiply-adds in float32, k = 0, 1, ... in order: what the GPU runs
+    for an fp32 "ieee" dot (FMA instructions; measured bitwise equal on an H200).
+
+    a [..., M, K], b [..., K, N], acc [..., M, N], all float32. Each step forms ``acc + a*b`` in
+    float64 (the product is exact), rounds it to odd (TwoSum gives the exact error, an inexact
+    result with an even last bit moves one ulp toward it) and then to float32: with 53 >= 2*24 + 2
+    bits that is the correctly rounded FMA (Boldo & Melquiond, "Emulation of FMA and correctly
+    rounded sums: proved algorithms using rounding to odd", IEEE TC 2008)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    for k in range(a.shape[-1]):
+        c = acc.astype(np.float64)
+        product = a64[..., :, k:k + 1] * b64[..., k:k + 1, :]
+        total = c + product
+        part = total - c
+        error = (c - (total - part)) + (product - part)
+        bits = total.view(np.int64)
+        inexact_even = (error != 0) & (bits & 1 == 0) & np.isfinite(total)
+        bits = bits + np.where(inexact_even, np.where((error > 0) == (total > 0), 1, -1), 0)
+        acc = bits.view(np.float64).astype(np.float32)
+    return acc
+
+
+_MIN_EXPONENT = {"tf32": -126, "bf16": -126, "fp16": -14, "fp8e4nv": -6, "fp8e5": -14}
+
+
+def _exponent(x: np.ndarray, minimum: int) -> np.ndarray:
+    """Exponent field of ``x`` as hardware reads it: floor(log2|x|), ``minimum`` for subnormals."""
+    return np.maximum(np.frexp(x)[1] - 1, minimum).astype(np.int32)
+
+
+def _truncate(x: np.ndarray, bits: int) -> np.ndarray:
+    """``x`` (float64) rounded toward zero to ``bits`` mantissa bits, exponent range of float32."""
+    step = np.maximum(np.frexp(x)[1] - 1 - bits, -126 - bits).astype(np.int32)
+    return np.ldexp(np.trunc(np.ldexp(x, -step)), step)
+
+
+def _mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray, formats: tuple) -> np.ndarray:
+    """``acc + a @ b`` as the Hopper tensor core computes it, fitted bit for bit on an H200.
+
+    a [..., M, K], b [..., K, N]: exact operand values of ``formats`` (tf32, bf16, fp16, fp8e4nv,
+    fp8e5), acc [..., M, N] float32 or float16. One instruction takes ``step`` k at a time (8 tf32,
+    16 bf16/fp16, 32 fp8): the products are exact; each product and the accumulator is truncated
+    (toward zero) to ``align`` bits below the largest exponent among them (a product's exponent is the
+    sum of its operands' exponent fields); the truncated terms are added exactly and the sum is
+    truncated to ``bits`` mantissa bits (float16 accumulators: rounded to nearest float16 instead).
+    Non-finite terms give their IEEE sum. align/bits: 25/23, and 13/13 for fp8 through wgmma
+    (M >= 64): Triton's default max_num_imprecise_acc on sm_90 keeps fp8 sums inside the tensor
+    core, whose accumulator has 13 mantissa bits. fp8 with M < 64 (mma.sync) is approximated by
+    25/23: 89-90% of outputs bitwise equal on random inputs, errors of the same size."""
+    fp8 = formats[0].startswith("fp8")
+    step = {"tf32": 8, "bf16": 16, "fp16": 16}.get(formats[0], 32)
+    align, bits = (13, 13) if fp8 and a.shape[-2] >= 64 else (25, 23)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ea, eb = (_exponent(x, _MIN_EXPONENT[f]) for x, f in zip((a64, b64), formats))
+    out = acc.dtype
+    acc = acc.astype(np.float64)
+    for k0 in range(0, a.shape[-1], step):
+        ks = slice(k0, k0 + step)
+        products = a64[..., :, None, ks] * np.swapaxes(b64[..., ks, :], -1, -2)[..., None, :, :]
+        exponents = ea[..., :, None, ks] + np.swapaxes(eb[..., ks, :], -1, -2)[..., None, :, :]
+        top = np.where(acc != 0, _exponent(acc, -126), -(1 << 20))
+        top = np.maximum(np.where(products != 0, exponents, -(1 << 20)).max(-1), top) - align
+        total = np.trunc(np.ldexp(products, -top[..., None])).sum(-1) + np.trunc(np.ldexp(acc, -top))
+        exact = np.ldexp(total, top)
+        result = _truncate(exact, bits) if out == np.float32 else exact   # float16: rounded below
+        finite = np.isfinite(products).all(-1) & np.isfinite(acc)
+        acc = np.where(finite, result, products.sum(-1) + acc).astype(out).astype(np.float64)
+    return acc.astype(out)
+
+
+def _dot_fp32(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -> np.ndarray:
+    """``tl.dot`` of float32 operands with ``input_precision`` "ieee", "tf32" or "tf32x3"."""
+    if precision == "ieee":
+        return _fma_dot(a, b, acc)
+    tf32 = ("tf32", "tf32")
+    if precision == "tf32":
+        return _mma(_tf32_truncate(a), _tf32_truncate(b), acc, tf32)
+    a_hi, b_hi = _tf32_round_away(a), _tf32_round_away(b)
+    a_lo, b_lo = _tf32_truncate(a - a_hi), _tf32_truncate(b - b_hi)
+    small = _mma(a_lo, b_hi, np.zeros_like(acc), tf32)
+    small = _mma(a_hi, b_lo, small, tf32)
+    small = np.where(np.isnan(small), np.float32(0), small)
+    return _mma(a_hi, b_hi, small, tf32) + acc
+
+
+# ---------------------------------------------------------------------------------------------
+# The patches (methods of triton.runtime.interpreter.InterpreterBuilder and Autotuner)
+# ---------------------------------------------------------------------------------------------
+
+def _stock(name: str):
+    """The original of a patched method."""
+    return _STOCK[name][1]
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    # GPU (sm_90): fp32 "ieee" is an FMA loop over k, everything else runs on the tensor core (_mma;
+    # tf32x3 split by Triton's F32DotTC pass): bitwise equal on an H200 and an H100, see
+    # benchmarks/interpreter_calibration_h200.json. Stock: np.matmul of the stored values, so bf16
+    # bit patterns are multiplied as integers, and input_precision is ignored.
+    names = (a.dtype.name, b.dtype.name)
+    if not all(n in _HANDLED and n != "fp64" for n in names) or d.dtype.name not in ("fp32", "fp16"):
+        return _stock("create_dot")(self, a, b, d, input_precision, max_num_imprecise_acc)
+    a32 = _values(a.data, a.dtype).astype(np.float32)
+    b32 = _values(b.data, b.dtype).astype(np.float32)
+    acc = np.array(d.data, copy=True)
+    with np.errstate(all="ignore"):
+        if names == ("fp32", "fp32"):
+            result = _dot_fp32(a32, b32, acc, input_precision.name.lower())
+        else:
+            result = _mma(a32, b32, acc, names)
+    return type(d)(result, d.dtype.scalar)
+
+
+def _cast_impl(self, src, dst_type):
+    # GPU: arith.truncf/extf/sitofp/fptosi lower to cvt.rn (round to nearest even) on values; fp32 ->
+    # bf16/fp16 measured bitwise equal on an H200 (cast probes). Stock: fp32->bf16 truncates, and
+    # fp64<->bf16 and int<->bf16/fp8 take the stored bit patterns for numbers.
+    stock = _stock("cast_impl")
+    s, d = src.dtype.scalar, dst_type.scalar
+    if s.name not in _HANDLED and d.name not in _HANDLED:
+        return stock(self, src, dst_type)
+    with np.errstate(all="ignore"):
+        if s.is_floating() and d.is_floating() and s.name in _HANDLED and d.name in _HANDLED:
+            return type(src)(_round(_values(src.data, s), d, rtz=False, saturate=False), d)
+        if s.name in _FORMATS and d.is_int():
+            return stock(self, type(src)(_values(src.data, s), _float64()), dst_type)
+        if s.is_int() and d.name in _FORMATS:
+            return type(src)(_round(src.data.astype(np.float64), d, rtz=False, saturate=False), d)
+    return stock(self, src, dst_type)
+
+
+def _float64():
+    import triton.language as tl
+
+    return tl.float64
+
+
+def _create_fp_to_fp(self, src, dst_type, rounding_mode):
+    # GPU (sm_90, ElementwiseOpToLLVM.cpp): fp32/fp16/bf16 -> fp8 is cvt.rn.satfinite (nearest even,
+    # saturating; measured bitwise equal on an H200, specials included), fp8 -> wider is exact, rtz
+    # truncates. Stock: rounds half up without ties-to-even or carry into the exponent, does not
+    # saturate, and decodes the e4m3 NaN as a number.
+    s, d = src.dtype.scalar, dst_type.scalar
+    if s.name not in _HANDLED or d.name not in _HANDLED:
+        return _stock("create_fp_to_fp")(self, src, dst_type, rounding_mode)
+    rtz = rounding_mode is not None and rounding_mode.name == "RTZ"
+    with np.errstate(all="ignore"):
+        data = _round(_values(src.data, s), d, rtz=rtz, saturate=d.name in _FP8 and not rtz)
+    return type(src)(data, d)
+
+
+def _prune_configs(self, kwargs):
+    # GPU: benchmarks the pruned configs and caches the fastest per key. Interpreted there is no
+    # driver to benchmark with, so keep one config (the pinned one, else the first left after
+    # pruning); Autotuner.run then caches it without benchmarking.
+    stock = _stock("prune_configs")
+    if not is_interpreted(self):
+        return stock(self, kwargs)
+    pinned = _PINNED.get(self)
+    return [pinned] if pinned is not None else stock(self, kwargs)[:1]
+
+
+_SIGNATURES = {
+    "create_dot": ["self", "a", "b", "d", "input_precision", "max_num_imprecise_acc"],
+    "cast_impl": ["self", "src", "dst_type"],
+    "create_fp_to_fp": ["self", "src", "dst_type", "rounding_mode"],
+    "prune_configs": ["self", "kwargs"],
+}
+
+
+def _patch_table(stock, autotuner) -> list:
+    """(owner, name, replacement) for each patch, after checking the version and the internals."""
+    import triton
+
+    version = triton.__version__
+    if not version.startswith(SUPPORTED_VERSIONS):
+        raise UnsupportedTritonError(
+            f"refcheck.runtime.interpreter was checked against triton {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}, "
+            f"found {version}: its interpreter internals may differ, so no patch was applied")
+    builder, tuner = stock.InterpreterBuilder, autotuner.Autotuner
+    table = [(builder, "create_dot", _create_dot), (builder, "cast_impl", _cast_impl),
+             (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs)]
+    for owner, name, _ in table:
+        original = owner.__dict__.get(name)
+        if original is None or list(inspect.signature(original).parameters) != _SIGNATURES[name]:
+            raise UnsupportedTritonError(f"triton {version}: {owner.__name__}.{name} is missing or has "
+                                         f"another signature than {_SIGNATURES[name]}; no patch was applied")
+    return table
+
+
+def _base_kernel(kernel):
+    """The innermost jit/interpreted function under autotune/heuristics wrappers."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    while isinstance(kernel, (Autotuner, Heuristics)):
+        kernel = kernel.fn
+    return kernel
+
+
+def _autotuner(kernel):
+    """The Autotuner in the wrapper chain of ``kernel``; ValueError if there is none."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    while isinstance(kernel, (Autotuner, Heuristics)):
+        if isinstance(kernel, Autotuner):
+            return kernel
+        kernel = kernel.fn
+    raise ValueError(f"kernel: expected a @triton.autotune kernel, got {type(kernel).__name__}")
