@@ -86,6 +86,7 @@ import os
 import sys
 import weakref
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
@@ -121,6 +122,7 @@ def enable() -> None:
         _STOCK[name] = (owner, owner.__dict__[name])
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)
+    _forget_rewrites()
 
 
 def disable() -> None:
@@ -128,6 +130,14 @@ def disable() -> None:
     while _STOCK:
         name, (owner, original) = _STOCK.popitem()
         setattr(owner, name, original)
+    _forget_rewrites()
+
+
+def _forget_rewrites() -> None:
+    """Drop the interpreter's cache of rewritten kernel sources, so that each kernel is rewritten
+    by the transformation now in effect (``_transform_ast``) on its next launch."""
+    if "triton.runtime.interpreter" in sys.modules:
+        sys.modules["triton.runtime.interpreter"].InterpretedFunction.rewritten_fn.clear()
 
 
 def is_enabled() -> bool:
@@ -404,6 +414,37 @@ def _dot_fp32(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -> 
     return _mma(a_hi, b_hi, small, tf32) + acc
 
 
+def _bf16_parts(x: np.ndarray, n: int) -> list[np.ndarray]:
+    """Triton's splitF32 (F32DotTC.cpp): ``hi = bf16(x)`` (arith.truncf: nearest even),
+    ``mid = bf16(x - hi)``, ``lo = bf16(x - hi - mid)``, the differences in float32; the first
+    ``n`` parts as exact values (float32)."""
+    fmt = _FORMATS["bf16"]
+    parts = []
+    with np.errstate(all="ignore"):
+        for _ in range(n):
+            part = fmt.values[fmt.encode(x.astype(np.float64), rtz=False, saturate=False)].astype(np.float32)
+            parts.append(part)
+            x = x - part
+    return parts
+
+
+def _dot_bf16xn(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -> np.ndarray:
+    """``tl.dot`` of float32 operands with ``input_precision`` "bf16x3" or "bf16x6": Triton's BF16xN
+    pattern (F32DotTC.cpp) splits each operand into bf16 parts (``_bf16_parts``) and chains bf16
+    tensor-core dots from a zero accumulator, smallest terms first: bf16x6 mid*mid, lo*hi, hi*lo,
+    then (both) mid*hi, hi*mid; NaN replaced by 0; hi*hi; the result added to ``acc`` in float32."""
+    bf16 = ("bf16", "bf16")
+    a_parts, b_parts = _bf16_parts(a, 3), _bf16_parts(b, 3)
+    order = [(1, 0), (0, 1)]
+    if precision == "bf16x6":
+        order = [(1, 1), (2, 0), (0, 2)] + order
+    result = np.zeros_like(acc)
+    for i, j in order:
+        result = _mma(a_parts[i], b_parts[j], result, bf16)
+    result = np.where(np.isnan(result), np.float32(0), result)
+    return _mma(a_parts[0], b_parts[0], result, bf16) + acc
+
+
 # ---------------------------------------------------------------------------------------------
 # The patches (methods of triton.runtime.interpreter.InterpreterBuilder and Autotuner)
 # ---------------------------------------------------------------------------------------------
@@ -425,8 +466,11 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     b32 = _values(b.data, b.dtype).astype(np.float32)
     acc = np.array(d.data, copy=True)
     with np.errstate(all="ignore"):
-        if names == ("fp32", "fp32"):
-            result = _dot_fp32(a32, b32, acc, input_precision.name.lower())
+        precision = input_precision.name.lower()
+        if names == ("fp32", "fp32") and precision.startswith("bf16x"):
+            result = _dot_bf16xn(a32, b32, acc, precision)
+        elif names == ("fp32", "fp32"):
+            result = _dot_fp32(a32, b32, acc, precision)
         else:
             result = _mma(a32, b32, acc, names)
     return type(d)(result, d.dtype.scalar)
@@ -481,11 +525,100 @@ def _prune_configs(self, kwargs):
     return [pinned] if pinned is not None else stock(self, kwargs)[:1]
 
 
+# ---------------------------------------------------------------------------------------------
+# Loop indices (triton.runtime.interpreter._patch_lang and FunctionRewriter._transform_ast)
+# ---------------------------------------------------------------------------------------------
+
+_LOOP_HELPER = "_refcheck_loop_range"
+
+
+def _loop_range(start, end=None, step=None, **kwargs):
+    """The induction variable of ``for i in range(...)`` / ``tl.range(...)`` as the compiler makes it
+    (code_generator.visit_For): bounds and step to tensors (a Python int: int32, else int64 ...),
+    the index a scalar tensor of their promoted integer type. ``tl.range``'s keyword hints
+    (num_stages, ...) only steer the compiler's pipelining."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle, interpreter_semantic as semantic
+
+    if end is None:
+        start, end = 0, start
+    bounds = [semantic.to_tensor(x) for x in (start, end, 1 if step is None else step)]
+    if not all(b.dtype.is_int() for b in bounds):
+        raise TypeError(f"For loop bounds and step must all be ints, are {tuple(str(b.dtype) for b in bounds)}")
+    iv_type = semantic.integer_promote_impl(semantic.integer_promote_impl(bounds[0].dtype, bounds[1].dtype),
+                                            bounds[2].dtype)
+    storage = np.dtype(iv_type.name.replace("u", "uint") if iv_type.name.startswith("u") else iv_type.name)
+    lo, hi, by = (int(b.handle.data.reshape(-1)[0]) for b in bounds)
+    for i in range(lo, hi, by):
+        yield tl.tensor(TensorHandle(np.array([i], dtype=storage), iv_type), iv_type)
+
+
+def _loop_iterator(iterator, *args, **kwargs):
+    """What ``for`` iterates over in an interpreted kernel: Python's ``range`` as the compiler
+    treats it (a tensor index); anything else (``tl.range``, ``tl.static_range``) as patched."""
+    import builtins
+    return _loop_range(*args, **kwargs) if iterator is builtins.range else iterator(*args, **kwargs)
+
+
+def _loop_transformer():
+    import ast
+
+    class LoopIndices(ast.NodeTransformer):
+        """``for i in F(args)`` -> ``for i in _refcheck_loop_range(F, args)``."""
+
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            call = node.iter
+            if isinstance(call, ast.Call):
+                node.iter = ast.copy_location(ast.Call(func=ast.Name(id=_LOOP_HELPER, ctx=ast.Load()),
+                                                       args=[call.func, *call.args], keywords=call.keywords), call)
+            return node
+
+    return LoopIndices()
+
+
+def _transform_ast(self, src):
+    # Compiler (code_generator.visit_For): the index of a `range` or `tl.range` loop is a scalar
+    # tensor of the bounds' promoted integer type (int32 for Python ints that fit), so kernels call
+    # `.to(tl.int64)` on it and its arithmetic wraps in int32; only `tl.static_range` gives Python
+    # ints (constexpr). Stock: every loop index is a Python int (`tl.range` is Python's range), so
+    # FLA's `i_t.to(tl.int64)` raises AttributeError. Here every `for` over a call is routed
+    # through _loop_iterator, and `tl.range` yields tensors (_patch_lang).
+    import ast
+    tree = _stock("_transform_ast")(self, src)
+    self.fn.__globals__[_LOOP_HELPER] = _loop_iterator
+    return ast.fix_missing_locations(_loop_transformer().visit(tree))
+
+
+def _patch_lang(fn):
+    # Loop indices: see _transform_ast. Stock maps tl.range and tl.static_range to Python's range;
+    # tl.range is the compiler's tensor-index loop, so it gets _loop_range (static_range keeps ints).
+    # Builtins under other names: the compiler (code_generator.visit_Call) calls any global that
+    # is a triton builtin as one, whatever its name (FLA's `gather = tl.gather`); stock patches
+    # only the attributes of tl, tl.core, tl.math and tl.tensor, so an alias in the kernel's module
+    # raises "Did you forget to add @triton.jit ?". Here the kernel module's aliases are patched too.
+    import triton.language as tl
+    from triton.runtime import interpreter as stock
+
+    scope = _stock("_patch_lang")(fn)
+    for lang in (tl, tl.core):
+        if lang.__dict__.get("range") is lang.__dict__.get("static_range"):   # the ones stock patched
+            scope.set_attr(lang, "range", _loop_range)
+    module = sys.modules.get(fn.__module__)
+    if module is not None and module.__dict__ is fn.__globals__:
+        for name, value in list(vars(module).items()):
+            if tl.core.is_builtin(value):
+                stock._patch_attr(module, name, value, stock.interpreter_builder, scope)
+    return scope
+
+
 _SIGNATURES = {
     "create_dot": ["self", "a", "b", "d", "input_precision", "max_num_imprecise_acc"],
     "cast_impl": ["self", "src", "dst_type"],
     "create_fp_to_fp": ["self", "src", "dst_type", "rounding_mode"],
     "prune_configs": ["self", "kwargs"],
+    "_transform_ast": ["self", "src"],
+    "_patch_lang": ["fn"],
 }
 
 
@@ -499,13 +632,22 @@ def _patch_table(stock, autotuner) -> list:
             f"refcheck.interpreter was checked against triton {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}, "
             f"found {version}: its interpreter internals may differ, so no patch was applied")
     builder, tuner = stock.InterpreterBuilder, autotuner.Autotuner
+    options = stock.interpreter_builder.options
+    if list(getattr(options, "allowed_dot_input_precisions", ())) != ["tf32", "tf32x3", "ieee"]:
+        raise UnsupportedTritonError(f"triton {version}: the interpreter's allowed_dot_input_precisions are not "
+                                     "('tf32', 'tf32x3', 'ieee'); no patch was applied")
     table = [(builder, "create_dot", _create_dot), (builder, "cast_impl", _cast_impl),
-             (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs)]
+             (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs),
+             (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang)]
     for owner, name, _ in table:
         original = owner.__dict__.get(name)
         if original is None or list(inspect.signature(original).parameters) != _SIGNATURES[name]:
             raise UnsupportedTritonError(f"triton {version}: {owner.__name__}.{name} is missing or has "
                                          f"another signature than {_SIGNATURES[name]}; no patch was applied")
+    # GPU (nvidia backend's CUDAOptions): tl.dot also takes "bf16x3" and "bf16x6" (_dot_bf16xn).
+    # Stock: the interpreter's options refuse them ("input_precision must be one of ...").
+    table.append((stock.interpreter_builder, "options", dataclasses.replace(
+        options, allowed_dot_input_precisions=(*options.allowed_dot_input_precisions, "bf16x3", "bf16x6"))))
     return table
 
 
