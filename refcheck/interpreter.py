@@ -526,6 +526,140 @@ def _prune_configs(self, kwargs):
 
 
 # ---------------------------------------------------------------------------------------------
+# bf16 arithmetic (InterpreterBuilder.binary_op/unary_op/create_fma, ReduceOps, ScanOps)
+# ---------------------------------------------------------------------------------------------
+
+def _is_bf16(handle) -> bool:
+    return handle.dtype.scalar.name == "bf16"
+
+
+def _bf16_storage(x: np.ndarray) -> np.ndarray:
+    """Interpreter storage (uint16 codes) of float64 ``x`` rounded to nearest even bf16."""
+    return _FORMATS["bf16"].encode(np.asarray(x, dtype=np.float64), rtz=False, saturate=False).astype(np.uint16)
+
+
+def _binary_op(self, lhs, rhs, op):
+    # GPU (sm_90): bf16 add/sub/mul (add.rn.bf16, ...; others through float32) round the exact
+    # result of the values to nearest even bf16, min/max/compares compare values. Computing in
+    # float64 and rounding once gives the same bf16 (53 >= 2*8 + 2 bits: double rounding is
+    # innocuous for +, -, *, /; Figueroa 1995). Stock: numpy operates on the uint16 codes (bf16 is
+    # stored as its bit pattern), so 1.0 + 1.0 is the sum of two integers.
+    from triton.runtime.interpreter import TensorHandle, _get_np_dtype, _validate_np_data_size
+
+    if not (_is_bf16(lhs) or _is_bf16(rhs)):
+        return _stock("binary_op")(self, lhs, rhs, op)
+    with np.errstate(all="ignore"):
+        output = op(_values(lhs.data, lhs.dtype.scalar), _values(rhs.data, rhs.dtype.scalar))
+    tl_dtype = lhs.dtype.scalar
+    if output.dtype == np.float64 and tl_dtype.name == "bf16":
+        return TensorHandle(_bf16_storage(output), tl_dtype)
+    if not _validate_np_data_size(output, tl_dtype):     # a comparison: as stock does with its result
+        output = output.astype(_get_np_dtype(tl_dtype))
+    return TensorHandle(output, tl_dtype)
+
+
+def _unary_op(self, arg, op):
+    # GPU (sm_90): bf16 math functions are computed in float32 and rounded to bf16 (Triton's
+    # ElementwiseOpToLLVM upcasts them); negation flips the sign. Stock: numpy on the uint16 codes.
+    from triton.runtime.interpreter import TensorHandle
+
+    if not _is_bf16(arg):
+        return _stock("unary_op")(self, arg, op)
+    with np.errstate(all="ignore"):
+        output = op(_values(arg.data, arg.dtype.scalar).astype(np.float32))
+    return TensorHandle(_bf16_storage(output), arg.dtype.scalar)
+
+
+def _create_fma(self, x, y, z):
+    # GPU (sm_90): fma.rn.bf16, the exact x*y + z rounded once. The float64 product of two bf16 is
+    # exact, the float64 sum rounds once more, innocuously (see _binary_op). Stock: the uint16 codes.
+    from triton.runtime.interpreter import TensorHandle
+
+    if not _is_bf16(z):
+        return _stock("create_fma")(self, x, y, z)
+    with np.errstate(all="ignore"):
+        output = _values(x.data, x.dtype.scalar) * _values(y.data, y.dtype.scalar) + _values(z.data, z.dtype.scalar)
+    return TensorHandle(_bf16_storage(output), z.dtype.scalar)
+
+
+def _tree_sum_bf16(values: np.ndarray, axis: int) -> np.ndarray:
+    """Sum float64 bf16 ``values`` along ``axis`` pairwise (neighbours, then neighbours of those,
+    ...), every addition rounded to bf16; returns float64 values."""
+    x = np.moveaxis(values, axis, 0)
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            x = np.concatenate([x, np.zeros_like(x[:1])])
+        x = _FORMATS["bf16"].values[_bf16_storage(x[0::2] + x[1::2])]
+    return x[0] if x.shape[0] else np.zeros(x.shape[1:])
+
+
+def _reduce_sum(self, input):
+    # GPU: a bf16 tl.sum (triton.language.standard.sum keeps the input dtype unless told
+    # otherwise) adds in bf16, each addition rounded: sequentially within a thread, then a
+    # butterfly across lanes and warps, an order that depends on the layout. Here a pairwise tree
+    # along the axis, each addition rounded to bf16: the GPU's rounding per addition, not its exact
+    # order (not bitwise). Stock: np.sum of the uint16 codes.
+    if not _is_bf16(input.handle):
+        return _stock("sum")(self, input)
+    axis = self.axis
+    data = _values(input.handle.data, input.dtype)
+    if axis is None:
+        data, axis = data.reshape(-1), 0
+    total = _tree_sum_bf16(data, axis)
+    if self.keep_dims:
+        total = np.expand_dims(total, axis) if self.axis is not None else total.reshape((1,) * input.handle.data.ndim)
+    codes = _bf16_storage(total).view(np.uint16)
+    return self.to_tensor(codes if codes.shape else codes.item(), input.dtype)
+
+
+def _reduce_min_max(self, input, val_reduce_op, idx_reduce_op=None):
+    # GPU: bf16 max/min/argmax/argmin compare values. Stock: compares the uint16 codes (negative
+    # values sort above positive ones). Here the values are reduced and the result stored as bf16.
+    import triton.language as tl
+
+    input = input[0] if isinstance(input, tuple) else input
+    if not _is_bf16(input.handle):
+        return _stock("min_max")(self, input, val_reduce_op, idx_reduce_op)
+    data = _values(input.handle.data, input.dtype)
+    val = idx = None
+    if val_reduce_op:
+        val = _bf16_storage(val_reduce_op(data, axis=self.axis, keepdims=self.keep_dims))
+        val = self.to_tensor(val if val.shape else val.item(), input.dtype)
+    if idx_reduce_op:
+        idx = self.to_tensor(idx_reduce_op(data, axis=self.axis, keepdims=self.keep_dims), tl.int32)
+    if val is not None and idx is not None:
+        return val, idx
+    return val if val is not None else idx
+
+
+def _scan_cumsum(self, input):
+    # GPU: a bf16 tl.cumsum adds in bf16, each addition rounded (a scan across lanes, sequential
+    # within a thread). Here sequentially along the axis, each addition rounded to bf16 (not
+    # bitwise). Stock: np.cumsum of the uint16 codes.
+    if not _is_bf16(input.handle):
+        return _stock("cumsum")(self, input)
+    data = np.moveaxis(_values(input.handle.data, input.dtype), self.axis, 0)
+    out = np.empty_like(data)
+    running = np.zeros(data.shape[1:])
+    for i in range(data.shape[0]):
+        running = _FORMATS["bf16"].values[_bf16_storage(running + data[i])] if i else data[0]
+        out[i] = running
+    return [self.to_tensor(_bf16_storage(np.moveaxis(out, 0, self.axis)), dtype=input.dtype)]
+
+
+def _implicit_cvt(arg):
+    # Compiler (jit.mangle_type): a Python float kernel argument is an fp32 scalar tensor, so
+    # `x * scale` with a bf16 `x` promotes to fp32. Stock: the float stays a Python number, a
+    # literal to Triton's promotion rules, and `x * scale` is computed in bf16.
+    if isinstance(arg, float):
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        return tl.tensor(TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+    return _stock("_implicit_cvt")(arg)
+
+
+# ---------------------------------------------------------------------------------------------
 # Loop indices (triton.runtime.interpreter._patch_lang and FunctionRewriter._transform_ast)
 # ---------------------------------------------------------------------------------------------
 
@@ -618,7 +752,14 @@ _SIGNATURES = {
     "create_fp_to_fp": ["self", "src", "dst_type", "rounding_mode"],
     "prune_configs": ["self", "kwargs"],
     "_transform_ast": ["self", "src"],
+    "binary_op": ["self", "lhs", "rhs", "op"],
+    "unary_op": ["self", "arg", "op"],
+    "create_fma": ["self", "x", "y", "z"],
+    "sum": ["self", "input"],
+    "min_max": ["self", "input", "val_reduce_op", "idx_reduce_op"],
+    "cumsum": ["self", "input"],
     "_patch_lang": ["fn"],
+    "_implicit_cvt": ["arg"],
 }
 
 
@@ -638,7 +779,10 @@ def _patch_table(stock, autotuner) -> list:
                                      "('tf32', 'tf32x3', 'ieee'); no patch was applied")
     table = [(builder, "create_dot", _create_dot), (builder, "cast_impl", _cast_impl),
              (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs),
-             (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang)]
+             (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang),
+             (builder, "binary_op", _binary_op), (builder, "unary_op", _unary_op), (builder, "create_fma", _create_fma),
+             (stock.ReduceOps, "sum", _reduce_sum), (stock.ReduceOps, "min_max", _reduce_min_max),
+             (stock.ScanOps, "cumsum", _scan_cumsum), (stock, "_implicit_cvt", _implicit_cvt)]
     for owner, name, _ in table:
         original = owner.__dict__.get(name)
         if original is None or list(inspect.signature(original).parameters) != _SIGNATURES[name]:
