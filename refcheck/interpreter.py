@@ -3,8 +3,11 @@
 Out of the box the interpreter of triton 3.9 ignores ``tl.dot``'s ``input_precision``, multiplies the
 raw bit patterns of bf16 operands, truncates float casts that the GPU rounds, and cannot run an
 ``@triton.autotune`` kernel with more than one config (it tries to benchmark, "0 active drivers").
-:func:`enable` replaces the four interpreter internals responsible; each replacement says what the
-GPU does and how we know.
+It also departs from what the compiler makes of a kernel: loop indices are Python ints, builtins
+under another name are not builtins, bf16 arithmetic works on the bit patterns, float arguments are
+Python numbers, and ``tl.dot`` refuses "bf16x3"/"bf16x6" (flash-linear-attention's kernels hit every
+one of these). :func:`enable` replaces the interpreter internals responsible; each replacement
+says what the GPU or the compiler does and how we know.
 
 Switching interpretation on (triton 3.9)
 ----------------------------------------
@@ -74,6 +77,32 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
   (third_party/nvidia/lib/TritonNVIDIAGPUToLLVM/ElementwiseOpToLLVM.cpp), so finite values beyond
   the largest fp8 value and +-Inf become +-max. NaN is written as the PTX canonical NaN (0x7FFF for
   bf16/fp16, 0x7F for fp8). Integer <-> bf16/fp8 casts use the values, not the stored bit patterns.
+* ``tl.dot`` of fp32 operands with ``input_precision`` "bf16x3" / "bf16x6" (the nvidia backend allows
+  them; the stock interpreter's options do not): Triton's BF16xN pattern (F32DotTC.cpp, Triton >= 3.6):
+  each operand split into ``hi = bf16(x)`` (nearest even), ``mid = bf16(x - hi)``, ``lo = bf16(x - hi
+  - mid)``; bf16 tensor-core dots (the rule above) chained from 0: bf16x6 ``mid*mid``, ``lo*hi``,
+  ``hi*lo``, then ``mid*hi``, ``hi*mid``, NaN replaced by 0, ``hi*hi``; the result added to ``c`` in
+  float32. Derived from the pass's source and the measured bf16 rule; not itself measured on a GPU.
+* Loop indices: the index of ``for i in range(...)`` and ``tl.range(...)`` is a scalar tensor of the
+  bounds' promoted integer type (int32 for Python ints that fit), as the compiler's
+  ``code_generator.visit_For`` makes it: ``i.to(tl.int64)`` works and ``i * BT`` wraps in int32 as on
+  the GPU. ``tl.static_range`` indices stay Python ints (constexpr). Stock: all are Python ints.
+* Builtins under another name (``gather = tl.gather`` in the kernel's module) are builtins, as in the
+  compiler's ``visit_Call``, which looks at the object, not the name. Stock: only the attributes of
+  ``tl``, ``tl.core``, ``tl.math`` and ``tl.tensor`` are, and an alias raises "Did you forget to add
+  @triton.jit ?".
+* bf16 arithmetic works on values: add, sub, mul, div, min/max, comparisons, negation and ``tl.fma``
+  round the exact result to nearest even bf16 (computed in float64 and rounded once: 53 >= 2*8 + 2
+  bits, so the double rounding is innocuous, as sm_90's ``add.rn.bf16``/``fma.rn.bf16`` and the
+  float32 route agree); math functions of bf16 are computed in float32 and rounded (Triton upcasts
+  them). ``tl.sum`` of bf16 (kept in bf16 by triton.language.standard.sum) adds pairwise along the
+  axis, each addition rounded to bf16; ``tl.cumsum`` sequentially, each addition rounded; max/min
+  compare values. The GPU rounds each addition the same way, but its order depends on the layout
+  (per thread, then a butterfly across lanes): reductions are not bitwise. Stock: numpy on the
+  uint16 codes (1.0 + 1.0 is a sum of two integers).
+* A Python float kernel argument is an fp32 scalar tensor (``jit.mangle_type`` types it "fp32"), so
+  ``x * scale`` with a bf16 ``x`` is computed in fp32. Stock: a Python number, which Triton's
+  promotion treats as a literal taking the tensor's dtype.
 * ``@triton.autotune`` kernels run without a driver: with no pin, the first config left after the
   kernel's own pruning (``early_config_prune``, ``perf_model``) is used and cached per key as the GPU
   caches its winner. No benchmark runs, so the ``reset_to_zero`` reset that the GPU applies once
