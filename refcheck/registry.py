@@ -131,20 +131,24 @@ BUILTIN: tuple[Implementation, ...] = (
                    description="our Triton gate kernel"),
     Implementation("kda", "triton", "optimized:kda", knobs=TRITON_KNOBS, triton=True,
                    description="our chunked Triton KDA (chunk 64, WY solve)"),
-    Implementation("kda", "fla_chunk", "refcheck.peers:fla_kda", devices=("cuda",), requires="fla",
+    # flash-linear-attention's Triton kernels run on the CPU through the faithful interpreter. There
+    # fla.utils finds no GPU ("roll back to CPU"): no TF32 (chunk_kda's solve_tril dots run ieee, tf32
+    # on Hopper) and no large shared memory (smaller BK/BV autotune lists): the kernels FLA would
+    # launch on such a GPU, judged by the same budgets.
+    Implementation("kda", "fla_chunk", "refcheck.peers:fla_kda", triton=True, requires="fla",
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_kda"),
-    Implementation("gla", "fla_chunk", "refcheck.peers:fla_gla", devices=("cuda",), requires="fla",
+    Implementation("gla", "fla_chunk", "refcheck.peers:fla_gla", triton=True, requires="fla",
                    fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
     # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
-    Implementation("simple_gla", "fla_chunk", "refcheck.peers:fla_simple_gla", devices=("cuda",), requires="fla",
+    Implementation("simple_gla", "fla_chunk", "refcheck.peers:fla_simple_gla", triton=True, requires="fla",
                    fixed_mode="tf32", family="fla", dim_multiple={"bf16": 2, "fp16": 2},
                    backward_refusal="refcheck.peers:fla_gated_chunk_backward_refusal",
                    description="flash-linear-attention chunk_simple_gla"),
-    Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", devices=("cuda",), requires="fla",
+    Implementation("kda", "fla_recurrent", "refcheck.peers:fla_recurrent_kda", triton=True, requires="fla",
                    backward=False, family="fla", description="flash-linear-attention fused_recurrent_kda (no backward)"),
-    Implementation("gla", "fla_recurrent", "refcheck.peers:fla_recurrent_gla", devices=("cuda",), requires="fla",
+    Implementation("gla", "fla_recurrent", "refcheck.peers:fla_recurrent_gla", triton=True, requires="fla",
                    family="fla", description="flash-linear-attention fused_recurrent_gla"),
-    Implementation("simple_gla", "fla_recurrent", "refcheck.peers:fla_recurrent_simple_gla", devices=("cuda",),
+    Implementation("simple_gla", "fla_recurrent", "refcheck.peers:fla_recurrent_simple_gla", triton=True,
                    requires="fla", family="fla", description="flash-linear-attention fused_recurrent_simple_gla"),
     Implementation("attention", "sdpa", "refcheck.peers:sdpa_attention", outputs=("o",),
                    description="torch scaled_dot_product_attention (no lse)"),
