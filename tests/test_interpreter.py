@@ -143,6 +143,8 @@ def _emulated_fp32_dot(a, b, acc, precision):
 
     if precision == "ieee":
         return _fma_dot(a, b, acc)
+    if precision.startswith("bf16x"):
+        return _emulated_bf16xn_dot(a, b, acc, precision)
     if precision == "tf32":
         return _mma_dot(each(a, lambda x: tf32(x, "rtz")), each(b, lambda x: tf32(x, "rtz")), acc, ("tf32", "tf32"))
     a_hi, b_hi = each(a, lambda x: tf32(x, "rna")), each(b, lambda x: tf32(x, "rna"))
@@ -152,6 +154,26 @@ def _emulated_fp32_dot(a, b, acc, precision):
     small = _mma_dot(a_hi, b_lo, small, ("tf32", "tf32"))
     big = _mma_dot(a_hi, b_hi, small, ("tf32", "tf32"))
     return [[_round(x + c, 23, -126, "rne") for x, c in zip(row, crow)] for row, crow in zip(big, acc)]
+
+
+def _emulated_bf16xn_dot(a, b, acc, precision):
+    """Triton's BF16xN pattern (F32DotTC.cpp): each operand split into bf16 parts (hi = nearest
+    bf16, mid = nearest bf16 of the rest, lo likewise), bf16 tensor-core dots chained from 0 over
+    the smaller products (bf16x6: mid*mid, lo*hi, hi*lo, then mid*hi, hi*mid), hi*hi last, plus acc."""
+    def parts(matrix):
+        split = []
+        for _ in range(3):
+            part = [[_round(x, 7, -126, "rne") for x in row] for row in matrix]
+            split.append(part)
+            matrix = [[x - p for x, p in zip(row, prow)] for row, prow in zip(matrix, part)]
+        return split
+
+    pa, pb = parts(a), parts(b)
+    order = [(1, 1), (2, 0), (0, 2)] if precision == "bf16x6" else []
+    result = _exact(np.zeros((len(a), len(b[0]))))
+    for i, j in order + [(1, 0), (0, 1), (0, 0)]:
+        result = _mma_dot(pa[i], pb[j], result, ("bf16", "bf16"))
+    return [[_round(x + c, 23, -126, "rne") for x, c in zip(row, crow)] for row, crow in zip(result, acc)]
 
 
 def _operands(dtype, M=8, N=8, K=32, seed=0, exponents=(-8, 8)):
@@ -177,6 +199,8 @@ DOT_CASES = [  # operand dtype, accumulator dtype, input_precision, M (fp8: 64 g
     (torch.float32, torch.float32, "ieee", 8),
     (torch.float32, torch.float32, "tf32", 8),
     (torch.float32, torch.float32, "tf32x3", 8),
+    (torch.float32, torch.float32, "bf16x3", 8),
+    (torch.float32, torch.float32, "bf16x6", 8),
     (torch.bfloat16, torch.float32, "tf32", 8),
     (torch.float16, torch.float32, "tf32", 8),
     (torch.float16, torch.float16, "tf32", 8),
@@ -494,3 +518,111 @@ def test_is_interpreted():
 
     assert interpreter.is_interpreted(_dot_kernel) and interpreter.is_interpreted(_tuned())
     assert not interpreter.is_interpreted(JITFunction(body))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the compiler makes of a kernel that the stock interpreter does not: loop indices, builtin
+# aliases, bf16 arithmetic, float arguments
+# ---------------------------------------------------------------------------------------------
+
+@interpreted
+def _loop_kernel(out_ptr, N: tl.constexpr):
+    for i in range(N):
+        tl.store(out_ptr + i, (i * 1073741824 * 4).to(tl.int64))    # int32 index: 2**32 i wraps to 0
+    for j in tl.range(N, 2 * N):
+        tl.store(out_ptr + j, j.to(tl.int64) * 1073741824 * 4)      # int64 before multiplying: 2**32 j
+    for s in tl.static_range(2 * N, 3 * N):                          # constexpr: a Python int
+        tl.store(out_ptr + s, s * 1073741824 * 4)
+
+
+def test_loop_index_is_a_tensor_as_compiled():
+    """A `range`/`tl.range` index is an int32 tensor (`.to()` works, arithmetic wraps in int32
+    before the cast); a `tl.static_range` index is a Python int. Stock: every index is an int."""
+    out = torch.zeros(6, dtype=torch.int64)
+    _loop_kernel[(1, )](out, 2)
+    assert out.tolist() == [0, 0, 2 * 2 ** 32, 3 * 2 ** 32, 4 * 2 ** 32, 5 * 2 ** 32]
+    interpreter.disable()
+    with pytest.raises(Exception, match="'int' object has no attribute 'to'"):
+        _loop_kernel[(1, )](out, 2)
+
+
+_maximum = tl.maximum      # a builtin under another name, as FLA's `gather = tl.gather`
+
+
+@interpreted
+def _alias_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, _maximum(tl.load(x_ptr + i), 0.0))
+
+
+def test_builtin_alias_is_a_builtin():
+    x = torch.randn(16)
+    out = torch.empty_like(x)
+    _alias_kernel[(1, )](x, out, 16)
+    assert torch.equal(out, x.clamp(min=0))
+    interpreter.disable()
+    with pytest.raises(Exception, match="forget to add @triton.jit"):
+        _alias_kernel[(1, )](x, out, 16)
+
+
+@interpreted
+def _bf16_kernel(x_ptr, y_ptr, out_ptr, red_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    x, y = tl.load(x_ptr + i), tl.load(y_ptr + i)
+    results = (x + y, x - y, x * y, x / y, -x, tl.maximum(x, y), tl.where(x < y, x, y), tl.fma(x, y, x))
+    for k in tl.static_range(len(results)):
+        tl.store(out_ptr + k * N + i, results[k])
+    tl.store(out_ptr + len(results) * N + i, tl.cumsum(x, 0))
+    tl.store(red_ptr, tl.sum(x, 0))
+    tl.store(red_ptr + 1, tl.max(x, 0))
+    tl.store(red_ptr + 2, tl.min(x, 0))
+
+
+def _bf16_tree_sum(x: torch.Tensor) -> torch.Tensor:
+    while x.numel() > 1:
+        x = torch.cat([x, x.new_zeros(x.numel() % 2)])
+        x = x[0::2] + x[1::2]          # torch: the sum of the values rounded to bf16
+    return x[0]
+
+
+def test_bf16_arithmetic_on_values():
+    """bf16 elementwise ops, fma, sum/max/min and cumsum compute on the values, each result rounded
+    to nearest even bf16 (torch's bf16 arithmetic rounds the same way); stock computes on the
+    uint16 bit patterns."""
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(16, generator=g) * 4).bfloat16(), (torch.randn(16, generator=g) * 4).bfloat16()
+    out, red = torch.empty(9, 16, dtype=torch.bfloat16), torch.empty(3, dtype=torch.bfloat16)
+    _bf16_kernel[(1, )](x, y, out, red, 16)
+    running, cumsum = x[0], [x[0]]
+    for v in x[1:]:
+        running = running + v
+        cumsum.append(running)
+    fma = (x.double() * y.double() + x.double()).bfloat16()
+    expected = torch.stack([x + y, x - y, x * y, x / y, -x, torch.maximum(x, y), torch.where(x < y, x, y), fma,
+                            torch.stack(cumsum)])
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+    assert torch.equal(red, torch.stack([_bf16_tree_sum(x), x.max(), x.min()]))
+    interpreter.disable()
+    _bf16_kernel[(1, )](x, y, out, red, 16)
+    assert not torch.equal(out[:3], expected[:3]) and not torch.equal(red[0], expected[0, 0])
+
+
+@interpreted
+def _scale_kernel(x_ptr, out_ptr, scale, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, tl.load(x_ptr + i) * scale)
+
+
+def test_float_argument_is_fp32(monkeypatch):
+    """A Python float argument is an fp32 tensor, so bf16 * scale is computed in fp32; stock keeps
+    it a Python number, a literal that takes the tensor's dtype: bf16(0.1), product in bf16."""
+    from triton.runtime import interpreter as stock
+
+    x = torch.randn(16, generator=torch.Generator().manual_seed(0)).bfloat16()
+    out = torch.empty(16)
+    _scale_kernel[(1, )](x, out, 0.1, 16)
+    assert torch.equal(out, x.float() * torch.tensor(0.1, dtype=torch.float32))
+    monkeypatch.setattr(stock, "_implicit_cvt", interpreter._stock("_implicit_cvt"))
+    _scale_kernel[(1, )](x, out, 0.1, 16)
+    assert torch.equal(out, (x * torch.tensor(0.1).bfloat16()).float())
+    assert not torch.equal(out, x.float() * torch.tensor(0.1, dtype=torch.float32))

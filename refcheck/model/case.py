@@ -8,8 +8,8 @@ made from it by the op card (``refcheck.model.ops``) with a seeded generator: sa
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 

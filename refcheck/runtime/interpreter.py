@@ -3,8 +3,11 @@
 Out of the box the interpreter of triton 3.9 ignores ``tl.dot``'s ``input_precision``, multiplies the
 raw bit patterns of bf16 operands, truncates float casts that the GPU rounds, and cannot run an
 ``@triton.autotune`` kernel with more than one config (it tries to benchmark, "0 active drivers").
-:func:`enable` replaces the four interpreter internals responsible; each replacement says what the
-GPU does and how we know.
+It also departs from what the compiler makes of a kernel: loop indices are Python ints, builtins
+under another name are not builtins, bf16 arithmetic works on the bit patterns, float arguments are
+Python numbers, and ``tl.dot`` refuses "bf16x3"/"bf16x6" (flash-linear-attention's kernels hit every
+one of these). :func:`enable` replaces the interpreter internals responsible; each replacement
+says what the GPU or the compiler does and how we know.
 
 Switching interpretation on (triton 3.9)
 ----------------------------------------
@@ -74,6 +77,32 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
   (third_party/nvidia/lib/TritonNVIDIAGPUToLLVM/ElementwiseOpToLLVM.cpp), so finite values beyond
   the largest fp8 value and +-Inf become +-max. NaN is written as the PTX canonical NaN (0x7FFF for
   bf16/fp16, 0x7F for fp8). Integer <-> bf16/fp8 casts use the values, not the stored bit patterns.
+* ``tl.dot`` of fp32 operands with ``input_precision`` "bf16x3" / "bf16x6" (the nvidia backend allows
+  them; the stock interpreter's options do not): Triton's BF16xN pattern (F32DotTC.cpp, Triton >= 3.6):
+  each operand split into ``hi = bf16(x)`` (nearest even), ``mid = bf16(x - hi)``, ``lo = bf16(x - hi
+  - mid)``; bf16 tensor-core dots (the rule above) chained from 0: bf16x6 ``mid*mid``, ``lo*hi``,
+  ``hi*lo``, then ``mid*hi``, ``hi*mid``, NaN replaced by 0, ``hi*hi``; the result added to ``c`` in
+  float32. Derived from the pass's source and the measured bf16 rule; not itself measured on a GPU.
+* Loop indices: the index of ``for i in range(...)`` and ``tl.range(...)`` is a scalar tensor of the
+  bounds' promoted integer type (int32 for Python ints that fit), as the compiler's
+  ``code_generator.visit_For`` makes it: ``i.to(tl.int64)`` works and ``i * BT`` wraps in int32 as on
+  the GPU. ``tl.static_range`` indices stay Python ints (constexpr). Stock: all are Python ints.
+* Builtins under another name (``gather = tl.gather`` in the kernel's module) are builtins, as in the
+  compiler's ``visit_Call``, which looks at the object, not the name. Stock: only the attributes of
+  ``tl``, ``tl.core``, ``tl.math`` and ``tl.tensor`` are, and an alias raises "Did you forget to add
+  @triton.jit ?".
+* bf16 arithmetic works on values: add, sub, mul, div, min/max, comparisons, negation and ``tl.fma``
+  round the exact result to nearest even bf16 (computed in float64 and rounded once: 53 >= 2*8 + 2
+  bits, so the double rounding is innocuous, as sm_90's ``add.rn.bf16``/``fma.rn.bf16`` and the
+  float32 route agree); math functions of bf16 are computed in float32 and rounded (Triton upcasts
+  them). ``tl.sum`` of bf16 (kept in bf16 by triton.language.standard.sum) adds pairwise along the
+  axis, each addition rounded to bf16; ``tl.cumsum`` sequentially, each addition rounded; max/min
+  compare values. The GPU rounds each addition the same way, but its order depends on the layout
+  (per thread, then a butterfly across lanes): reductions are not bitwise. Stock: numpy on the
+  uint16 codes (1.0 + 1.0 is a sum of two integers).
+* A Python float kernel argument is an fp32 scalar tensor (``jit.mangle_type`` types it "fp32"), so
+  ``x * scale`` with a bf16 ``x`` is computed in fp32. Stock: a Python number, which Triton's
+  promotion treats as a literal taking the tensor's dtype.
 * ``@triton.autotune`` kernels run without a driver: with no pin, the first config left after the
   kernel's own pruning (``early_config_prune``, ``perf_model``) is used and cached per key as the GPU
   caches its winner. No benchmark runs, so the ``reset_to_zero`` reset that the GPU applies once
@@ -81,14 +110,15 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import sys
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
 
 import numpy as np
 
@@ -97,7 +127,7 @@ SUPPORTED_VERSIONS = ("3.9.",)
 
 _FP8 = ("fp8e4nv", "fp8e5")
 _STOCK: dict[str, tuple[type, object]] = {}   # patched name -> (owner class, original)
-_PINNED: "weakref.WeakKeyDictionary[object, object]" = weakref.WeakKeyDictionary()
+_PINNED: weakref.WeakKeyDictionary[object, object] = weakref.WeakKeyDictionary()
 
 
 class UnsupportedTritonError(RuntimeError):
@@ -121,6 +151,7 @@ def enable() -> None:
         _STOCK[name] = (owner, owner.__dict__[name])
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)
+    _forget_rewrites()
 
 
 def disable() -> None:
@@ -128,6 +159,14 @@ def disable() -> None:
     while _STOCK:
         name, (owner, original) = _STOCK.popitem()
         setattr(owner, name, original)
+    _forget_rewrites()
+
+
+def _forget_rewrites() -> None:
+    """Drop the interpreter's cache of rewritten kernel sources, so that each kernel is rewritten
+    by the transformation now in effect (``_transform_ast``) on its next launch."""
+    if "triton.runtime.interpreter" in sys.modules:
+        sys.modules["triton.runtime.interpreter"].InterpretedFunction.rewritten_fn.clear()
 
 
 def is_enabled() -> bool:
@@ -404,6 +443,37 @@ def _dot_fp32(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -> 
     return _mma(a_hi, b_hi, small, tf32) + acc
 
 
+def _bf16_parts(x: np.ndarray, n: int) -> list[np.ndarray]:
+    """Triton's splitF32 (F32DotTC.cpp): ``hi = bf16(x)`` (arith.truncf: nearest even),
+    ``mid = bf16(x - hi)``, ``lo = bf16(x - hi - mid)``, the differences in float32; the first
+    ``n`` parts as exact values (float32)."""
+    fmt = _FORMATS["bf16"]
+    parts = []
+    with np.errstate(all="ignore"):
+        for _ in range(n):
+            part = fmt.values[fmt.encode(x.astype(np.float64), rtz=False, saturate=False)].astype(np.float32)
+            parts.append(part)
+            x = x - part
+    return parts
+
+
+def _dot_bf16xn(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -> np.ndarray:
+    """``tl.dot`` of float32 operands with ``input_precision`` "bf16x3" or "bf16x6": Triton's BF16xN
+    pattern (F32DotTC.cpp) splits each operand into bf16 parts (``_bf16_parts``) and chains bf16
+    tensor-core dots from a zero accumulator, smallest terms first: bf16x6 mid*mid, lo*hi, hi*lo,
+    then (both) mid*hi, hi*mid; NaN replaced by 0; hi*hi; the result added to ``acc`` in float32."""
+    bf16 = ("bf16", "bf16")
+    a_parts, b_parts = _bf16_parts(a, 3), _bf16_parts(b, 3)
+    order = [(1, 0), (0, 1)]
+    if precision == "bf16x6":
+        order = [(1, 1), (2, 0), (0, 2)] + order
+    result = np.zeros_like(acc)
+    for i, j in order:
+        result = _mma(a_parts[i], b_parts[j], result, bf16)
+    result = np.where(np.isnan(result), np.float32(0), result)
+    return _mma(a_parts[0], b_parts[0], result, bf16) + acc
+
+
 # ---------------------------------------------------------------------------------------------
 # The patches (methods of triton.runtime.interpreter.InterpreterBuilder and Autotuner)
 # ---------------------------------------------------------------------------------------------
@@ -425,8 +495,11 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     b32 = _values(b.data, b.dtype).astype(np.float32)
     acc = np.array(d.data, copy=True)
     with np.errstate(all="ignore"):
-        if names == ("fp32", "fp32"):
-            result = _dot_fp32(a32, b32, acc, input_precision.name.lower())
+        precision = input_precision.name.lower()
+        if names == ("fp32", "fp32") and precision.startswith("bf16x"):
+            result = _dot_bf16xn(a32, b32, acc, precision)
+        elif names == ("fp32", "fp32"):
+            result = _dot_fp32(a32, b32, acc, precision)
         else:
             result = _mma(a32, b32, acc, names)
     return type(d)(result, d.dtype.scalar)
@@ -481,11 +554,242 @@ def _prune_configs(self, kwargs):
     return [pinned] if pinned is not None else stock(self, kwargs)[:1]
 
 
+# ---------------------------------------------------------------------------------------------
+# bf16 arithmetic (InterpreterBuilder.binary_op/unary_op/create_fma, ReduceOps, ScanOps)
+# ---------------------------------------------------------------------------------------------
+
+def _is_bf16(handle) -> bool:
+    return handle.dtype.scalar.name == "bf16"
+
+
+def _bf16_storage(x: np.ndarray) -> np.ndarray:
+    """Interpreter storage (uint16 codes) of float64 ``x`` rounded to nearest even bf16."""
+    return _FORMATS["bf16"].encode(np.asarray(x, dtype=np.float64), rtz=False, saturate=False).astype(np.uint16)
+
+
+def _binary_op(self, lhs, rhs, op):
+    # GPU (sm_90): bf16 add/sub/mul (add.rn.bf16, ...; others through float32) round the exact
+    # result of the values to nearest even bf16, min/max/compares compare values. Computing in
+    # float64 and rounding once gives the same bf16 (53 >= 2*8 + 2 bits: double rounding is
+    # innocuous for +, -, *, /; Figueroa 1995). Stock: numpy operates on the uint16 codes (bf16 is
+    # stored as its bit pattern), so 1.0 + 1.0 is the sum of two integers.
+    from triton.runtime.interpreter import TensorHandle, _get_np_dtype, _validate_np_data_size
+
+    if not (_is_bf16(lhs) or _is_bf16(rhs)):
+        return _stock("binary_op")(self, lhs, rhs, op)
+    with np.errstate(all="ignore"):
+        output = op(_values(lhs.data, lhs.dtype.scalar), _values(rhs.data, rhs.dtype.scalar))
+    tl_dtype = lhs.dtype.scalar
+    if output.dtype == np.float64 and tl_dtype.name == "bf16":
+        return TensorHandle(_bf16_storage(output), tl_dtype)
+    if not _validate_np_data_size(output, tl_dtype):     # a comparison: as stock does with its result
+        output = output.astype(_get_np_dtype(tl_dtype))
+    return TensorHandle(output, tl_dtype)
+
+
+def _unary_op(self, arg, op):
+    # GPU (sm_90): bf16 math functions are computed in float32 and rounded to bf16 (Triton's
+    # ElementwiseOpToLLVM upcasts them); negation flips the sign. Stock: numpy on the uint16 codes.
+    from triton.runtime.interpreter import TensorHandle
+
+    if not _is_bf16(arg):
+        return _stock("unary_op")(self, arg, op)
+    with np.errstate(all="ignore"):
+        output = op(_values(arg.data, arg.dtype.scalar).astype(np.float32))
+    return TensorHandle(_bf16_storage(output), arg.dtype.scalar)
+
+
+def _create_fma(self, x, y, z):
+    # GPU (sm_90): fma.rn.bf16, the exact x*y + z rounded once. The float64 product of two bf16 is
+    # exact, the float64 sum rounds once more, innocuously (see _binary_op). Stock: the uint16 codes.
+    from triton.runtime.interpreter import TensorHandle
+
+    if not _is_bf16(z):
+        return _stock("create_fma")(self, x, y, z)
+    with np.errstate(all="ignore"):
+        output = _values(x.data, x.dtype.scalar) * _values(y.data, y.dtype.scalar) + _values(z.data, z.dtype.scalar)
+    return TensorHandle(_bf16_storage(output), z.dtype.scalar)
+
+
+def _tree_sum_bf16(values: np.ndarray, axis: int) -> np.ndarray:
+    """Sum float64 bf16 ``values`` along ``axis`` pairwise (neighbours, then neighbours of those,
+    ...), every addition rounded to bf16; returns float64 values."""
+    x = np.moveaxis(values, axis, 0)
+    while x.shape[0] > 1:
+        if x.shape[0] % 2:
+            x = np.concatenate([x, np.zeros_like(x[:1])])
+        x = _FORMATS["bf16"].values[_bf16_storage(x[0::2] + x[1::2])]
+    return x[0] if x.shape[0] else np.zeros(x.shape[1:])
+
+
+def _reduce_sum(self, input):
+    # GPU: a bf16 tl.sum (triton.language.standard.sum keeps the input dtype unless told
+    # otherwise) adds in bf16, each addition rounded: sequentially within a thread, then a
+    # butterfly across lanes and warps, an order that depends on the layout. Here a pairwise tree
+    # along the axis, each addition rounded to bf16: the GPU's rounding per addition, not its exact
+    # order (not bitwise). Stock: np.sum of the uint16 codes.
+    if not _is_bf16(input.handle):
+        return _stock("sum")(self, input)
+    axis = self.axis
+    data = _values(input.handle.data, input.dtype)
+    if axis is None:
+        data, axis = data.reshape(-1), 0
+    total = _tree_sum_bf16(data, axis)
+    if self.keep_dims:
+        total = np.expand_dims(total, axis) if self.axis is not None else total.reshape((1,) * input.handle.data.ndim)
+    codes = _bf16_storage(total).view(np.uint16)
+    return self.to_tensor(codes if codes.shape else codes.item(), input.dtype)
+
+
+def _reduce_min_max(self, input, val_reduce_op, idx_reduce_op=None):
+    # GPU: bf16 max/min/argmax/argmin compare values. Stock: compares the uint16 codes (negative
+    # values sort above positive ones). Here the values are reduced and the result stored as bf16.
+    import triton.language as tl
+
+    input = input[0] if isinstance(input, tuple) else input
+    if not _is_bf16(input.handle):
+        return _stock("min_max")(self, input, val_reduce_op, idx_reduce_op)
+    data = _values(input.handle.data, input.dtype)
+    val = idx = None
+    if val_reduce_op:
+        val = _bf16_storage(val_reduce_op(data, axis=self.axis, keepdims=self.keep_dims))
+        val = self.to_tensor(val if val.shape else val.item(), input.dtype)
+    if idx_reduce_op:
+        idx = self.to_tensor(idx_reduce_op(data, axis=self.axis, keepdims=self.keep_dims), tl.int32)
+    if val is not None and idx is not None:
+        return val, idx
+    return val if val is not None else idx
+
+
+def _scan_cumsum(self, input):
+    # GPU: a bf16 tl.cumsum adds in bf16, each addition rounded (a scan across lanes, sequential
+    # within a thread). Here sequentially along the axis, each addition rounded to bf16 (not
+    # bitwise). Stock: np.cumsum of the uint16 codes.
+    if not _is_bf16(input.handle):
+        return _stock("cumsum")(self, input)
+    data = np.moveaxis(_values(input.handle.data, input.dtype), self.axis, 0)
+    out = np.empty_like(data)
+    running = np.zeros(data.shape[1:])
+    for i in range(data.shape[0]):
+        running = _FORMATS["bf16"].values[_bf16_storage(running + data[i])] if i else data[0]
+        out[i] = running
+    return [self.to_tensor(_bf16_storage(np.moveaxis(out, 0, self.axis)), dtype=input.dtype)]
+
+
+def _implicit_cvt(arg):
+    # Compiler (jit.mangle_type): a Python float kernel argument is an fp32 scalar tensor, so
+    # `x * scale` with a bf16 `x` promotes to fp32. Stock: the float stays a Python number, a
+    # literal to Triton's promotion rules, and `x * scale` is computed in bf16.
+    if isinstance(arg, float):
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        return tl.tensor(TensorHandle(np.array([arg], dtype=np.float32), tl.float32), tl.float32)
+    return _stock("_implicit_cvt")(arg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop indices (triton.runtime.interpreter._patch_lang and FunctionRewriter._transform_ast)
+# ---------------------------------------------------------------------------------------------
+
+_LOOP_HELPER = "_refcheck_loop_range"
+
+
+def _loop_range(start, end=None, step=None, **kwargs):
+    """The induction variable of ``for i in range(...)`` / ``tl.range(...)`` as the compiler makes it
+    (code_generator.visit_For): bounds and step to tensors (a Python int: int32, else int64 ...),
+    the index a scalar tensor of their promoted integer type. ``tl.range``'s keyword hints
+    (num_stages, ...) only steer the compiler's pipelining."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+    from triton.runtime.interpreter import interpreter_semantic as semantic
+
+    if end is None:
+        start, end = 0, start
+    bounds = [semantic.to_tensor(x) for x in (start, end, 1 if step is None else step)]
+    if not all(b.dtype.is_int() for b in bounds):
+        raise TypeError(f"For loop bounds and step must all be ints, are {tuple(str(b.dtype) for b in bounds)}")
+    iv_type = semantic.integer_promote_impl(semantic.integer_promote_impl(bounds[0].dtype, bounds[1].dtype),
+                                            bounds[2].dtype)
+    storage = np.dtype(iv_type.name.replace("u", "uint") if iv_type.name.startswith("u") else iv_type.name)
+    lo, hi, by = (int(b.handle.data.reshape(-1)[0]) for b in bounds)
+    for i in range(lo, hi, by):
+        yield tl.tensor(TensorHandle(np.array([i], dtype=storage), iv_type), iv_type)
+
+
+def _loop_iterator(iterator, *args, **kwargs):
+    """What ``for`` iterates over in an interpreted kernel: Python's ``range`` as the compiler
+    treats it (a tensor index); anything else (``tl.range``, ``tl.static_range``) as patched."""
+    import builtins
+    return _loop_range(*args, **kwargs) if iterator is builtins.range else iterator(*args, **kwargs)
+
+
+def _loop_transformer():
+    import ast
+
+    class LoopIndices(ast.NodeTransformer):
+        """``for i in F(args)`` -> ``for i in _refcheck_loop_range(F, args)``."""
+
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            call = node.iter
+            if isinstance(call, ast.Call):
+                node.iter = ast.copy_location(ast.Call(func=ast.Name(id=_LOOP_HELPER, ctx=ast.Load()),
+                                                       args=[call.func, *call.args], keywords=call.keywords), call)
+            return node
+
+    return LoopIndices()
+
+
+def _transform_ast(self, src):
+    # Compiler (code_generator.visit_For): the index of a `range` or `tl.range` loop is a scalar
+    # tensor of the bounds' promoted integer type (int32 for Python ints that fit), so kernels call
+    # `.to(tl.int64)` on it and its arithmetic wraps in int32; only `tl.static_range` gives Python
+    # ints (constexpr). Stock: every loop index is a Python int (`tl.range` is Python's range), so
+    # FLA's `i_t.to(tl.int64)` raises AttributeError. Here every `for` over a call is routed
+    # through _loop_iterator, and `tl.range` yields tensors (_patch_lang).
+    import ast
+    tree = _stock("_transform_ast")(self, src)
+    self.fn.__globals__[_LOOP_HELPER] = _loop_iterator
+    return ast.fix_missing_locations(_loop_transformer().visit(tree))
+
+
+def _patch_lang(fn):
+    # Loop indices: see _transform_ast. Stock maps tl.range and tl.static_range to Python's range;
+    # tl.range is the compiler's tensor-index loop, so it gets _loop_range (static_range keeps ints).
+    # Builtins under other names: the compiler (code_generator.visit_Call) calls any global that
+    # is a triton builtin as one, whatever its name (FLA's `gather = tl.gather`); stock patches
+    # only the attributes of tl, tl.core, tl.math and tl.tensor, so an alias in the kernel's module
+    # raises "Did you forget to add @triton.jit ?". Here the kernel module's aliases are patched too.
+    import triton.language as tl
+    from triton.runtime import interpreter as stock
+
+    scope = _stock("_patch_lang")(fn)
+    for lang in (tl, tl.core):
+        if lang.__dict__.get("range") is lang.__dict__.get("static_range"):   # the ones stock patched
+            scope.set_attr(lang, "range", _loop_range)
+    module = sys.modules.get(fn.__module__)
+    if module is not None and module.__dict__ is fn.__globals__:
+        for name, value in list(vars(module).items()):
+            if tl.core.is_builtin(value):
+                stock._patch_attr(module, name, value, stock.interpreter_builder, scope)
+    return scope
+
+
 _SIGNATURES = {
     "create_dot": ["self", "a", "b", "d", "input_precision", "max_num_imprecise_acc"],
     "cast_impl": ["self", "src", "dst_type"],
     "create_fp_to_fp": ["self", "src", "dst_type", "rounding_mode"],
     "prune_configs": ["self", "kwargs"],
+    "_transform_ast": ["self", "src"],
+    "binary_op": ["self", "lhs", "rhs", "op"],
+    "unary_op": ["self", "arg", "op"],
+    "create_fma": ["self", "x", "y", "z"],
+    "sum": ["self", "input"],
+    "min_max": ["self", "input", "val_reduce_op", "idx_reduce_op"],
+    "cumsum": ["self", "input"],
+    "_patch_lang": ["fn"],
+    "_implicit_cvt": ["arg"],
 }
 
 
@@ -499,13 +803,25 @@ def _patch_table(stock, autotuner) -> list:
             f"refcheck.runtime.interpreter was checked against triton {', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}, "
             f"found {version}: its interpreter internals may differ, so no patch was applied")
     builder, tuner = stock.InterpreterBuilder, autotuner.Autotuner
+    options = stock.interpreter_builder.options
+    if list(getattr(options, "allowed_dot_input_precisions", ())) != ["tf32", "tf32x3", "ieee"]:
+        raise UnsupportedTritonError(f"triton {version}: the interpreter's allowed_dot_input_precisions are not "
+                                     "('tf32', 'tf32x3', 'ieee'); no patch was applied")
     table = [(builder, "create_dot", _create_dot), (builder, "cast_impl", _cast_impl),
-             (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs)]
+             (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs),
+             (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang),
+             (builder, "binary_op", _binary_op), (builder, "unary_op", _unary_op), (builder, "create_fma", _create_fma),
+             (stock.ReduceOps, "sum", _reduce_sum), (stock.ReduceOps, "min_max", _reduce_min_max),
+             (stock.ScanOps, "cumsum", _scan_cumsum), (stock, "_implicit_cvt", _implicit_cvt)]
     for owner, name, _ in table:
         original = owner.__dict__.get(name)
         if original is None or list(inspect.signature(original).parameters) != _SIGNATURES[name]:
             raise UnsupportedTritonError(f"triton {version}: {owner.__name__}.{name} is missing or has "
                                          f"another signature than {_SIGNATURES[name]}; no patch was applied")
+    # GPU (nvidia backend's CUDAOptions): tl.dot also takes "bf16x3" and "bf16x6" (_dot_bf16xn).
+    # Stock: the interpreter's options refuse them ("input_precision must be one of ...").
+    table.append((stock.interpreter_builder, "options", dataclasses.replace(
+        options, allowed_dot_input_precisions=(*options.allowed_dot_input_precisions, "bf16x3", "bf16x6"))))
     return table
 
 

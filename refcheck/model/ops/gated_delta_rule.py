@@ -57,11 +57,12 @@ CARD = linear_card(
     differentiable=("q", "k", "v", "g", "beta", "initial_state"), make_inputs=make_inputs, options=options,
     grid_varlen_options={"use_qk_l2norm": True},
     implementations=(
-        Implementation("gated_delta_rule", "fla_chunk", "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule",
-                       devices=("cuda",), requires="fla", fixed_mode="tf32", family="fla",
+        Implementation("gated_delta_rule", "fla_chunk",
+                       "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule", triton=True, requires="fla",
+                       fixed_mode="tf32", family="fla",
                        description="flash-linear-attention chunk_gated_delta_rule"),
         Implementation("gated_delta_rule", "fla_recurrent",
-                       "refcheck.model.ops.gated_delta_rule:fla_recurrent_gated_delta_rule", devices=("cuda",),
+                       "refcheck.model.ops.gated_delta_rule:fla_recurrent_gated_delta_rule", triton=True,
                        requires="fla", backward=False, family="fla",
                        description="flash-linear-attention fused_recurrent_gated_delta_rule (no backward)"),
     ))

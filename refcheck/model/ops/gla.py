@@ -39,8 +39,8 @@ CARD = linear_card(
     "gla", reference=references.gla, chunked_reference=references.gla_chunked,
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
     implementations=(
-        Implementation("gla", "fla_chunk", "refcheck.model.ops.gla:fla_chunk_gla", devices=("cuda",), requires="fla",
+        Implementation("gla", "fla_chunk", "refcheck.model.ops.gla:fla_chunk_gla", triton=True, requires="fla",
                        fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
-        Implementation("gla", "fla_recurrent", "refcheck.model.ops.gla:fla_recurrent_gla", devices=("cuda",),
+        Implementation("gla", "fla_recurrent", "refcheck.model.ops.gla:fla_recurrent_gla", triton=True,
                        requires="fla", family="fla", description="flash-linear-attention fused_recurrent_gla"),
     ))

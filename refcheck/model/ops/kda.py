@@ -88,9 +88,9 @@ CARD = linear_card(
     implementations=(
         Implementation("kda", "triton", "refcheck.optimized:kda", knobs=TRITON_KNOBS, triton=True,
                        description="our chunked Triton KDA (chunk 64, WY solve)"),
-        Implementation("kda", "fla_chunk", "refcheck.model.ops.kda:fla_chunk_kda", devices=("cuda",), requires="fla",
+        Implementation("kda", "fla_chunk", "refcheck.model.ops.kda:fla_chunk_kda", triton=True, requires="fla",
                        fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_kda"),
-        Implementation("kda", "fla_recurrent", "refcheck.model.ops.kda:fla_recurrent_kda", devices=("cuda",),
+        Implementation("kda", "fla_recurrent", "refcheck.model.ops.kda:fla_recurrent_kda", triton=True,
                        requires="fla", backward=False, family="fla",
                        description="flash-linear-attention fused_recurrent_kda (no backward)"),
     ))

@@ -196,6 +196,12 @@ def empty_linear_outputs(case: Case, x: Inputs, length: int, n: int, provides) -
     return out
 
 
+# The linear cards list flash-linear-attention's entry points as peers. Its Triton kernels run on the
+# CPU through the faithful interpreter; there fla.utils finds no GPU ("roll back to CPU"): no TF32
+# (chunk_kda's solve_tril dots run ieee, tf32 on Hopper) and no large shared memory (smaller BK/BV
+# autotune lists): the kernels FLA would launch on such a GPU, judged by the same budgets.
+
+
 def linear_card(name: str, *, reference, chunked_reference, differentiable: tuple[str, ...], make_inputs,
                 options: Options = no_options, grid_varlen_options: Mapping = EMPTY, grid_extra: tuple = (),
                 shared_inputs: tuple[str, ...] = (), implementations: tuple = (),

@@ -58,11 +58,11 @@ CARD = linear_card(
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
     implementations=(
         # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
-        Implementation("simple_gla", "fla_chunk", "refcheck.model.ops.simple_gla:fla_chunk_simple_gla", devices=("cuda",),
+        Implementation("simple_gla", "fla_chunk", "refcheck.model.ops.simple_gla:fla_chunk_simple_gla", triton=True,
                        requires="fla", fixed_mode="tf32", family="fla", dim_multiple={"bf16": 2, "fp16": 2},
                        backward_refusal="refcheck.model.ops.simple_gla:fla_gated_chunk_backward_refusal",
                        description="flash-linear-attention chunk_simple_gla"),
         Implementation("simple_gla", "fla_recurrent", "refcheck.model.ops.simple_gla:fla_recurrent_simple_gla",
-                       devices=("cuda",), requires="fla", family="fla",
+                       triton=True, requires="fla", family="fla",
                        description="flash-linear-attention fused_recurrent_simple_gla"),
     ))
