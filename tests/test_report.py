@@ -72,7 +72,7 @@ def test_worker_processes_give_the_same_verdicts(capsys):
     (("--impl", "nope"), "no implementation 'nope'"),
     (("--impl", "fa4"), "attention/fa4 cannot run on cpu"),        # a named peer that cannot run: no skip
     (("--impl", "attention=no_such_module:attention"), "cannot import module 'no_such_module'"),
-    (("--op", "simple_gla", "--dtype", "fp8"), "simple_gla has no such inputs"),
+    (("--op", "simple_gla", "--dtype", "fp64"), "simple_gla has no such inputs"),
     (("--budgets", "no_such_file.toml"), "no such file"),
     (("--jobs", "0"), "--jobs"),
 ])

@@ -51,6 +51,12 @@ def test_the_commands_take_a_users_op(command):
         assert again.returncode == 1 and "LawViolation" in again.stderr, again.stderr[-2000:]
 
 
+def test_a_users_op_without_budgets_is_a_usage_error_naming_them():
+    result = _run(sys.executable, "-m", "refcheck", "report", "--op-card", "prefix_sum_op:CARD", "--op", "prefix_sum",
+                  "--impl", "prefix_sum=mykernels:prefix_sum")
+    assert result.returncode == 2 and "no contract bound for prefix_sum.o.fp32" in result.stderr, result.stderr
+
+
 def test_an_unknown_card_is_a_usage_error_before_any_kernel_runs():
     result = _run(sys.executable, "-m", "refcheck", "report", "--op-card", "prefix_sum_op:NOPE")
     assert result.returncode == 2 and "--op-card 'prefix_sum_op:NOPE'" in result.stderr, result.stderr

@@ -27,9 +27,17 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..runtime.workers import MAX_GPU_JOBS, MAX_JOBS, Interrupted, Unit, default_jobs, execute
 from .cli import UsageError
+
+if TYPE_CHECKING:
+    from ..engine.examples import Example
+    from ..engine.grid import Point
+    from ..engine.laws import Law
+    from ..engine.verify import Measurement, Verdict
+    from ..model.implementation import Implementation
 
 FORMAT = "refcheck-report"
 FORMAT_VERSION = 1
@@ -43,14 +51,14 @@ single unit (a law on an interpreted kernel) bounds the wall time anyway."""
 class PointResult:
     """One grid point: its verdict, or the exception the implementation (or the check) raised."""
 
-    point: object
-    verdict: object = None
+    point: Point
+    verdict: Verdict | None = None
     crash: str | None = None
     seconds: float = 0.0      # the first point of a case includes computing its float64 truth
 
     @property
     def passed(self) -> bool:
-        return self.crash is None and self.verdict.passed
+        return self.crash is None and self.verdict is not None and self.verdict.passed
 
     def reproducer(self, device: str = "cpu") -> str:
         from ..engine.verify import Verdict
@@ -63,11 +71,11 @@ class LawResult:
     """One law on one implementation: ``holds`` (``notes``: bitwise differences within budget),
     ``FAILS`` (``detail``: the violation and its reproducer), ``n/a`` or ``no case`` (``detail``: why)."""
 
-    law: object
-    impl: object
+    law: Law
+    impl: Implementation
     status: str
-    example: object = None
-    detail: str = ""
+    example: Example | None = None
+    detail: str | None = ""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -194,7 +202,7 @@ class Cell:
     """One output of one (op, implementation, dtype, mode) over the grid's cases: the worst case
     (least headroom) and how many cases passed."""
 
-    worst: object = None        # verify.Measurement
+    worst: Measurement | None = None
     cases: int = 0
     passed: int = 0
 

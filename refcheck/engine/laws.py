@@ -96,8 +96,7 @@ class Trial:
 
     @property
     def grads(self) -> bool:
-        return (self.impl.backward and self.case.dtype != "fp8"
-                and self.impl.refused_backward(self.device, self.case) is None)
+        return self.impl.backward and self.impl.refused_backward(self.device, self.case) is None
 
     def knob_args(self, knobs: dict | None = None) -> dict:
         """The keyword knobs passed to the implementation (``precision`` = the mode where it has one)."""

@@ -265,11 +265,9 @@ def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
 
 
 def output_dtype(case: Case, name: str) -> torch.dtype:
-    """The contract dtype of an output: ``o`` in the input dtype (bf16 for fp8 inputs), every other
-    output (states, lse, gates) float32."""
-    if name != "o":
-        return torch.float32
-    return torch.bfloat16 if case.dtype == "fp8" else case.torch_dtype
+    """The contract dtype of an output: ``o`` in the input dtype, every other output (states, lse,
+    gates) float32."""
+    return case.torch_dtype if name == "o" else torch.float32
 
 
 def computed_twin(case: Case) -> Case:

@@ -18,7 +18,6 @@ DTYPES = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
-    "fp8": torch.float8_e4m3fn,
 }
 """Short dtype names used in budgets, cases and reports."""
 

@@ -170,7 +170,7 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
             raise SpecError(f"--impl {spec!r}: which op does it implement? write OP={rest} "
                             f"(ops: {', '.join(OPS)})")
         takes_precision = "precision" in _parameters(obj)
-        impl = Implementation(op, rest, rest, dtypes=tuple(dtypes or (d for d in card(op).dtypes if d != "fp8")),
+        impl = Implementation(op, rest, rest, dtypes=tuple(dtypes or card(op).dtypes),
                               knobs={"precision": PRECISION_MODES} if takes_precision else {},
                               backward=backward, description="named on the command line")
     else:

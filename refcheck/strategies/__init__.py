@@ -141,10 +141,8 @@ def seqlens(draw, total_max: int, max_seqs: int, *, min_seqs: int = 1, min_total
 
 def dtypes(of_op: tuple[str, ...], impl: Implementation | None = None, only: str | None = None) -> st.SearchStrategy[str]:
     """An input dtype of the op (``of_op``: its card's) that the implementation supports too
-    (``only`` narrows it). fp8 is drawn only for an implementation that declares it."""
+    (``only`` narrows it)."""
     allowed = [d for d in of_op if impl is None or d in impl.dtypes]
-    if impl is None:
-        allowed = [d for d in allowed if d != "fp8"]
     if only is not None:
         allowed = [d for d in allowed if d == only]
     if not allowed:

@@ -31,12 +31,12 @@ from ...strategies import (
     seqlens,
 )
 from ..case import Case
-from ..implementation import ALL_DTYPES, Implementation
+from ..implementation import Implementation
 from .card import Inputs, OpCard, Templates, sweep_lengths
 from .inputs import cu_seqlens, normal, rounded
 from .linear import LINEAR_DTYPES
 
-DTYPES = LINEAR_DTYPES + ("fp8",)
+DTYPES = LINEAR_DTYPES
 
 MLA_DIMS = (192, 128)
 """Dqk, Dv of multi-head latent attention."""
@@ -156,8 +156,7 @@ def after(case: Case, cut: int) -> dict[str, torch.Tensor]:
 def empty_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
     """A query span without keys (or without queries): o = 0 and lse = -inf on its rows."""
     d, ref = case.dim, x.tensors["q"]
-    o_dtype = torch.bfloat16 if case.dtype == "fp8" else case.torch_dtype
-    out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=o_dtype)}
+    out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=case.torch_dtype)}
     if "lse" in provides:
         out["lse"] = torch.full((1, d["H"], length), -math.inf, device=ref.device)
     return out
@@ -223,5 +222,4 @@ CARD = OpCard(
                        dtypes=("bf16", "fp16"), requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8},
                        backward_refusal="refcheck.model.ops.attention:fa4_backward_refusal",
                        description="flash-attn-4 (CUTLASS DSL)"),
-    ),
-    naive_dtypes=ALL_DTYPES)
+    ))
