@@ -22,8 +22,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..engine import grid
-from ..engine.verify import Verdict, verify
-from ..runtime.workers import Unit, default_jobs, execute
+from ..engine.verify import Verdict
+from ..runtime.workers import default_jobs, execute
 from .cli import UsageError
 
 FORMAT = "refcheck-drift-record"
@@ -83,21 +83,12 @@ def environment(device: str) -> dict:
             "interpreted": device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"}
 
 
-def record_point(point: grid.Point, device: str) -> dict:
-    """One point of a record: each output's error and bound, contract problems, or the exception
-    the implementation raised (a broken implementation is a finding, not a crash of the record)."""
-    crash = None
-    try:
-        verdict = verify(point.impl, point.case, mode=point.mode, device=device)
-    except Exception as err:  # recorded, compared, and shown with its reproducer
-        lines = [line.strip() for line in f"{type(err).__name__}: {err}".splitlines() if line.strip()]
-        crash = " ... ".join(dict.fromkeys([lines[0], lines[-1]]))   # a compiler's message ends with its cause
-        verdict = None
-    return point_entry(point, device, verdict, crash)
-
-
 def point_entry(point: grid.Point, device: str, verdict, crash: str | None) -> dict:
-    """A point of a record: the verdict's measurements, or the crash (``verdict`` None)."""
+    """A point of a record: the verdict's measurements, or the crash (``verdict`` None) as its first
+    and last line (a compiler's message ends with its cause; frames differ between machines)."""
+    if crash is not None:
+        lines = [line.strip() for line in crash.splitlines() if line.strip()]
+        crash = " ... ".join(dict.fromkeys([lines[0], lines[-1]]))
     verdict = verdict or Verdict(point.case.op, point.impl.name, point.case, point.mode, {}, record=point.impl)
     return {"id": point.id, "op": point.case.op, "impl": point.impl.name, "dtype": point.case.dtype,
             "mode": point.mode, "label": point.entry.label, "sweep": point.entry.sweep, "T": point.entry.length,
@@ -108,22 +99,14 @@ def point_entry(point: grid.Point, device: str, verdict, crash: str | None) -> d
                         for m in verdict.measurements}}
 
 
-def _record_points(points: list[grid.Point], device: str) -> list[dict]:
-    """Record the points of one case (they share its float64 truth); runs in a worker."""
-    return [record_point(p, device) for p in points]
-
-
 def record(the_grid: grid.Grid, device: str, *, jobs: int = 1, console=None) -> dict:
     """Run every point of ``the_grid`` on ``device`` in ``jobs`` processes, with a progress bar on
-    ``console``. The points of one case stay together (they share its float64 truth); each point is
-    computed alone in one thread, so the record does not depend on ``jobs``."""
-    groups: dict = {}
-    for point in the_grid.points:
-        groups.setdefault(point.case, []).append(point)
-    units = [Unit(group[-1].id, _record_points, (group,), len(group), functools.partial(zip, group),
-                  crashed=lambda message, group=group: [point_entry(p, device, None, message) for p in group])
-             for group in groups.values()]
-    results = {p.id: entry for p, entry in execute(units, device, jobs, console, "drift record")}
+    ``console`` (``grid.point_units``: an implementation's points of one case stay together, they
+    share its float64 truth); each point is computed alone in one thread, so the record does not
+    depend on ``jobs``."""
+    units = grid.point_units(list(the_grid.points),
+                             lambda point, verdict, crash, _: (point.id, point_entry(point, device, verdict, crash)))
+    results = dict(execute(units, device, jobs, console, "drift record"))
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
             "grid": {**{k: v for k, v in the_grid.identity.items() if k != "cases"}, "hash": the_grid.hash},
             "environment": environment(device),

@@ -117,7 +117,8 @@ def activate(config) -> RefcheckConfig:
         torch.set_num_threads(1)
     profile = config.getoption("hypothesis_profile", None) or profiles.DEFAULT
     profiles.load(profile)
-    strict = config.getoption("--strict-bitwise") or os.environ.get("REFCHECK_STRICT_BITWISE", "") not in ("", "0")
+    from ..engine.laws import strict_default          # after the backend is configured: laws import kernels
+    strict = config.getoption("--strict-bitwise") or strict_default()
     seed = None
     if profile in profiles.BUCKETED:
         from ..engine.buckets import run_seed

@@ -84,24 +84,6 @@ class LawResult:
         return self.status == "FAILS"
 
 
-def run_points(points: list, device: str) -> list[tuple]:
-    """Verify every point (all of one case: the float64 truth is computed once, then cached); per
-    point ``(verdict, None, seconds)`` or ``(None, crash, seconds)``: what the implementation (or
-    the check) raised."""
-    from ..engine.verify import verify
-
-    results = []
-    for point in points:
-        started = time.perf_counter()
-        try:
-            verdict, crash = verify(point.impl, point.case, mode=point.mode, device=device), None
-        except Exception as err:  # a crash of the implementation is a finding, not a crash of the report
-            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-4))
-            verdict, crash = None, f"{type(err).__name__}: {err}\n{tb.rstrip()}"
-        results.append((verdict, crash, time.perf_counter() - started))
-    return results
-
-
 def run_law(law_name: str, impl, example, device: str) -> tuple[str, str, list[str], float]:
     """One law on one example (``laws.check``): ``(status, detail, notes, seconds)``; any
     exception is a failure of the law."""
@@ -146,7 +128,7 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
             def wrap(result, law=law, impl=impl, example=example):
                 return [LawResult(law, impl, result[0], example, *result[1:])]
             units.append(Unit(f"{law.name} {impl.op}/{impl.name}", run_law, (law.name, impl, example),
-                              law.cost * _weight(impl, entry.case), wrap,
+                              law.cost * grid.weight(impl, entry.case), wrap,
                               crashed=functools.partial(_law_crash, law, impl, example), group=f"{impl.op}/{impl.name}"))
     return units, skipped
 
@@ -156,33 +138,6 @@ def _law_crash(law, impl, example, message: str) -> tuple:
     from ..engine.laws import Trial
     trial = Trial(law, impl, example.case, example.mode, dict(example.knobs), dict(example.params))
     return "FAILS", f"{message}\n  case: {example.case.describe()}\n  reproduce: {trial.reproducer()}", [], 0.0
-
-
-def _weight(impl, case) -> float:
-    """Rough cost of one run: interpreted Triton kernels are ~100x the torch references; on a GPU
-    a kernel's first run compiles it (a peer's too), so those units start first."""
-    size = math.prod(v for _, v in case.dims)
-    return size * (100.0 if impl.triton or impl.requires else 1.0)
-
-
-def _crashed(message: str, n: int) -> list[tuple]:
-    """The results of ``n`` points whose unit crashed with ``message``."""
-    return [(None, message, 0.0)] * n
-
-
-def point_units(points: list) -> list[Unit]:
-    """The grid points grouped by case and implementation (its modes share the float64 truth; an
-    implementation that kills its process takes only its own points with it)."""
-    groups: dict = {}
-    for p in points:
-        groups.setdefault((p.case, p.impl.name), []).append(p)
-    def wrap(results, points):
-        return [PointResult(p, *result) for p, result in zip(points, results)]
-    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label} {name}", run_points,
-                 (ps,),
-                 sum(_weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps),
-                 crashed=functools.partial(_crashed, n=len(ps)), group=f"{c.op}/{name}")
-            for (c, name), ps in groups.items()]
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -363,14 +318,15 @@ def run(args) -> int:
     console = Console(highlight=False, width=max(Console().width, 150))
     points = [p for p in the_grid.points if not p.entry.sweep]
     impls = list({(p.impl.op, p.impl.name): p.impl for p in points}.values())
-    units = point_units(points)
+    units = grid.point_units(points, PointResult)
+    law_units: list[Unit] = []
     laws_skipped: list[LawResult] = []
     if args.laws:
         law_units, laws_skipped = law_plan(impls, args.quick)
         units += law_units
     console.print(f"refcheck {__version__} report on {device}"
                   + (" (faithful Triton interpreter)" if device == "cpu" else "")
-                  + f": {len(points)} grid points, {len(units) - len(point_units(points))} law checks, {jobs} "
+                  + f": {len(points)} grid points, {len(law_units)} law checks, {jobs} "
                   + ("worker" if jobs == 1 else "workers"))
     try:
         done, unfinished = execute(units, device, jobs, Console(stderr=True), "report"), []

@@ -16,14 +16,20 @@ Seeds are fixed per op and label, so a case rebuilds the same tensors everywhere
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
+import time
+import traceback
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..model import registry
 from ..model.case import Case
 from ..model.ops import OPS, card
+from ..runtime.workers import Unit
 
 GRID_VERSION = 4
 """Bump when a case of the grid changes: records of another version are refused by ``compare``."""
@@ -140,3 +146,54 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
             points += [Point(impl, mode, entry) for impl in runnable if entry.case.dtype in impl.dtypes
                        for mode in impl.modes]
     return Grid(tuple(points), tuple(unavailable), identity(ops, impls, quick))
+
+
+# --- running the points: one runner for report and drift ------------------------------------------
+
+PointOutcome = tuple  # (Verdict | None, crash: str | None, seconds: float)
+
+
+def run_points(points: list[Point], device: str) -> list[PointOutcome]:
+    """Verify every point (all of one case: the float64 truth is computed once, then cached); per
+    point ``(verdict, None, seconds)`` or ``(None, crash, seconds)``: what the implementation (or the
+    check) raised, with the last frames of its traceback. A crash is a finding, not a crash of the
+    run."""
+    from .verify import verify
+
+    results: list[PointOutcome] = []
+    for point in points:
+        started = time.perf_counter()
+        try:
+            verdict, crash = verify(point.impl, point.case, mode=point.mode, device=device), None
+        except Exception as err:  # a finding: reported with its reproducer
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-4))
+            verdict, crash = None, f"{type(err).__name__}: {err}\n{tb.rstrip()}"
+        results.append((verdict, crash, time.perf_counter() - started))
+    return results
+
+
+def weight(impl, case: Case) -> float:
+    """Rough cost of one run: interpreted Triton kernels are ~100x the torch references; on a GPU
+    a kernel's first run compiles it (a peer's too), so those units start first."""
+    return math.prod(v for _, v in case.dims) * (100.0 if impl.triton or impl.requires else 1.0)
+
+
+def _crashed(message: str, n: int) -> list[PointOutcome]:
+    """The outcomes of ``n`` points whose worker process died with ``message``."""
+    return [(None, message, 0.0)] * n
+
+
+def point_units(points: list[Point], result: Callable[..., object]) -> list[Unit]:
+    """The points as units of work (``runtime.workers``), grouped by case and implementation: its
+    modes share the float64 truth, and an implementation that kills its process takes only its own
+    points with it. Each point's outcome becomes ``result(point, verdict, crash, seconds)``."""
+    groups: dict = {}
+    for p in points:
+        groups.setdefault((p.case, p.impl.name), []).append(p)
+
+    def wrap(outcomes, points):
+        return [result(p, *outcome) for p, outcome in zip(points, outcomes)]
+    return [Unit(f"{c.op} {c.dtype} {ps[0].entry.label} {name}", run_points, (ps,),
+                 sum(weight(p.impl, c) for p in ps), functools.partial(wrap, points=ps),
+                 crashed=functools.partial(_crashed, n=len(ps)), group=f"{c.op}/{name}")
+            for (c, name), ps in groups.items()]
