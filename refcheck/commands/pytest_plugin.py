@@ -117,7 +117,7 @@ def activate(config) -> RefcheckConfig:
         torch.set_num_threads(1)
     profile = config.getoption("hypothesis_profile", None) or profiles.DEFAULT
     profiles.load(profile)
-    from ..engine.laws import strict_default          # after the backend is configured: laws import kernels
+    from ..engine.laws import strict_default  # after the backend is configured: laws import kernels
     strict = config.getoption("--strict-bitwise") or strict_default()
     seed = None
     if profile in profiles.BUCKETED:
