@@ -121,7 +121,8 @@ def record(the_grid: grid.Grid, device: str, *, jobs: int = 1, console=None) -> 
     for point in the_grid.points:
         groups.setdefault(point.case, []).append(point)
     units = [Unit(group[-1].id, _record_points, (group,), len(group), functools.partial(zip, group),
-                  crashed=lambda message, group=group: [point_entry(p, device, None, message) for p in group])
+                  # mypy cannot infer a lambda whose default argument binds the loop's group against Callable[[str], ...]
+                  crashed=lambda message, group=group: [point_entry(p, device, None, message) for p in group])  # type: ignore[misc]
              for group in groups.values()]
     results = {p.id: entry for p, entry in execute(units, device, jobs, console, "drift record")}
     return {"format": FORMAT, "format_version": FORMAT_VERSION,
