@@ -41,7 +41,9 @@ class Change:
 
     @property
     def reason(self) -> str:
-        return (self.after or self.before)["reason"]
+        entry = self.after or self.before
+        assert entry is not None    # a change has a before, an after or both
+        return entry["reason"]
 
     @property
     def old_reason(self) -> str | None:
@@ -134,6 +136,7 @@ def describe_fields(c: Change) -> str:
             parts.append(f"{name} {_number(x)} -> {_number(y)}{ratio}")
         return ", ".join(parts)
     entry = c.after or c.before
+    assert entry is not None    # a change has a before, an after or both
     return ", ".join(f"{k} {_number(entry[k])}" for k in ("metric", *PRECISION_MODES, "floor", "slack") if k in entry)
 
 

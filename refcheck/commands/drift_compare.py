@@ -104,15 +104,19 @@ def _classify(row: Row, threshold: float) -> None:
     base, head = row.base, row.head
     if base is None:
         row.status = "new"
-    elif head is None:
+        return
+    if head is None:
         row.status, row.note = "regressed", "no longer returned"
-    elif _over(head) and not _over(base):
+        return
+    ratio = row.ratio
+    assert ratio is not None    # both sides are present
+    if _over(head) and not _over(base):
         row.status = "over budget"
-    elif not row.ratio <= threshold:
+    elif not ratio <= threshold:
         row.status = "regressed"
     elif _over(head):
         row.status = "still failing"
-    elif _over(base) or row.ratio < 1 / threshold:
+    elif _over(base) or ratio < 1 / threshold:
         row.status = "improved"
     else:
         row.status = "unchanged" if base["error"] == head["error"] else "changed"
@@ -121,6 +125,7 @@ def _classify(row: Row, threshold: float) -> None:
 def _point_rows(bp: dict | None, hp: dict | None, threshold: float, why_gone: str) -> list[Row]:
     """The rows of one point id: one per output, or one for the whole point (gone, broken)."""
     if hp is None:
+        assert bp is not None   # a point id comes from one of the two records
         return [Row(bp, "*", None, None, "gone", why_gone)]
     broken_head, broken_base = _broken(hp), _broken(bp)
     if bp is not None and broken_head and not broken_base:
@@ -170,10 +175,11 @@ def _cells(r: Row) -> list[str]:
     p = r.point
     bound = fmt_error(r.head["bound"]) if r.head else "-"
     if r.bound_moved:
+        assert r.base is not None   # bound_moved implies both sides
         bound += f" (was {fmt_error(r.base['bound'])})"
     return [r.status, f"{p['op']} [{p['impl']}] {p['dtype']} {p['mode']} {p['label']}", r.output,
-            fmt_error(r.base and r.base["error"]), fmt_error(r.head and r.head["error"]), fmt_ratio(r.ratio),
-            bound, fmt_ratio(r.headroom), r.note]
+            fmt_error(r.base["error"] if r.base else None), fmt_error(r.head["error"] if r.head else None),
+            fmt_ratio(r.ratio), bound, fmt_ratio(r.headroom), r.note]
 
 
 COLUMNS = ("status", "point (op [impl] dtype mode case)", "output", "base error", "head error", "ratio",

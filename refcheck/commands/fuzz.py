@@ -23,8 +23,13 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cli import UsageError
+
+if TYPE_CHECKING:
+    from ..engine.examples import Example
+    from ..engine.laws import Law
 
 DATABASE = Path(".hypothesis") / "refcheck-fuzz"
 """Where failing examples are kept (relative to the working directory unless ``--database``)."""
@@ -42,7 +47,7 @@ class Failure:
     """A failing example, what it raised (a ``LawViolation``, or an exception of the check itself)
     and the text to print: the violation, or the exception with its traceback as it was raised."""
 
-    example: object
+    example: Example
     error: BaseException
     text: str
 
@@ -59,7 +64,7 @@ class Failure:
 class LawResult:
     """The outcome of searching one law: examples run, the minimal failure (if any), bitwise notes."""
 
-    law: object
+    law: Law
     examples: int = 0
     shrink_runs: int = 0
     failure: Failure | None = None
@@ -157,7 +162,8 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         result.count_notes(outcome)
 
     # one database entry per law and implementation (the source of ``attempt`` is the same for all)
-    attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()
+    # Hypothesis reads this private attribute off the test function: mypy knows no such attribute on a function
+    attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()  # type: ignore[attr-defined]
     test = settings(given(st.data())(attempt))
     if seed is not None:
         test = hseed(seed)(test)
@@ -191,6 +197,7 @@ def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: s
     from ..engine.reproduce import impl_arguments, import_root
     from ..model import budgets as budgets_mod
 
+    assert result.failure is not None   # a reproducer is written for a falsified law only
     example, law = result.failure.example, result.law
     header = [f"refcheck fuzz reproducer: law {law.name} ({law.number}) falsified for {impl.op} by {impl.target}",
               f"found by: {command}", "", "run it alone:  python <this file>  (raises while the bug is there)", "",
@@ -441,6 +448,7 @@ def run(args) -> int:
                   f"{100 * compiling / max(took['seconds'] + examples_s, 1e-9):.0f}% of the time compiling")
     falsified = [r for r in results if r.failure is not None]
     for r in falsified:
+        assert r.failure is not None    # falsified: its failure is set
         path = args.out_dir / reproducer_name(impl.op, r.law.name)
         path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args)))
         found = "smallest example when time ran out" if r.out_of_time else "minimal example"

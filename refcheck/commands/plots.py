@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from ..model.ops import card
 
@@ -39,8 +40,9 @@ def _line(ax, pairs, **style) -> None:
         ax.plot([x for x, _ in kept], [y for _, y in kept], **style)
 
 
-STYLES = {"head": dict(linestyle="-", marker="o", markersize=4), "base": dict(linestyle="--", marker="x", markersize=5),
-          "bound": dict(linestyle=":", linewidth=1)}
+STYLES: dict[str, dict[str, Any]] = {"head": dict(linestyle="-", marker="o", markersize=4),
+                                     "base": dict(linestyle="--", marker="x", markersize=5),
+                                     "bound": dict(linestyle=":", linewidth=1)}
 """How each series of a line is drawn: head solid with dots, base dashed with crosses, bound dotted."""
 
 

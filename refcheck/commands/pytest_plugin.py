@@ -40,7 +40,7 @@ import pytest
 from ..model.case import PRECISION_MODES
 from ..runtime import compile_clock
 from ..strategies import profiles
-from .selection import HELP
+from .selection import HELP, Selection
 
 profiles.register()   # before Hypothesis' plugin loads --hypothesis-profile
 
@@ -70,7 +70,7 @@ def pytest_addoption(parser):
 
 @dataclass(frozen=True)
 class RefcheckConfig:
-    selection: object      # refcheck.commands.selection.Selection
+    selection: Selection
     precision: str | None
     strict: bool
     profile: str

@@ -27,7 +27,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..runtime.workers import MAX_GPU_JOBS, MAX_JOBS, Interrupted, Unit, default_jobs, execute
 from .cli import UsageError
@@ -169,6 +169,7 @@ class Cell:
 
     def render(self) -> str:
         m = self.worst
+        assert m is not None    # a cell is made by adding its first measurement
         text = f"{_num(m.error)}\n/{_num(m.bound)}\n{_headroom(m.headroom)}"
         if self.passed == self.cases:
             return f"[green]{text}[/]"
@@ -184,6 +185,7 @@ def error_cells(results: list[PointResult]) -> dict:
             continue
         p = r.point
         row = cells.setdefault(p.case.op, {}).setdefault((p.impl.name, p.case.dtype, p.mode), {})
+        assert r.verdict is not None    # no crash: the point was verified
         for m in r.verdict.measurements:
             row.setdefault(m.output, Cell()).add(m)
     return cells
@@ -255,8 +257,9 @@ def point_json(r: PointResult, device: str) -> dict:
 
 
 def law_json(r: LawResult) -> dict:
-    entry = {"law": r.law.name, "number": r.law.number, "op": r.impl.op, "impl": r.impl.name, "status": r.status,
-             "detail": r.detail, "notes": r.notes, "case": None, "seconds": round(r.seconds, 3)}
+    entry: dict[str, Any] = {"law": r.law.name, "number": r.law.number, "op": r.impl.op, "impl": r.impl.name,
+                             "status": r.status, "detail": r.detail, "notes": r.notes, "case": None,
+                             "seconds": round(r.seconds, 3)}
     if r.example is not None:
         entry.update(case=r.example.case.to_python(), mode=r.example.mode, knobs=r.example.knobs,
                      params=r.example.params)
@@ -268,8 +271,8 @@ def time_by_impl(points: list[PointResult], laws_run: list[LawResult]) -> dict[s
     spent: dict[str, list[float]] = {}
     for r in points:
         spent.setdefault(f"{r.point.case.op}/{r.point.impl.name}", [0.0, 0.0])[0] += r.seconds
-    for r in laws_run:
-        spent.setdefault(f"{r.impl.op}/{r.impl.name}", [0.0, 0.0])[1] += r.seconds
+    for lr in laws_run:
+        spent.setdefault(f"{lr.impl.op}/{lr.impl.name}", [0.0, 0.0])[1] += lr.seconds
     return {k: (v[0], v[1]) for k, v in sorted(spent.items(), key=lambda kv: -sum(kv[1]))}
 
 
@@ -338,8 +341,8 @@ def run(args) -> int:
 
     for table in error_tables(point_results):
         console.print(table)
-    for op, impl, why in the_grid.unavailable:
-        console.print(f"not run: {op} {escape(f'[{impl}]')}: {escape(why)}")
+    for op, impl_name, why in the_grid.unavailable:
+        console.print(f"not run: {op} {escape(f'[{impl_name}]')}: {escape(why)}")
     for impl in impls:
         if impl.forward_only_because:
             console.print(f"forward only: {impl.op} {escape(f'[{impl.name}]')}: {escape(impl.forward_only_because)}")
@@ -349,15 +352,19 @@ def run(args) -> int:
             for note in r.notes:
                 console.print(f"  holds*: {escape(note)}", soft_wrap=True)
             if r.status == "no case":
+                assert r.detail is not None     # a "no case" result says why
                 console.print(f"  no case: {r.law.name} on {r.impl.op}/{r.impl.name}: {escape(r.detail)}", soft_wrap=True)
 
     failed_points = [r for r in point_results if not r.passed]
     failed_laws = [r for r in laws_run if r.failed]
-    for r in failed_points:
-        console.print(f"\n[bold red]FAIL[/] {escape(r.point.id)}")
-        console.print(r.verdict.failure_message(device) if r.crash is None else
-                      f"  raised {r.crash}\n  case: {r.point.case.describe()}\n  reproduce: {r.reproducer(device)}",
-                      markup=False, soft_wrap=True)
+    for pr in failed_points:
+        console.print(f"\n[bold red]FAIL[/] {escape(pr.point.id)}")
+        if pr.crash is None:
+            assert pr.verdict is not None   # no crash: the point was verified
+            message = pr.verdict.failure_message(device)
+        else:
+            message = f"  raised {pr.crash}\n  case: {pr.point.case.describe()}\n  reproduce: {pr.reproducer(device)}"
+        console.print(message, markup=False, soft_wrap=True)
     for r in failed_laws:
         console.print(f"\n[bold red]law {r.law.name} FAILS[/] for {r.impl.op}/{escape(r.impl.name)}")
         console.print(r.detail, markup=False, soft_wrap=True)

@@ -37,8 +37,13 @@ import random
 import time
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..runtime.autotune import SEED_ENV
+
+if TYPE_CHECKING:
+    from ..model.implementation import Implementation
+    from .examples import Example
 
 WARM_LENGTHS = (1, 64, 65)
 """Lengths of the warm-up examples: one token, at and one past a chunk for ``agreement``, one past
@@ -120,8 +125,8 @@ class WarmUp:
     compiles a bucket from nothing, phase 1 what a law adds to it."""
 
     law: str
-    impl: object
-    example: object
+    impl: Implementation
+    example: Example
     phase: int
 
     @property

@@ -142,7 +142,7 @@ class Trial:
         pieces back to the whole inputs, so they compare with one call's gradients directly.
         ``cotangents``: a dict, or a function of the outputs (default the case's seeded ones).
         ``fresh_leaves=False`` makes the given tensors themselves the leaves (to see in-place writes)."""
-        leaves = {}
+        leaves: dict[str, torch.Tensor] = {}
         if self.grads:
             if fresh_leaves:
                 inputs, leaves = verify.leaf_inputs(self.op, inputs)
@@ -671,7 +671,7 @@ class Law:
     @property
     def needs(self) -> frozenset[str]:
         """The traits an op needs: the law's own and those of its requirements."""
-        implied = {REQUIREMENTS[key][0] for key in self.requires}
+        implied = {REQUIREMENTS[key].trait for key in self.requires}
         return frozenset(self.traits) | {t for t in implied if t is not None}
 
     @property
@@ -806,8 +806,9 @@ def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings
             key = line.split(" (max abs diff")[0]
             notes[key] = notes.get(key, 0) + 1
 
-    # Separate database entries (and derandomized seeds) per law and implementation.
-    run._hypothesis_internal_add_digest = f"{law_.name}/{impl.op}/{impl.name}".encode()
+    # Separate database entries (and derandomized seeds) per law and implementation. Hypothesis reads
+    # this private attribute off the test function; mypy knows no such attribute on a function.
+    run._hypothesis_internal_add_digest = f"{law_.name}/{impl.op}/{impl.name}".encode()  # type: ignore[attr-defined]
     slow = interpreted(impl, device)
     limits = limits or (INTERPRETED if slow else SMALL)
     count = max_examples or examples_for(law_, base, interpreted=slow)

@@ -9,6 +9,7 @@ raise while the failure is still there (exit status 1), and print that it holds 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..model import budgets as budgets_mod
@@ -31,6 +32,7 @@ def module_root(name: str) -> str | None:
     module = sys.modules.get(name)
     if module is None or not getattr(module, "__file__", None):
         return None
+    assert module.__file__ is not None      # checked just above
     path = Path(module.__file__).resolve()
     if path.name == "__init__.py":
         path = path.parent
@@ -53,7 +55,7 @@ def impl_arguments(impl: registry.Implementation) -> tuple[str, list[str]]:
     return repr(f"{impl.op}={impl.name}"), keywords
 
 
-def one_liner(function: str, impl: registry.Implementation, arguments: list[str], leading: list[str] = ()) -> str:
+def one_liner(function: str, impl: registry.Implementation, arguments: list[str], leading: Sequence[str] = ()) -> str:
     """``python -c "..."`` calling ``refcheck.engine.reproduce.<function>(*leading, impl, *arguments)``, with
     the user's import root and the budget files in force."""
     from ..model.ops import named_cards

@@ -153,7 +153,7 @@ def backprop(op: OpCard, result: dict[str, torch.Tensor], cotangents: dict[str, 
 def evaluate(fn, op: OpCard, inputs: Inputs, *, grads: bool, cotangents=None, **knobs) -> dict[str, torch.Tensor]:
     """Run ``fn`` on ``inputs``; with ``grads``, backpropagate ``cotangents`` (or fresh ones from
     ``cotangents(outputs)``) and add each differentiable input's gradient as ``d<name>``."""
-    leaves = {}
+    leaves: dict[str, torch.Tensor] = {}
     if grads:
         inputs, leaves = leaf_inputs(op, inputs)
     with torch.set_grad_enabled(grads):
@@ -260,7 +260,7 @@ def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
                 errors[form] = error
     if not errors:
         return None, ""
-    form = max(errors, key=errors.get)
+    form = max(errors, key=errors.__getitem__)
     return errors[form], form
 
 

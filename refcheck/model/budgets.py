@@ -59,7 +59,8 @@ ENV = "REFCHECK_BUDGETS"
 reproducers see the ``--budgets`` of the command that started them."""
 DEFAULT_FLOOR = 1e-6
 ENTRY_KEYS = {"metric", "reason", "floor", "slack", "measured", *PRECISION_MODES}
-MEASURED_KEYS = {"worst": (int, float), "draws": int, "of": str, "case": str, "before": (int, float)}
+MEASURED_KEYS: dict[str, type | tuple[type, ...]] = {"worst": (int, float), "draws": int, "of": str, "case": str,
+                                                     "before": (int, float)}
 """Fields of ``measured``: the worst error (rel_rms) or ratio (naive_ratio) measured, over how many
 draws, of what (implementations, strategy), the worst case, and the number before a change."""
 
@@ -190,7 +191,7 @@ def parse(text: str, where: str, ops: dict[str, tuple[str, ...]]) -> Budgets:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise BudgetError(f"{where}: not valid TOML: {err}") from None
-    entries = {}
+    entries: dict[tuple[str, str, str, str | None], dict] = {}
     for op, outputs in data.items():
         if op not in ops:
             raise BudgetError(f"{where}: [{op}] unknown op; known ops: {', '.join(ops)}")

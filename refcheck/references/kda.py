@@ -104,7 +104,7 @@ def unit_lower_solve(lower: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     float64), else forward substitution row by row (bf16, fp16 on the CPU: the naive yardstick)."""
     if lower.dtype in (torch.float32, torch.float64):
         return torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    rows = []
+    rows: list[torch.Tensor] = []
     for i in range(rhs.shape[-2]):
         done = torch.stack(rows, -2) if rows else rhs[..., :0, :]
         rows.append(rhs[..., i, :] - (lower[..., i:i + 1, :i] @ done).squeeze(-2))

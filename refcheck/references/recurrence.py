@@ -32,7 +32,8 @@ def over_sequences(run_sequence: Sequence, inputs: dict[str, torch.Tensor], k_di
     spans = sequence_spans(cu_seqlens, batch, length)
     if initial_state is not None:
         check_state("initial_state", initial_state, len(spans), heads, k_dim, v_dim)
-    rows, finals = [[] for _ in range(batch)], []
+    rows: list[list[torch.Tensor]] = [[] for _ in range(batch)]
+    finals: list[torch.Tensor] = []
     for n, (b, start, end) in enumerate(spans):
         state = first.new_zeros(heads, k_dim, v_dim) if initial_state is None else initial_state[n].to(first.dtype)
         state, o = run_sequence(state, {name: x[b, start:end] for name, x in inputs.items()})

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 MAX_JOBS = 4
 MAX_GPU_JOBS = 8
@@ -39,7 +40,7 @@ class Unit:
     fn: Callable
     args: tuple
     cost: float
-    wrap: Callable[[object], list]
+    wrap: Callable[[Any], Iterable]
     crashed: Callable[[str], object] | None = None   # the result to record when its process died
     group: str = ""
 

@@ -32,7 +32,7 @@ from ...strategies import (
 )
 from ..case import Case
 from ..implementation import Implementation
-from .card import Inputs, OpCard, Templates, sweep_lengths
+from .card import Inputs, OpCard, Template, Templates, sweep_lengths
 from .inputs import cu_seqlens, normal, rounded
 from .linear import LINEAR_DTYPES
 
@@ -116,6 +116,7 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
 def grid(quick: bool) -> Templates:
     """A causal GQA batch with more queries than keys (its first rows see no key); packed non-causal
     sequences (one empty query span); causal sweep with S = T."""
+    base: list[Template]
     if quick:
         base = [("dense", dict(B=1, T=12, S=16, H=2, Hk=1, Dqk=16, Dv=8), dict(options={"causal": True}))]
     else:

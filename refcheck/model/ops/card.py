@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -79,22 +79,31 @@ def _rows_without_keys(case: Case, causal: bool) -> bool:
     return any(q > 0 and (k == 0 or (causal and q > k)) for q, k in spans)
 
 
-REQUIREMENTS: dict[str, tuple[str | None, Callable[[OpCard, Case, object], bool], str]] = {
-    "min_len": (None, lambda c, case, n: case.dim["T"] >= n, "at least this many tokens (T; packed: the total)"),
-    "min_batch": (None, lambda c, case, n: case.seqlens is None and case.dim["B"] >= n,
-                  "at least this many batch rows (not packed)"),
-    "dtype": (None, lambda c, case, want: case.dtype == want, "this input dtype only"),
-    "varlen": ("varlen", lambda c, case, want: want is None or (case.seqlens is not None) == want,
-               "True packed (B == 1 with cu_seqlens), False not packed, None either"),
-    "min_seqs": ("varlen", lambda c, case, n: case.seqlens is None or len(case.seqlens) >= n,
-                 "packed cases have at least this many sequences"),
-    "causal": ("causal", lambda c, case, want: c.causal(case) == want, "a causal case (or not)"),
-    "gate_dtype": ("decay_gate", lambda c, case, want: case.drawn.get("gate_dtype", case.dtype) == want,
-                   "gates of this dtype"),
-    "min_keys": ("keys", lambda c, case, n: max(case.seqlens_k or (case.dim["S"],), default=0) >= n,
-                 "some sequence has at least this many keys"),
-    "rows_without_keys": ("keys", lambda c, case, want: not want or _rows_without_keys(case, c.causal(case)),
-                          "some query row sees no key (causal with S < T, or an empty key span)"),
+class Requirement(NamedTuple):
+    """One entry of ``REQUIREMENTS``: the trait it concerns (None for every op), its check
+    ``(card, case, wanted value) -> bool`` and what it means."""
+
+    trait: str | None
+    check: Callable[..., bool]
+    meaning: str
+
+
+REQUIREMENTS: dict[str, Requirement] = {
+    "min_len": Requirement(None, lambda c, case, n: case.dim["T"] >= n, "at least this many tokens (T; packed: the total)"),
+    "min_batch": Requirement(None, lambda c, case, n: case.seqlens is None and case.dim["B"] >= n,
+                             "at least this many batch rows (not packed)"),
+    "dtype": Requirement(None, lambda c, case, want: case.dtype == want, "this input dtype only"),
+    "varlen": Requirement("varlen", lambda c, case, want: want is None or (case.seqlens is not None) == want,
+                          "True packed (B == 1 with cu_seqlens), False not packed, None either"),
+    "min_seqs": Requirement("varlen", lambda c, case, n: case.seqlens is None or len(case.seqlens) >= n,
+                            "packed cases have at least this many sequences"),
+    "causal": Requirement("causal", lambda c, case, want: c.causal(case) == want, "a causal case (or not)"),
+    "gate_dtype": Requirement("decay_gate", lambda c, case, want: case.drawn.get("gate_dtype", case.dtype) == want,
+                              "gates of this dtype"),
+    "min_keys": Requirement("keys", lambda c, case, n: max(case.seqlens_k or (case.dim["S"],), default=0) >= n,
+                            "some sequence has at least this many keys"),
+    "rows_without_keys": Requirement("keys", lambda c, case, want: not want or _rows_without_keys(case, c.causal(case)),
+                                     "some query row sees no key (causal with S < T, or an empty key span)"),
 }
 """Requirement name -> (the trait it concerns, or None for every op; its check; what it means)."""
 
@@ -117,7 +126,10 @@ TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
 """Trait -> what a card claiming it lacks (empty: complete). See the module docstring."""
 
 
-Templates = tuple[list[tuple[str, dict, dict]], list[tuple[str, dict, dict]]]
+Template = tuple[str, dict[str, int], dict[str, Any]]
+"""One grid template: (label, dims, keyword arguments of ``Case.make`` other than dtype and seed)."""
+
+Templates = tuple[list[Template], list[Template]]
 """Grid templates: (base, sweep), lists of (label, dims, keyword arguments of ``Case.make`` other
 than dtype and seed). Sizes are small (the CPU runs Triton interpreted) but cover what kernels get
 wrong: several batch rows and heads, a partial chunk, a sequence across a chunk boundary, an empty
@@ -225,13 +237,13 @@ class OpCard:
         """Whether the requirement concerns this op (its trait is one of the op's, or it has none)."""
         if requirement not in REQUIREMENTS:
             raise ValueError(f"unknown requirement {requirement!r}; known: {', '.join(REQUIREMENTS)}")
-        trait = REQUIREMENTS[requirement][0]
+        trait = REQUIREMENTS[requirement].trait
         return trait is None or trait in self.traits
 
     def meets(self, case: Case, require: Mapping) -> bool:
         """Whether a fixed ``case`` meets ``require`` (a requirement that does not concern the op,
         ``understands``, is met: the op has no such thing to vary)."""
-        return all(REQUIREMENTS[key][1](self, case, want) for key, want in require.items() if self.understands(key))
+        return all(REQUIREMENTS[key].check(self, case, want) for key, want in require.items() if self.understands(key))
 
     def relevant(self, require: Mapping) -> dict:
         """The requirements of ``require`` that concern this op (what its ``cases`` is given)."""
@@ -249,6 +261,7 @@ class OpCard:
             if axis == "q":
                 t = t[:, q[0]:q[1]]
             elif axis == "k":
+                assert k is not None    # an op with a key axis is always cut with keys
                 t = t[:, k[0]:k[1]]
             elif name == "initial_state" and seq is not None:
                 t = t[seq:seq + 1]

@@ -16,7 +16,7 @@ from refcheck import references
 from ...strategies import EMPTY, SMALL, Limits, dtypes, fit, head_dims, lengths, lower_bounds, picker, seeds
 from ..case import Case
 from ..implementation import Implementation
-from .card import Inputs, OpCard, Templates
+from .card import Inputs, OpCard, Template, Templates
 from .inputs import normal, rounded
 from .linear import LINEAR_DTYPES
 
@@ -52,7 +52,7 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, min_batc
 def grid(quick: bool) -> Templates:
     """The softplus form and the lower-bound (sigmoid) form; elementwise, so no sweep."""
     dims = dict(B=1, T=16, H=1, K=8) if quick else dict(B=2, T=33, H=2, K=16)
-    base = [("dense", dims, {})]
+    base: list[Template] = [("dense", dims, {})]
     if not quick:
         base.append(("lower_bound", dims, dict(options={"lower_bound": -5.0})))
     return base, []

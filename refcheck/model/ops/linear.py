@@ -31,7 +31,7 @@ from ...strategies import (
     seqlens,
 )
 from ..case import DTYPES, Case
-from .card import Inputs, OpCard, Templates, sweep_lengths
+from .card import Inputs, OpCard, Template, Templates, sweep_lengths
 from .inputs import _rms, cu_seqlens, draw_log_decay, normal, rounded
 
 LINEAR_DTYPES = ("fp32", "bf16", "fp16")
@@ -161,6 +161,7 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
     base cases ``(label, T, options)``; the sweep returns the final state too."""
     def templates(quick: bool) -> Templates:
         final = {"output_final_state": True}
+        base: list[Template]
         if quick:
             base = [("dense", dict(B=1, T=24, H=1, K=8, V=8), dict(options=final, draw={"initial_state": True}))]
         else:

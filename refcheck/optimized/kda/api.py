@@ -104,7 +104,8 @@ class KdaFunction(torch.autograd.Function):
         q, k, v, g = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v, g))
         beta = beta.reshape(B * T, H).contiguous()
         qn, kn = (l2norm_forward(q), l2norm_forward(k)) if cfg.l2norm else (q, k)
-        gate_args = (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None)
+        gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
+            (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks)
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
         o, ht, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,

@@ -289,4 +289,5 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
     dbeta = dbeta.sum(0).to(beta.dtype)
     if not use_gate:
         return dq, dk, dv, dg, dbeta, None, None
+    assert da is not None and ddt is not None   # allocated when use_gate
     return dq, dk, dv, dg, dbeta, da.sum((0, 2)), (ddt.sum(0).reshape(H * K) if dt_bias is not None else None)
