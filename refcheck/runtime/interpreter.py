@@ -114,6 +114,7 @@ import dataclasses
 import inspect
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -146,6 +147,8 @@ def enable() -> None:
     from triton.runtime import autotuner
     from triton.runtime import interpreter as stock
 
+    # numpy warns where a GPU's exp overflows to inf in silence (IEEE): a steep decay is valid input
+    warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning, "triton.runtime.interpreter")
     patches = _patch_table(stock, autotuner)
     for owner, name, _ in patches:
         _STOCK[name] = (owner, owner.__dict__[name])
