@@ -10,14 +10,12 @@ imported, fits the op's contract signature and asks for dtypes the op has.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
-import sys
 
 from .case import PRECISION_MODES
 from .implementation import ALL_DTYPES, Implementation
 from .ops import OPS, card
+from .targets import import_target
 
 __all__ = ["ALL_DTYPES", "Implementation", "SpecError", "contract_problems", "get", "implementations", "provides",
            "resolve"]
@@ -119,20 +117,9 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
 
 
 def _import(spec: str, target: str):
-    """The object ``target`` ("module:attr") names; the working directory is importable first, as
-    with ``python -m``."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise SpecError(f"--impl {spec!r}: expected module:callable (e.g. mykernels.gla:chunk_gla)")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # not found, or the module itself fails to import
-        raise SpecError(f"--impl {spec!r}: cannot import module {module_name!r}: {type(err).__name__}: {err}") from None
-    if not hasattr(module, attr):
-        raise SpecError(f"--impl {spec!r}: module {module_name!r} ({module.__file__}) has no attribute {attr!r}")
-    return getattr(module, attr)
+    """The object ``target`` ("module:attr") names (``targets.import_target``)."""
+    return import_target(target, where=f"--impl {spec!r}", error=SpecError,
+                         expected="module:callable (e.g. mykernels.gla:chunk_gla)")
 
 
 def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None = None,

@@ -14,9 +14,9 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-import sys
 from importlib.metadata import entry_points
 
+from ..targets import import_target
 from .card import GRAD_NAMES, REQUIREMENTS, TRAITS, Inputs, OpCard
 
 __all__ = ["GRAD_NAMES", "OPS", "REQUIREMENTS", "TRAITS", "Inputs", "OpCard", "card", "load_user_cards", "named_cards",
@@ -53,18 +53,9 @@ def _builtin() -> None:
 
 
 def _load(spec: str) -> OpCard:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"--op-card {spec!r}: expected module:attr naming a refcheck.model.ops.OpCard")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # not found, or the module itself fails to import
-        raise ValueError(f"--op-card {spec!r}: cannot import module {module_name!r}: {type(err).__name__}: {err}") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"--op-card {spec!r}: module {module_name!r} has no attribute {attr!r}")
-    return register(getattr(module, attr), origin=f"--op-card {spec!r}")
+    where = f"--op-card {spec!r}"
+    return register(import_target(spec, where=where, expected="module:attr naming a refcheck.model.ops.OpCard"),
+                    origin=where)
 
 
 def load_user_cards(specs: list[str] | tuple[str, ...] = ()) -> list[str]:
