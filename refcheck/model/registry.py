@@ -47,18 +47,22 @@ def naive_forms(op: str) -> tuple[str, ...]:
     """The naive forms of ``op``: recurrent, and chunked where the op has a chunk form."""
     return ("recurrent", "chunked") if card(op).chunked_reference is not None else ("recurrent",)
 
+_brought: dict[str, tuple[Implementation, ...]] = {}
+"""What each op's card brings (``listed``), made once per op: ops join ``OPS`` later too (a user's
+card, ``refcheck.model.ops.load_user_cards``)."""
+
 _registry: dict[tuple[str, str], Implementation] = {}
-_listed_ops: set[str] = set()
+"""Implementations named on a command line (``resolve``), by op and name: they take the place of a
+brought one of the same name."""
 
 
-def _sync() -> None:
-    """Register what every known op brings (``listed``), once per op: ops join ``OPS`` later too
-    (a user's card, ``refcheck.model.ops.load_user_cards``)."""
+def _all() -> dict[tuple[str, str], Implementation]:
+    found = {}
     for op in OPS:
-        if op not in _listed_ops:
-            _listed_ops.add(op)
-            for impl in listed(op):
-                _registry.setdefault((impl.op, impl.name), impl)
+        if op not in _brought:
+            _brought[op] = listed(op)
+        found.update({(impl.op, impl.name): impl for impl in _brought[op]})
+    return {**found, **_registry}
 
 
 class SpecError(ValueError):
@@ -173,7 +177,6 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
     if problems:
         raise SpecError(f"--impl {spec!r}: signature {inspect.signature(impl.fn)} does not fit the {impl.op} contract "
                         f"{inspect.signature(card(impl.op).reference)}:\n  " + "\n  ".join(problems))
-    _sync()
     _registry[(impl.op, impl.name)] = impl
     return [impl]
 
@@ -186,15 +189,13 @@ def _parameters(fn) -> dict:
 
 
 def implementations(op: str | None = None) -> list[Implementation]:
-    """Every registered implementation (of ``op``), in registration order."""
-    _sync()
-    return [i for i in _registry.values() if op is None or i.op == op]
+    """Every registered implementation (of ``op``): those the cards bring, then those named."""
+    return [i for i in _all().values() if op is None or i.op == op]
 
 
 def get(op: str, name: str) -> Implementation:
-    _sync()
     try:
-        return _registry[(op, name)]
+        return _all()[(op, name)]
     except KeyError:
         names = ", ".join(i.name for i in implementations(op))
         raise ValueError(f"no implementation {name!r} of {op}; registered: {names}") from None
