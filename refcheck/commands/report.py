@@ -212,31 +212,35 @@ def error_tables(results: list[PointResult]) -> list:
     return tables
 
 
-LAW_CELLS = {"holds": "[green]holds[/]", "FAILS": "[bold red]FAILS[/]", "n/a": "[dim]n/a[/]",
-             "no case": "[yellow]no case[/]"}
+LAW_CELLS = {"holds": "[green]ok[/]", "FAILS": "[bold red]FAIL[/]", "n/a": "[dim]n/a[/]",
+             "no case": "[yellow]none[/]"}
 
 
 def law_table(laws_run: list[LawResult], impls: list):
-    """Laws (rows) by implementation (columns): holds, holds* (within budget, not bitwise), FAILS,
-    n/a (does not apply), no case (no base case meets its requirements); blank: other op."""
+    """Implementations (rows) by law (columns, numbered in the caption's legend): ok (holds), ok*
+    (within budget, not bitwise), FAIL, n/a (does not apply), none (no base case meets its
+    requirements); blank: the law does not concern the op. Rows stay readable however many
+    implementations there are."""
     from rich.table import Table
 
     from ..engine.laws import LAWS
 
     cells = {(r.law.name, r.impl.op, r.impl.name): r for r in laws_run}
-    t = Table(title="laws on fixed grid cases", title_justify="left",
-              caption="holds*: within budget, not bitwise; n/a: does not apply; no case: no grid case meets "
-                      "its requirements", caption_justify="left")
-    t.add_column("law")
+    legend = ", ".join(f"{i} {law.name}" for i, law in enumerate(LAWS.values(), 1))
+    t = Table(title="laws on fixed grid cases", title_justify="left", caption_justify="left",
+              caption=f"{legend}\nok*: within budget, not bitwise; n/a: does not apply; none: no grid case meets "
+                      "its requirements; blank: the law does not concern the op")
+    t.add_column("op")
+    t.add_column("impl")
+    for i, _ in enumerate(LAWS.values(), 1):
+        t.add_column(str(i), justify="center")
     for impl in impls:
-        t.add_column(f"{impl.op}\n{impl.name}", justify="center")
-    for law in LAWS.values():
         row = []
-        for impl in impls:
+        for law in LAWS.values():
             r = cells.get((law.name, impl.op, impl.name))
             cell = "" if r is None else LAW_CELLS[r.status]
-            row.append(cell.replace("holds", "holds*") if r is not None and r.notes else cell)
-        t.add_row(f"{law.name} ({law.number})", *row)
+            row.append(cell.replace("ok", "ok*") if r is not None and r.notes else cell)
+        t.add_row(impl.op, impl.name, *row)
     return t
 
 
@@ -350,10 +354,10 @@ def run(args) -> int:
         console.print(law_table(laws_run, impls))
         for r in laws_run:
             for note in r.notes:
-                console.print(f"  holds*: {escape(note)}", soft_wrap=True)
+                console.print(f"  ok*: {escape(note)}", soft_wrap=True)
             if r.status == "no case":
                 assert r.detail is not None     # a "no case" result says why
-                console.print(f"  no case: {r.law.name} on {r.impl.op}/{r.impl.name}: {escape(r.detail)}", soft_wrap=True)
+                console.print(f"  none: {r.law.name} on {r.impl.op}/{r.impl.name}: {escape(r.detail)}", soft_wrap=True)
 
     failed_points = [r for r in point_results if not r.passed]
     failed_laws = [r for r in laws_run if r.failed]
