@@ -35,7 +35,7 @@ def test_report_prints_the_tables_and_writes_json(tmp_path, capsys):
                           "--jobs", "1", "--json", str(path))
     assert code == 0, out
     assert "kda_gate: worst error / budget, headroom" in out and "attention: worst error / budget" in out
-    assert "laws on fixed grid cases" in out and "gate_bounds (10)" in out and "PASS" in out
+    assert "laws on fixed grid cases" in out and "11 gate_bounds" in out and "PASS" in out
     data = json.loads(path.read_text())
     assert data["format"] == "refcheck-report" and data["passed"] is True
     assert {(p["op"], p["impl"]) for p in data["points"]} == {("kda_gate", "naive"), ("attention", "naive"),
