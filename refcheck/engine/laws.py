@@ -744,7 +744,7 @@ def fixed_params(law, case) -> dict:
         if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
             if p.name not in FIXED_PARAMS:
                 raise ValueError(f"law {law.name}: no fixed value for its parameter {p.name!r} "
-                                 "(add one to refcheck.commands.report.FIXED_PARAMS)")
+                                 "(add one to refcheck.engine.laws.FIXED_PARAMS)")
             params[p.name] = FIXED_PARAMS[p.name](case)
     return params
 

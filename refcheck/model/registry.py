@@ -31,7 +31,7 @@ def listed(op: str) -> tuple[Implementation, ...]:
     """The implementations an op brings: those its card lists, then its naive forms: recurrent, and
     chunked where the op has a chunk form (``refcheck.model.naive``)."""
     c = card(op)
-    naive = Implementation(op, "naive", f"refcheck.model.naive:{op}", dtypes=c.naive_dtypes or c.dtypes,
+    naive = Implementation(op, "naive", f"refcheck.model.naive:{op}", dtypes=c.dtypes,
                            description="the reference evaluated in the input dtype")
     chunked = () if c.chunked_reference is None else (Implementation(
         op, "naive_chunked", f"refcheck.model.naive:{op}_chunked", dtypes=c.dtypes,

@@ -177,7 +177,6 @@ class OpCard:
     natural_scales: by output name, ``(inputs, truth) -> float``: the size of what that output is a
                     difference of, used as the floor of its relative error (``natural_floor``)
     implementations: ours and the peers' (the naive forms are added for every card by the registry)
-    naive_dtypes:   input dtypes of the naive forms (default: the op's)
     """
 
     name: str
@@ -199,7 +198,6 @@ class OpCard:
     empty_outputs: Callable | None = None
     natural_scales: Mapping[str, Callable[[Inputs, Mapping[str, torch.Tensor]], float]] = field(default_factory=dict)
     implementations: tuple[Implementation, ...] = ()
-    naive_dtypes: tuple[str, ...] | None = None
 
     def __post_init__(self):
         unknown = set(self.traits) - set(TRAITS)

@@ -44,7 +44,3 @@ def cu_seqlens(case: Case, lengths, device) -> torch.Tensor:
     for n in lengths:
         bounds.append(bounds[-1] + n)
     return torch.tensor(bounds, dtype=dtype, device=device)
-
-
-def _rms(x: torch.Tensor) -> float:
-    return float(x.double().square().mean().sqrt()) if x.numel() else 0.0

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from refcheck import references
 
 from ...strategies import lower_bounds
+from ..case import PRECISION_MODES
 from ..implementation import Implementation
 from .card import Inputs
 from .inputs import normal
 from .linear import linear_card, linear_tensors
 
-PRECISION_MODES = ("ieee", "tf32", "tf32x3")
 TRITON_KNOBS = {"precision": PRECISION_MODES, "use_gather": (True, False), "disable_recompute": (False, True)}
 
 

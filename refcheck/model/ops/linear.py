@@ -32,7 +32,7 @@ from ...strategies import (
 )
 from ..case import DTYPES, Case
 from .card import Inputs, OpCard, Template, Templates, sweep_lengths
-from .inputs import _rms, cu_seqlens, draw_log_decay, normal, rounded
+from .inputs import cu_seqlens, draw_log_decay, normal, rounded
 
 LINEAR_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -90,6 +90,10 @@ def gate_gradient_scales(inputs: Inputs, truth: Mapping[str, torch.Tensor]) -> d
     decay = references.kda_gate(leaves["g"], leaves["A_log"], leaves.get("dt_bias"), inputs.options.get("lower_bound"))
     grads = torch.autograd.grad(decay, list(leaves.values()), grad_outputs=size.to(decay.device))
     return {"d" + n: _rms(g) for n, g in zip(leaves, grads)}
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.double().square().mean().sqrt()) if x.numel() else 0.0
 
 
 def _gate_gradient_scale(name: str) -> Callable[[Inputs, Mapping[str, torch.Tensor]], float]:
@@ -206,13 +210,13 @@ def empty_linear_outputs(case: Case, x: Inputs, length: int, n: int, provides) -
 def linear_card(name: str, *, reference, chunked_reference, differentiable: tuple[str, ...], make_inputs,
                 options: Options = no_options, grid_varlen_options: Mapping = EMPTY, grid_extra: tuple = (),
                 shared_inputs: tuple[str, ...] = (), implementations: tuple = (),
-                dtypes: tuple[str, ...] = LINEAR_DTYPES) -> OpCard:
+                input_dtypes: tuple[str, ...] = LINEAR_DTYPES) -> OpCard:
     """The record of a linear-attention op: outputs ``o`` and ``final_state``; traits varlen, state,
     causal and decay_gate; every token input along the query axis."""
     token_inputs = {n: "q" for n in differentiable if n not in ("initial_state", *shared_inputs)}
     return OpCard(
-        name, reference, chunked_reference, ("o", "final_state"), differentiable, dtypes, make_inputs,
-        cases=linear_cases(name, dtypes, options),
+        name, reference, chunked_reference, ("o", "final_state"), differentiable, input_dtypes, make_inputs,
+        cases=linear_cases(name, input_dtypes, options),
         traits=frozenset({"varlen", "state", "causal", "decay_gate"}),
         grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
         token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
