@@ -40,7 +40,9 @@ for step in "$@"; do
         ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
         $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
         -o addopts="" -rfEs -v --durations=0 > "$OUT/gpu_properties.log" 2>&1
-      echo "properties exit $?" >> "$OUT/gpu_properties.log" ;;
+      echo "properties exit $?" >> "$OUT/gpu_properties.log"
+      # failure files are named after test ids ('[', ']'), which the device tool does not bring back
+      [ -d "$OUT/failures" ] && tar czf "$OUT/failures.tgz" -C "$OUT" failures ;;
     report)
       timeout -k 20 -s INT "${REPORT_S:-300}" python3 -m refcheck report --device cuda --jobs "${REPORT_JOBS:-$JOBS}" ${REPORT_ARGS:-} \
         --json "$OUT/gpu_report${REPORT_TAG:-}.json" \

@@ -60,6 +60,7 @@ CARD = linear_card(
         Implementation("gated_delta_rule", "fla_chunk",
                        "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule", triton=True, requires="fla",
                        fixed_mode="tf32", family="fla",
+                       backward_refusal="refcheck.model.ops.linear:fla_gated_chunk_backward_refusal",
                        description="flash-linear-attention chunk_gated_delta_rule"),
         Implementation("gated_delta_rule", "fla_recurrent",
                        "refcheck.model.ops.gated_delta_rule:fla_recurrent_gated_delta_rule", triton=True,

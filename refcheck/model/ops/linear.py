@@ -207,6 +207,21 @@ def empty_linear_outputs(case: Case, x: Inputs, length: int, n: int, provides) -
 # autotune lists): the kernels FLA would launch on such a GPU, judged by the same budgets.
 
 
+def fla_gated_chunk_backward_refusal(device: str, case=None) -> str | None:
+    """Why flash-linear-attention refuses the backward of its scalar-gated chunk entry points
+    (``chunk_simple_gla``, ``chunk_gated_delta_rule``) on ``device`` (any case), or None: on Hopper
+    with Triton >= 3.4.0 and < 3.7.1 their gated ``chunk_bwd_dqkwg`` raises RuntimeError ("produces
+    incorrect results ... see #640"), its own flags deciding."""
+    if torch.device(device).type != "cuda":
+        return None
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        import triton
+        return (f"flash-linear-attention refuses the gated chunk backward on Hopper with triton {triton.__version__} "
+                "(>= 3.4.0, < 3.7.1: 'produces incorrect results', fla-org/flash-linear-attention#640)")
+    return None
+
+
 def linear_card(name: str, *, reference, chunked_reference, differentiable: tuple[str, ...], make_inputs,
                 options: Options = no_options, grid_varlen_options: Mapping = EMPTY, grid_extra: tuple = (),
                 shared_inputs: tuple[str, ...] = (), implementations: tuple = (),

@@ -7,8 +7,6 @@ state, causal, decay_gate), ``refcheck/engine/laws.py``.
 """
 from __future__ import annotations
 
-import torch
-
 from refcheck import references
 
 from ..implementation import Implementation
@@ -39,20 +37,6 @@ def fla_recurrent_simple_gla(q, k, v, g, *, scale=None, initial_state=None, outp
                                       output_final_state=output_final_state, cu_seqlens=cu_seqlens)
 
 
-def fla_gated_chunk_backward_refusal(device: str, case=None) -> str | None:
-    """Why flash-linear-attention refuses ``chunk_simple_gla``'s backward on ``device`` (any case),
-    or None: on Hopper with Triton >= 3.4.0 and < 3.7.1 its gated ``chunk_bwd_dqkwg`` raises
-    RuntimeError ("produces incorrect results ... see #640"), its own flags deciding."""
-    if torch.device(device).type != "cuda":
-        return None
-    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
-    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
-        import triton
-        return (f"flash-linear-attention refuses the gated chunk backward on Hopper with triton {triton.__version__} "
-                "(>= 3.4.0, < 3.7.1: 'produces incorrect results', fla-org/flash-linear-attention#640)")
-    return None
-
-
 CARD = linear_card(
     "simple_gla", reference=references.simple_gla, chunked_reference=references.simple_gla_chunked,
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
@@ -60,7 +44,7 @@ CARD = linear_card(
         # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
         Implementation("simple_gla", "fla_chunk", "refcheck.model.ops.simple_gla:fla_chunk_simple_gla", triton=True,
                        requires="fla", fixed_mode="tf32", family="fla", dim_multiple={"bf16": 2, "fp16": 2},
-                       backward_refusal="refcheck.model.ops.simple_gla:fla_gated_chunk_backward_refusal",
+                       backward_refusal="refcheck.model.ops.linear:fla_gated_chunk_backward_refusal",
                        description="flash-linear-attention chunk_simple_gla"),
         Implementation("simple_gla", "fla_recurrent", "refcheck.model.ops.simple_gla:fla_recurrent_simple_gla",
                        triton=True, requires="fla", family="fla",
