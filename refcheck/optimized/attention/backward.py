@@ -3,7 +3,7 @@
 Per sequence and query head, with ``P_ij = exp(scale q_i . k_j - lse_i)`` (0 where query i does not
 see key j) recomputed blockwise, the cotangents dO ``[T, Dv]`` and dlse ``[T]``:
 
-    delta_i = sum_d o_id dO_id - dlse_i                        (``preprocess``)
+    delta_i = dO_i . o_i - dlse_i                              (``preprocess_kernel``)
     dV_j   += sum_i P_ij dO_i                                  (summed over the G query heads of k/v head)
     dS_ij   = P_ij (dO_i . v_j - delta_i)
     dQ_i    = scale sum_j dS_ij k_j                            (``dq_kernel``: a query block walks its keys)
@@ -28,7 +28,7 @@ BLOCK = 64
 
 @triton.jit
 def preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, cuq_ptr, cuk_ptr, H, T, DV, BATCHED: tl.constexpr,
-                      HAS_DLSE: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr):
+                      HAS_DLSE: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
     """``delta`` of query block ``program_id(0)`` of sequence ``program_id(1)``, head ``program_id(2)``."""
     n = tl.program_id(1)
     h = tl.program_id(2)
@@ -37,9 +37,12 @@ def preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, cuq_ptr, cuk_ptr, H, T
     imask = i < Tq
     cv = tl.arange(0, BDV)
     vmask = cv < DV
-    o = load_tile(o_ptr, qs + i, imask, h, H, DV, cv, vmask).to(tl.float32)
-    do = load_tile(do_ptr, qs + i, imask, h, H, DV, cv, vmask).to(tl.float32)
-    delta = tl.sum(o * do, axis=1)
+    o = load_tile(o_ptr, qs + i, imask, h, H, DV, cv, vmask)
+    do = load_tile(do_ptr, qs + i, imask, h, H, DV, cv, vmask)
+    # do_i . o_i by the dot that computes dP_ij = do_i . v_j (the diagonal of dO O^T): where P_i is
+    # one-hot (one visible key, o_i = v_j), dP_ij - delta_i cancels exactly, as in softmax's backward
+    od = tl.dot(do, tl.trans(o), input_precision=PREC)
+    delta = tl.sum(tl.where(i[:, None] == i[None, :], od, 0.0), axis=1)
     rows = row_offset(n, h, H, T, qs, BATCHED) + i
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + rows, mask=imask, other=0.0).to(tl.float32)
@@ -145,7 +148,8 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout):
     grid_q = lay.grid(lay.max_q, BLOCK, lay.heads)
     if grid_q:
         preprocess_kernel[grid_q](o, do, dlse if dlse is not None else lse, delta, lay.cu_q, lay.cu_k, lay.heads,
-                                  lay.length, lay.dv, HAS_DLSE=dlse is not None, BM=BLOCK, **consts)
+                                  lay.length, lay.dv, HAS_DLSE=dlse is not None, BM=BLOCK, PREC=lay.precision,
+                                  **consts)
     tiles = dict(CAUSAL=lay.causal, BDQK=lay.bdqk, PREC=lay.precision, **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length, lay.dqk, lay.dv)
     if grid_q:
