@@ -37,6 +37,7 @@ from benchmarks.kda import rel, roofline  # noqa: E402
 from refcheck import optimized, references  # noqa: E402
 from refcheck.model.ops.attention import fa4_attention  # noqa: E402
 
+DEVICE = "cuda"
 TOKENS = 16384
 LENGTHS = (2048, 8192, 16384)
 HEADS = 16
@@ -63,8 +64,8 @@ def implementations() -> tuple[dict, dict]:
 
 
 def make_inputs(B, T, H, Dqk, Dv, seed=0, dtype=torch.bfloat16):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(B, T, H, d, device="cuda", generator=gen).to(dtype) for d in (Dqk, Dqk, Dv)]
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    return [torch.randn(B, T, H, d, device=DEVICE, generator=gen).to(dtype) for d in (Dqk, Dqk, Dv)]
 
 
 def forward_flops(B, T, H, Dqk, Dv, causal) -> float:
@@ -79,8 +80,7 @@ def time_pair(fn, q, k, v, causal, timing) -> tuple[float, float]:
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     o, _ = fn(*leaves, causal=causal)
     do = torch.randn_like(o)
-    bwd = do_bench(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), return_mode="median",
-                   grad_to_none=leaves, **timing)
+    bwd = do_bench(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), return_mode="median", **timing)
     return fwd, bwd
 
 
@@ -124,16 +124,16 @@ def format_row(r) -> str:
     return f"{head} {r['ms']:8.3f} {r['tflops']:8.1f} {r['pct_matmul']:5.1f} {ratio}"
 
 
-def errors(impls) -> dict[str, dict[str, float]]:
+def errors(impls) -> dict[str, dict[str, float | str]]:
     """Relative RMS errors of o, lse, dq, dk, dv vs float64 at ``ERROR_SHAPE`` (causal), bf16 inputs."""
     s = ERROR_SHAPE
     x = make_inputs(s["B"], s["T"], s["H"], s["Dqk"], s["Dv"], seed=1)
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    do = torch.randn(s["B"], s["T"], s["H"], s["Dv"], device="cuda", generator=gen, dtype=torch.float64)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    do = torch.randn(s["B"], s["T"], s["H"], s["Dv"], device=DEVICE, generator=gen, dtype=torch.float64)
     x64 = [t.double().requires_grad_() for t in x]
     ro, rlse = references.attention(*x64, causal=True)
     rgrads = torch.autograd.grad(ro, x64, do)
-    out = {}
+    out: dict[str, dict[str, float | str]] = {}
     for name, fn in impls.items():
         try:
             leaves = [t.detach().requires_grad_() for t in x]
@@ -142,8 +142,10 @@ def errors(impls) -> dict[str, dict[str, float]]:
         except Exception as err:
             out[name] = {"note": f"{type(err).__name__}: {err}"}
             continue
-        out[name] = {"o": rel(o, ro)} | ({"lse": rel(lse, rlse)} if lse is not None else {})
-        out[name] |= {f"d{n}": rel(g, r) for n, g, r in zip("qkv", grads, rgrads)}
+        errs: dict[str, float | str] = {"o": rel(o, ro)}
+        if lse is not None:
+            errs["lse"] = rel(lse, rlse)
+        out[name] = errs | {f"d{n}": rel(g, r) for n, g, r in zip("qkv", grads, rgrads)}
     return out
 
 

@@ -53,12 +53,13 @@ class Layout:
         grid = (-(-length // block), self.num_seqs, heads)
         return grid if all(grid) else None
 
-    @staticmethod
-    def ladder(block: int, looped: int, inner: str = "BN") -> list[dict]:
+    def ladder(self, block: int, looped: int, inner: str = "BN") -> list[dict]:
         """Launch settings, preferred first (``common.launch`` falls back when shared memory runs
         out): deeper load pipelines first, then half the ``looped`` block (the constexpr ``inner``)
-        that a program walks through while it keeps its own ``block`` rows."""
-        warps = 8 if block * looped >= 128 * 64 else 4
+        that a program walks through while it keeps its own ``block`` rows. Eight warps for large
+        tiles (128 x 64 scores, or padded head dims over 256 together: MLA's 256 + 128) so that the
+        fp32 accumulators fit the registers; untuned guesses until timed on a GPU."""
+        warps = 8 if block * looped >= 128 * 64 or self.bdqk + self.bdv > 256 else 4
         steps = [{inner: looped, "num_warps": warps, "num_stages": s} for s in (3, 2, 1)]
         return steps + [{inner: looped // 2, "num_warps": 4, "num_stages": 1}]
 
