@@ -19,7 +19,10 @@ contract's bottom-right since T = S) and picks its own backend; flash-attn-4
 (``flash_attn.cute.flash_attn_func``) is skipped with a note where it is not installed or refuses a
 shape. Errors: relative RMS ``||x - ref|| / ||ref||`` of o, lse, dq, dk, dv against
 ``references.attention`` in float64 on one small MLA shape (``ERROR_SHAPE``), for every implementation.
-fp8 forward is not implemented by ``optimized.attention`` (the result says so).
+
+fp8: our forward on e4m3 q, k, v (per-tensor descale factors, o in bf16) at Dqk = Dv = 128, rows
+``ours-fp8`` (``x bf16``: its time over our bf16 forward's; ``%mm`` still against the bf16 matmul,
+the fp8 tensor-core peak is twice that), and its error vs float64 on the values the fp8 inputs hold.
 """
 from __future__ import annotations
 
@@ -68,6 +71,29 @@ def make_inputs(B, T, H, Dqk, Dv, seed=0, dtype=torch.bfloat16):
     return [torch.randn(B, T, H, d, device=DEVICE, generator=gen).to(dtype) for d in (Dqk, Dqk, Dv)]
 
 
+def quantized(xs, dtype=torch.float8_e4m3fn) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """fp8 ``x / descale`` of each tensor (descale = max |x| / the format's max) and the
+    ``{q,k,v}_descale`` keywords of ``optimized.attention``."""
+    descale = [float(x.abs().max()) / torch.finfo(dtype).max for x in xs]
+    return [(x / d).to(dtype) for x, d in zip(xs, descale)], dict(zip(("q_descale", "k_descale", "v_descale"), descale))
+
+
+def fp8_row(T, causal, roof, timing) -> dict:
+    """Our fp8 (e4m3) forward at Dqk = Dv = 128 against our bf16 forward."""
+    from triton.testing import do_bench
+    B = TOKENS // T
+    xs = make_inputs(B, T, HEADS, 128, 128)
+    x8, descale = quantized(xs)
+    ms = do_bench(lambda: optimized.attention(*x8, causal=causal, **descale), return_mode="median", **timing)
+    with torch.no_grad():
+        bf16 = do_bench(lambda: optimized.attention(*xs, causal=causal), return_mode="median", **timing)
+    f = forward_flops(B, T, HEADS, 128, 128, causal)
+    row = dict(kind="d128", B=B, T=T, H=HEADS, Dqk=128, Dv=128, causal=causal, impl="ours-fp8", mode="fwd", ms=ms,
+               tflops=f / ms / 1e9, pct_matmul=100 * f / ms / 1e9 / roof["bf16_tflops"], ours_time_ratio=ms / bf16)
+    print(format_row(row), flush=True)
+    return row
+
+
 def forward_flops(B, T, H, Dqk, Dv, causal) -> float:
     return 2 * B * H * T * T * (Dqk + Dv) / (2 if causal else 1)
 
@@ -113,11 +139,11 @@ def bench_shape(kind, T, causal, impls, roof, timing) -> list[dict]:
     return rows
 
 
-HEADER = f"{'kind':5} {'T':>6} {'B':>3} {'causal':6} {'mode':4} {'impl':5} {'ms':>8} {'TFLOP/s':>8} {'%mm':>5} {'ours/x':>7}"
+HEADER = f"{'kind':5} {'T':>6} {'B':>3} {'causal':6} {'mode':4} {'impl':8} {'ms':>8} {'TFLOP/s':>8} {'%mm':>5} {'ours/x':>7}"
 
 
 def format_row(r) -> str:
-    head = f"{r['kind']:5} {r['T']:6} {r['B']:3} {str(r['causal']):6} {r['mode']:4} {r['impl']:5}"
+    head = f"{r['kind']:5} {r['T']:6} {r['B']:3} {str(r['causal']):6} {r['mode']:4} {r['impl']:8}"
     if "note" in r:
         return f"{head} {r['note']}"
     ratio = f"{r['ours_time_ratio']:7.2f}" if "ours_time_ratio" in r else f"{'-':>7}"
@@ -146,6 +172,10 @@ def errors(impls) -> dict[str, dict[str, float | str]]:
         if lse is not None:
             errs["lse"] = rel(lse, rlse)
         out[name] = errs | {f"d{n}": rel(g, r) for n, g, r in zip("qkv", grads, rgrads)}
+    x8, descale = quantized(x)
+    o, lse = optimized.attention(*x8, causal=True, **descale)
+    ro, rlse = references.attention(*(t.double() * d for t, d in zip(x8, descale.values())), causal=True)
+    out["ours-fp8"] = {"o": rel(o, ro), "lse": rel(lse, rlse)}
     return out
 
 
@@ -160,7 +190,7 @@ def main():
     timing = TIMING["quick" if args.quick else "full"]
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=__import__("triton").__version__, timing=timing, skipped=skipped,
-                  fp8="not implemented by optimized.attention", roofline=roofline(), rows=[])
+                  roofline=roofline(), rows=[])
 
     def save():  # after every shape, so that a run cut short keeps what it measured
         if args.out:
@@ -178,6 +208,10 @@ def main():
             for causal in (False, True):
                 result["rows"] += bench_shape(kind, T, causal, impls, result["roofline"], timing)
                 save()
+    for T in LENGTHS[:1] if args.quick else LENGTHS:
+        for causal in (False, True):
+            result["rows"].append(fp8_row(T, causal, result["roofline"], timing))
+            save()
 
 
 if __name__ == "__main__":

@@ -122,3 +122,35 @@ def _bad(**change):
 ])
 def test_attention_bad_input_names_the_argument(change, name):
     assert name in _bad(**change)
+
+
+@pytest.mark.parametrize("fp8, causal", [(torch.float8_e4m3fn, True), (torch.float8_e5m2, False)])
+def test_fp8_forward_matches_float64(fp8, causal):
+    """fp8 q, k, v holding ``x / descale`` per tensor: o (bf16) and lse against float64 on the values
+    they hold (``stored * descale``); p is rounded to bf16 before ``p v``, and the fp8 ``q k^T``
+    accumulates with Hopper's fp8 tensor-core precision (measured lse error 1.6e-5)."""
+    x = attention_case(B=2, T=40, S=50, H=4, Hk=2, Dqk=192, Dv=128, dtype="fp32")
+    descale = {n: float(x[n].abs().max()) / torch.finfo(fp8).max for n in ("q", "k", "v")}
+    x8 = {n: (x[n] / descale[n]).to(fp8) for n in descale}
+    o, lse = optimized.attention(**x8, causal=causal, **{f"{n}_descale": d for n, d in descale.items()})
+    ro, rlse = references.attention(**{n: x8[n].double() * descale[n] for n in x8}, causal=causal)
+    empty = torch.isneginf(rlse)
+    assert o.dtype == torch.bfloat16 and torch.equal(torch.isneginf(lse), empty)
+    assert rel(o, ro) < 1e-2 and rel(lse[~empty], rlse[~empty]) < 1e-4
+
+
+def _fp8(**change):
+    return {n: torch.randn(1, 8, h, 32).to(torch.float8_e4m3fn) for n, h in (("q", 2), ("k", 1), ("v", 1))} | change
+
+
+@pytest.mark.parametrize("change, name", [
+    (_fp8(), "q_descale"),
+    (_fp8(q_descale=1.0, k_descale=1.0), "v_descale"),
+    (_fp8(q_descale=1.0, k_descale=0.0, v_descale=1.0), "k_descale"),
+    (_fp8(q_descale=1.0, k_descale=1.0, v_descale=1.0, q=torch.randn(1, 8, 2, 32).to(torch.float8_e4m3fn)
+          .requires_grad_()), "q"),
+    (_fp8(q_descale=1.0, k_descale=1.0, v_descale=1.0, v=torch.randn(1, 8, 1, 32).to(torch.float8_e5m2)), "v"),
+    (dict(v_descale=1.0), "v_descale"),
+])
+def test_fp8_bad_input_names_the_argument(change, name):
+    assert name in _bad(**change)

@@ -12,6 +12,10 @@ key blocks j (BN keys) it can see, in base 2 with ``c = scale * log2(e)``:
 then ``o_i = a_i / l_i`` and ``lse_i = (m_i + log2 l_i) / log2(e)``; a row that sees no key keeps
 ``l_i = 0`` and gets ``o_i = 0``, ``lse_i = -inf``. ``p`` is rounded to the input dtype before
 ``p v`` (bf16/fp16 tensor cores); fp32 inputs keep fp32 and the dots run at ``PREC``.
+
+fp8 (e4m3/e5m2) q, k, v hold ``x / descale_x`` per tensor: ``q k^T`` is an fp8 dot whose descales
+fold into c, ``p v`` a bf16 dot (v widened exactly, p rounded to bf16), ``a_i`` scaled by descale_v;
+o comes out in bf16.
 """
 from __future__ import annotations
 
@@ -25,9 +29,9 @@ from .tiles import LOG2E, causal_key_end, load_tile, row_offset, sequence, store
 
 
 @triton.jit
-def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, H, G, T, DQK, DV,
+def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T, DQK, DV,
                    BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BDQK: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
+                   BDQK: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr):
     """Query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``."""
     n = tl.program_id(1)
     h = tl.program_id(2)
@@ -59,8 +63,14 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_sca
         alpha = tl.exp2(m - shift)
         p = tl.exp2(s - shift[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        if FP8:
+            pv = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16))
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + pv
         m = m_new
+    if FP8:
+        acc *= v_descale
     seen = l > 0
     o = acc / tl.where(seen, l, 1.0)[:, None]
     store_tile(o_ptr, o, qs + i, imask, h, H, DV, cv, vmask)
@@ -68,17 +78,20 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_sca
     tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=imask)
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, block_m: int):
-    """``(o [tokens, H, Dv] in q's dtype, lse fp32 [B, H, T])`` of flattened contiguous q ``[tokens, H,
-    Dqk]``, k ``[keys, Hk, Dqk]``, v ``[keys, Hk, Dv]``."""
-    o = torch.empty(*q.shape[:2], v.shape[-1], device=q.device, dtype=q.dtype)
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, block_m: int,
+            descale: tuple[float, float, float] | None = None):
+    """``(o [tokens, H, Dv] in q's dtype (fp8: bf16), lse fp32 [B, H, T])`` of flattened contiguous q
+    ``[tokens, H, Dqk]``, k ``[keys, Hk, Dqk]``, v ``[keys, Hk, Dv]``; fp8 inputs with their
+    ``descale = (descale_q, descale_k, descale_v)``."""
+    dsq, dsk, dsv = descale or (1.0, 1.0, 1.0)
+    o = torch.empty(*q.shape[:2], v.shape[-1], device=q.device, dtype=q.dtype if descale is None else torch.bfloat16)
     lse = torch.empty(lay.batch, lay.heads, lay.length, device=q.device, dtype=torch.float32)
     grid = lay.grid(lay.max_q, block_m, lay.heads)
     if grid:
         launch(forward_kernel, grid,
-               (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * LOG2E, lay.heads, lay.group, lay.length,
-                lay.dqk, lay.dv),
+               (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads, lay.group,
+                lay.length, lay.dqk, lay.dv),
                dict(BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m, BDQK=lay.bdqk, BDV=lay.bdv,
-                    PREC=lay.precision),
+                    PREC=lay.precision, FP8=descale is not None),
                lay.ladder(block_m, 64))
     return o, lse
