@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ..common import launch
 from .layout import Layout
-from .tiles import LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
+from .tiles import KERNEL_LOG2E, LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
 
 BLOCK = 64
 """Query and key block of the backward kernels."""
@@ -54,7 +54,7 @@ def load_rows(lse_ptr, delta_ptr, rows, rmask):
     """``(lse * log2(e), delta)`` of some query rows; a row that sees no key (lse = -inf) gets 0,
     its P is masked anyway."""
     lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), 0.0, lse * LOG2E)
+    lse2 = tl.where(lse == float("-inf"), 0.0, lse * KERNEL_LOG2E)
     return lse2, tl.load(delta_ptr + rows, mask=rmask, other=0.0)
 
 

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ..common import launch
 from .layout import Layout
-from .tiles import LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
+from .tiles import KERNEL_LOG2E, LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_sca
     seen = l > 0
     o = acc / tl.where(seen, l, 1.0)[:, None]
     store_tile(o_ptr, o, qs + i, imask, h, H, DV, cv, vmask)
-    lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) / LOG2E, float("-inf"))
+    lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) / KERNEL_LOG2E, float("-inf"))
     tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=imask)
 
 
