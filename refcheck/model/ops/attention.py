@@ -30,7 +30,7 @@ from ...strategies import (
     seeds,
     seqlens,
 )
-from ..case import Case
+from ..case import PRECISION_MODES, Case
 from ..implementation import Implementation
 from .card import Inputs, OpCard, Template, Templates, sweep_lengths
 from .inputs import cu_seqlens, normal, rounded
@@ -43,6 +43,9 @@ MLA_DIMS = (192, 128)
 
 GQA_GROUPS = (1, 2, 4, 3)
 """Query heads per key head."""
+
+TRITON_KNOBS = {"precision": PRECISION_MODES, "block_m": (128, 64)}
+"""Our kernel's knobs (``optimized.attention``): fp32 dot precision, query rows per forward program."""
 
 
 def make_inputs(case: Case, device) -> Inputs:
@@ -216,6 +219,8 @@ CARD = OpCard(
     token_axes={"q": "q", "k": "k", "v": "k"}, join_dims={"o": 1, "lse": 2},
     causal=lambda case: bool(case.opts.get("causal")), after=after, empty_outputs=empty_outputs,
     implementations=(
+        Implementation("attention", "triton", "refcheck.optimized:attention", knobs=TRITON_KNOBS, triton=True,
+                       description="our Triton flash attention (FA2 schedule, deterministic backward)"),
         Implementation("attention", "sdpa", "refcheck.model.ops.attention:sdpa_attention", outputs=("o",),
                        description="torch scaled_dot_product_attention (no lse)"),
         # "head_dim and head_dim_v must be between 8 and 256 and divisible by 8" (flash-attn-4 4.0.0b36 on SM90)

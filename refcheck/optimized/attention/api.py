@@ -1,0 +1,125 @@
+"""Public ``attention``: the contract signature of ``references.attention``, input checks once,
+then the autograd Function over the forward and backward kernels.
+
+The checks are the contract's own (``references.attention.check_attention_inputs``) plus what the
+kernels need: q, k, v of one dtype among fp32/bf16/fp16 (or fp8 e4m3/e5m2 with per-tensor descale
+factors, forward only) on one device, head dims up to 256. Tokens are flattened to ``[B*T, H, D]``; a
+batch without cu_seqlens is B sequences of T queries and S keys, so every kernel sees one layout
+(``layout.Layout``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from refcheck.references.attention import check_attention_inputs
+from refcheck.references.contract import check_scale, check_tensor
+
+from ..common import check_flag, check_precision
+from .backward import backward
+from .forward import forward
+from .layout import Layout, make_layout
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+MAX_HEAD_DIM = 256
+DEFAULT_PRECISION = "tf32"
+BLOCK_M = (128, 64)
+"""Query rows per forward program: the knob's values, the default first."""
+
+
+def _tokens(x: torch.Tensor) -> torch.Tensor:
+    """``[B, T, heads, D]`` as contiguous ``[B*T, heads, D]``."""
+    return x.reshape(-1, *x.shape[2:]).contiguous()
+
+
+class AttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, lay: Layout, block_m: int):
+        B, T, H, _ = q.shape
+        q, k, v = (_tokens(x) for x in (q, k, v))
+        o, lse = forward(q, k, v, lay, block_m)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.lay = lay
+        ctx.shape = (B, T, H)
+        ctx.set_materialize_grads(False)
+        return o.view(B, T, H, -1), lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        do = torch.zeros_like(o) if do is None else do.reshape(o.shape).contiguous()
+        dq, dk, dv = backward(q, k, v, o, lse, do, None if dlse is None else dlse.contiguous(), ctx.lay)
+        B, T, H = ctx.shape
+        return dq.view(B, T, H, -1), dk.view(B, -1, *k.shape[1:]), dv.view(B, -1, *v.shape[1:]), None, None
+
+
+def _shape_only(x):
+    """An fp8 tensor as a bf16 stand-in on the meta device (the contract's checks know no fp8)."""
+    if isinstance(x, torch.Tensor) and x.dtype in FP8_DTYPES:
+        return torch.empty(x.shape, dtype=torch.bfloat16, device="meta")
+    return x
+
+
+def _check_fp8(q, k, v, descales: dict) -> tuple[float, float, float] | None:
+    """The descale factors ``(q, k, v)`` of fp8 inputs (each a positive number or a one-element
+    tensor), or None for other inputs, which must come without them."""
+    if q.dtype not in FP8_DTYPES:
+        for name, d in descales.items():
+            if d is not None:
+                raise ValueError(f"{name}: only for fp8 inputs, got {q.dtype} q")
+        return None
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.requires_grad:
+            raise ValueError(f"{name}: fp8 attention is forward only, got a tensor that requires grad")
+    values = []
+    for name, d in descales.items():
+        if d is None:
+            raise ValueError(f"{name}: fp8 inputs need their per-tensor descale factor (value = stored * {name})")
+        value = d.item() if isinstance(d, torch.Tensor) and d.numel() == 1 else d
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"{name}: expected a positive finite number or one-element tensor, got {d!r}")
+        values.append(float(value))
+    return values[0], values[1], values[2]
+
+
+def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+              q_descale=None, k_descale=None, v_descale=None, precision=DEFAULT_PRECISION, block_m=BLOCK_M[0]):
+    """Softmax attention (``references.attention``): ``(o [B, T, H, Dv] in q.dtype, lse fp32 [B, H, T])``.
+
+    For each sequence, query head h and key head ``h // (H // Hk)``:
+    ``o_i = sum_j softmax_j(scale q_i . k_j) v_j`` over the keys j that query i sees (all, or causal
+    with the mask aligned bottom-right: ``j <= i + S - T``), ``lse_i = log sum_j exp(scale q_i . k_j)``;
+    a query that sees no key gets ``o_i = 0``, ``lse_i = -inf``. q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``,
+    v ``[B, S, Hk, Dv]`` (Dqk, Dv <= 256, any, e.g. MLA's 192/128); packed: B = 1 with
+    cu_seqlens_q / cu_seqlens_k ``[N+1]``. Differentiable in q, k and v (through o and lse); the
+    backward is deterministic.
+
+    fp8 (forward only): q, k, v all float8_e4m3fn or all float8_e5m2, holding ``x / x_descale``,
+    with ``q_descale``, ``k_descale``, ``v_descale`` (positive, per tensor); o comes out in bf16.
+
+    Knobs:
+      precision: input precision of the fp32 ``tl.dot`` calls ("ieee", "tf32", "tf32x3"; fp32 inputs
+                 only, bf16/fp16 dots are exact products with fp32 sums). Default "tf32" as kda's.
+      block_m:   query rows per forward program (128 or 64).
+    """
+    check_attention_inputs(*(_shape_only(x) for x in (q, k, v)), cu_seqlens_q, cu_seqlens_k)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, x, 4, KERNEL_DTYPES + FP8_DTYPES)
+        if x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"{name}: expected {q.dtype} on {q.device} like q, got {x.dtype} on {x.device}")
+    for name, d in (("q", q.shape[-1]), ("v", v.shape[-1])):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
+    scale = check_scale(scale, q.shape[-1])
+    check_flag("causal", causal)
+    if block_m not in BLOCK_M:
+        raise ValueError(f"block_m: expected one of {BLOCK_M}, got {block_m!r}")
+    descale = _check_fp8(q, k, v, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale})
+    lay = make_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, scale=scale, causal=causal,
+                      precision=check_precision(precision))
+    if descale is not None:
+        o, lse = forward(*(_tokens(x) for x in (q, k, v)), lay, block_m, descale)
+        return o.view(*q.shape[:3], -1), lse
+    return AttentionFunction.apply(q, k, v, lay, block_m)

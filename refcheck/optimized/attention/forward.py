@@ -1,0 +1,97 @@
+"""Attention forward: one pass over the keys with an online softmax (FlashAttention-2).
+
+Per sequence and query head h (key head ``h // G``), a program owns BM query rows i and walks the
+key blocks j (BN keys) it can see, in base 2 with ``c = scale * log2(e)``:
+
+    s_ij = c q_i . k_j                  (-inf where query i does not see key j)
+    m_i  <- max(m_i, max_j s_ij)        running maximum, fp32 ``[BM]``
+    p_ij = 2^(s_ij - m_i)
+    l_i  <- l_i 2^(m_old - m_i) + sum_j p_ij
+    a_i  <- a_i 2^(m_old - m_i) + sum_j p_ij v_j     fp32 ``[BM, Dv]``
+
+then ``o_i = a_i / l_i`` and ``lse_i = (m_i + log2 l_i) / log2(e)``; a row that sees no key keeps
+``l_i = 0`` and gets ``o_i = 0``, ``lse_i = -inf``. ``p`` is rounded to the input dtype before
+``p v`` (bf16/fp16 tensor cores); fp32 inputs keep fp32 and the dots run at ``PREC``.
+
+fp8 (e4m3/e5m2) q, k, v hold ``x / descale_x`` per tensor: ``q k^T`` is an fp8 dot whose descales
+fold into c, ``p v`` a bf16 dot (v widened exactly, p rounded to bf16), ``a_i`` scaled by descale_v;
+o comes out in bf16.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import launch
+from .layout import Layout
+from .tiles import KERNEL_LOG2E, LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
+
+
+@triton.jit
+def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T, DQK, DV,
+                   BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BDQK: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr):
+    """Query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``."""
+    n = tl.program_id(1)
+    h = tl.program_id(2)
+    qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
+    m0 = tl.program_id(0) * BM
+    if m0 >= Tq:
+        return
+    hk = h // G
+    HK = H // G
+    i = m0 + tl.arange(0, BM)
+    imask = i < Tq
+    cq = tl.arange(0, BDQK)
+    cv = tl.arange(0, BDV)
+    qmask = cq < DQK
+    vmask = cv < DV
+    q = load_tile(q_ptr, qs + i, imask, h, H, DQK, cq, qmask)
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, BDV), tl.float32)
+    for j0 in range(0, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
+        j = j0 + tl.arange(0, BN)
+        jmask = j < Sk
+        k = load_tile(k_ptr, ks + j, jmask, hk, HK, DQK, cq, qmask)
+        v = load_tile(v_ptr, ks + j, jmask, hk, HK, DV, cv, vmask)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows that saw no key yet: p = 0
+        alpha = tl.exp2(m - shift)
+        p = tl.exp2(s - shift[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        if FP8:
+            pv = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16))
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    if FP8:
+        acc *= v_descale
+    seen = l > 0
+    o = acc / tl.where(seen, l, 1.0)[:, None]
+    store_tile(o_ptr, o, qs + i, imask, h, H, DV, cv, vmask)
+    lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) / KERNEL_LOG2E, float("-inf"))
+    tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=imask)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, block_m: int,
+            descale: tuple[float, float, float] | None = None):
+    """``(o [tokens, H, Dv] in q's dtype (fp8: bf16), lse fp32 [B, H, T])`` of flattened contiguous q
+    ``[tokens, H, Dqk]``, k ``[keys, Hk, Dqk]``, v ``[keys, Hk, Dv]``; fp8 inputs with their
+    ``descale = (descale_q, descale_k, descale_v)``."""
+    dsq, dsk, dsv = descale or (1.0, 1.0, 1.0)
+    o = torch.empty(*q.shape[:2], v.shape[-1], device=q.device, dtype=q.dtype if descale is None else torch.bfloat16)
+    lse = torch.empty(lay.batch, lay.heads, lay.length, device=q.device, dtype=torch.float32)
+    grid = lay.grid(lay.max_q, block_m, lay.heads)
+    if grid:
+        launch(forward_kernel, grid,
+               (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads, lay.group,
+                lay.length, lay.dqk, lay.dv),
+               dict(BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m, BDQK=lay.bdqk, BDV=lay.bdv,
+                    PREC=lay.precision, FP8=descale is not None),
+               lay.ladder(block_m, 64))
+    return o, lse

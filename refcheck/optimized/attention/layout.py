@@ -1,0 +1,80 @@
+"""The scalars and sequence tables every attention kernel takes, built once per call."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..common import padded
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One attention call as the kernels see it.
+
+    batch, length: B and T of q ``[B, T, H, Dqk]`` (the ``[B, H, T]`` layout of lse and delta)
+    heads, group:  H query heads, G = H / Hk query heads per key head
+    cu_q, cu_k:    int32 ``[N+1]`` sequence boundaries on the flattened query / key axes (batched:
+                   ``b * T`` and ``b * S``)
+    max_q, max_k:  the longest query / key span (the launch grids)
+    dqk, dv:       head dims; bdqk, bdv their padded tile widths (``common.padded``)
+    batched:       sequence n is batch row n (no cu_seqlens); else everything is batch row 0
+    """
+
+    batch: int
+    length: int
+    heads: int
+    group: int
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+    dqk: int
+    dv: int
+    scale: float
+    causal: bool
+    precision: str
+    batched: bool
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_q.numel() - 1
+
+    @property
+    def bdqk(self) -> int:
+        return padded(self.dqk)
+
+    @property
+    def bdv(self) -> int:
+        return padded(self.dv)
+
+    def grid(self, length: int, block: int, heads: int) -> tuple[int, int, int] | None:
+        """``(blocks of length, sequences, heads)``, or None when there is nothing to launch."""
+        grid = (-(-length // block), self.num_seqs, heads)
+        return grid if all(grid) else None
+
+    def ladder(self, block: int, looped: int, inner: str = "BN") -> list[dict]:
+        """Launch settings, preferred first (``common.launch`` falls back when shared memory runs
+        out): deeper load pipelines first, then half the ``looped`` block (the constexpr ``inner``)
+        that a program walks through while it keeps its own ``block`` rows. Eight warps for large
+        tiles (128 x 64 scores, or padded head dims over 256 together: MLA's 256 + 128) so that the
+        fp32 accumulators fit the registers; untuned guesses until timed on a GPU."""
+        warps = 8 if block * looped >= 128 * 64 or self.bdqk + self.bdv > 256 else 4
+        steps = [{inner: looped, "num_warps": warps, "num_stages": s} for s in (3, 2, 1)]
+        return steps + [{inner: looped // 2, "num_warps": 4, "num_stages": 1}]
+
+
+def make_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, *, scale: float,
+                causal: bool, precision: str) -> Layout:
+    """The layout of validated inputs q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``, v ``[B, S, Hk, Dv]``."""
+    B, T, H, Dqk = q.shape
+    S, Hk = k.shape[1], k.shape[2]
+    dev, i32 = q.device, torch.int32
+    if cu_seqlens_q is None:
+        rows = torch.arange(B + 1, device=dev, dtype=i32)
+        cu_q, cu_k, max_q, max_k = rows * T, rows * S, T, S
+    else:
+        cu_q, cu_k = cu_seqlens_q.to(device=dev, dtype=i32), cu_seqlens_k.to(device=dev, dtype=i32)
+        max_q, max_k = (int(c.diff().max()) for c in (cu_q, cu_k))
+    return Layout(B, T, H, H // Hk, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k, Dqk, v.shape[-1], scale,
+                  causal, precision, cu_seqlens_q is None)

@@ -1,0 +1,156 @@
+"""Quick checks of ``optimized.attention`` on the CPU (faithful Triton interpreter) against the float64
+reference: forward (o, lse) and every gradient through both outputs, bad input, and that a kernel
+with the classic top-left causal mask is caught. The laws run over it too (``refcheck/properties``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refcheck.runtime import interpreter
+
+interpreter.interpret_new_kernels()  # before the kernel modules are imported
+interpreter.enable()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from refcheck import optimized, references  # noqa: E402
+from refcheck.optimized.attention import forward as forward_module  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# relative RMS error allowed, by (input dtype, precision): fp32 with fp32-accurate dots sits near 3e-7;
+# bf16/fp16 round P and dS to the input dtype before their dots (measured: bf16 3e-3, fp16 4e-4)
+TOL = {("fp32", "ieee"): 2e-6, ("fp32", "tf32x3"): 2e-6, ("fp32", "tf32"): 5e-3, ("bf16", "tf32"): 1e-2,
+       ("fp16", "tf32"): 2e-3}
+
+
+def rel(x, ref) -> float:
+    x, ref = x.detach().double(), ref.detach()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def attention_case(B=1, T=40, S=40, H=2, Hk=1, Dqk=32, Dv=32, dtype="fp32", lengths=None, seed=0):
+    """q, k, v rounded to dtype; packed with ``lengths = (query lengths, key lengths)``."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = DTYPES[dtype]
+    x = {"q": torch.randn(B, T, H, Dqk, generator=gen).to(dt), "k": torch.randn(B, S, Hk, Dqk, generator=gen).to(dt),
+         "v": torch.randn(B, S, Hk, Dv, generator=gen).to(dt)}
+    if lengths is not None:
+        x["cu_seqlens_q"], x["cu_seqlens_k"] = (torch.tensor([0, *n]).cumsum(0) for n in lengths)
+    return x
+
+
+def run(fn, x, cot, **options):
+    """o, lse and the gradients of q, k, v for the cotangents ``cot = (do, dlse)``."""
+    leaves = {n: x[n].detach().clone().requires_grad_() for n in ("q", "k", "v")}
+    o, lse = fn(**leaves, **{n: t for n, t in x.items() if n not in leaves}, **options)
+    grads = torch.autograd.grad((o, lse), list(leaves.values()), (cot[0].to(o.dtype), cot[1].to(lse.dtype)))
+    return o, lse, dict(zip(leaves, grads))
+
+
+def errors(x, causal, **knobs):
+    """Relative RMS errors of o, lse (over rows that see a key) and dq, dk, dv against float64."""
+    gen = torch.Generator().manual_seed(1)
+    B, T, H, _ = x["q"].shape
+    cot = (torch.randn(B, T, H, x["v"].shape[-1], generator=gen, dtype=torch.float64),
+           torch.randn(B, H, T, generator=gen, dtype=torch.float64))
+    o, lse, grads = run(optimized.attention, x, cot, causal=causal, **knobs)
+    x64 = {n: (t.double() if t.is_floating_point() else t) for n, t in x.items()}
+    ro, rlse, rgrads = run(references.attention, x64, cot, causal=causal)
+    assert o.dtype == x["q"].dtype and lse.dtype == torch.float32 and o.shape == ro.shape and lse.shape == rlse.shape
+    empty = torch.isneginf(rlse)
+    assert torch.equal(torch.isneginf(lse), empty)
+    assert bool((o.transpose(1, 2)[empty] == 0).all())         # a row that sees no key: o = 0 exactly
+    return {"o": rel(o, ro), "lse": rel(lse[~empty], rlse[~empty])} | {f"d{n}": rel(grads[n], rgrads[n]) for n in grads}
+
+
+CASES = {
+    "fp32 ieee GQA causal T > S": (dict(B=2, T=50, S=40, H=4, Hk=2, Dqk=32, Dv=24), True, dict(precision="ieee")),
+    "fp32 tf32x3 varlen empty spans causal": (dict(T=45, S=45, H=3, Hk=1, Dqk=40, Dv=16,
+                                                   lengths=((13, 0, 27, 5), (20, 5, 20, 0))),
+                                              True, dict(precision="tf32x3")),
+    "fp32 tf32 varlen non-causal": (dict(T=40, S=45, lengths=((13, 0, 27), (20, 5, 20))), False, dict()),
+    "bf16 MLA 192/128 causal": (dict(T=70, S=70, Dqk=192, Dv=128, dtype="bf16"), True, dict()),
+    "fp16 GQA 3 D=64 block_m=64": (dict(T=70, S=90, H=3, Hk=1, Dqk=64, Dv=64, dtype="fp16"), False,
+                                   dict(block_m=64)),
+    "bf16 D=256 causal S > T": (dict(T=20, S=30, H=1, Dqk=256, Dv=256, dtype="bf16"), True, dict()),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_attention_matches_float64(name):
+    shape, causal, knobs = CASES[name]
+    errs = errors(attention_case(**shape), causal, **knobs)
+    tol = TOL[(shape.get("dtype", "fp32"), knobs.get("precision", "tf32"))]
+    assert all(e <= tol for e in errs.values()), errs
+
+
+@triton.jit
+def top_left_visible(i, j, Tq, Sk, CAUSAL: tl.constexpr):
+    """The classic bug: the causal mask aligned top-left (``j <= i``), right only when S == T."""
+    return (i < Tq) & (j < Sk) & (j <= i)
+
+
+def test_top_left_causal_mask_is_caught(monkeypatch):
+    """A forward with ``top_left_visible`` is far off the reference with more keys than queries."""
+    monkeypatch.setattr(forward_module, "visible", top_left_visible)
+    x = attention_case(T=8, S=24, Dqk=16, Dv=16)
+    o, _ = optimized.attention(**x, causal=True)
+    ro, _ = references.attention(**{n: t.double() for n, t in x.items()}, causal=True)
+    assert rel(o, ro) > 0.1
+
+
+def _bad(**change):
+    x = attention_case(T=8, S=8) | change
+    with pytest.raises(ValueError) as err:
+        optimized.attention(**x)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(q=torch.randn(1, 8, 2, 300), k=torch.randn(1, 8, 1, 300)), "q"),
+    (dict(v=torch.randn(1, 8, 1, 257)), "v"),
+    (dict(q=torch.randn(1, 8, 3, 32), k=torch.randn(1, 8, 2, 32), v=torch.randn(1, 8, 2, 32)), "k"),
+    (dict(cu_seqlens_q=torch.tensor([0, 8])), "cu_seqlens_q"),
+    (dict(cu_seqlens_q=torch.tensor([0, 3, 8]), cu_seqlens_k=torch.tensor([0, 8])), "cu_seqlens_k"),
+    (dict(k=torch.randn(1, 8, 1, 32).half()), "k"),
+    (dict(q=torch.randn(1, 8, 2, 32).double()), "q"),
+    (dict(precision="fp64"), "precision"),
+    (dict(block_m=32), "block_m"),
+    (dict(causal=1), "causal"),
+    (dict(scale=-1.0), "scale"),
+])
+def test_attention_bad_input_names_the_argument(change, name):
+    assert name in _bad(**change)
+
+
+@pytest.mark.parametrize("fp8, causal", [(torch.float8_e4m3fn, True), (torch.float8_e5m2, False)])
+def test_fp8_forward_matches_float64(fp8, causal):
+    """fp8 q, k, v holding ``x / descale`` per tensor: o (bf16) and lse against float64 on the values
+    they hold (``stored * descale``); p is rounded to bf16 before ``p v``, and the fp8 ``q k^T``
+    accumulates with Hopper's fp8 tensor-core precision (measured lse error 1.6e-5)."""
+    x = attention_case(B=2, T=40, S=50, H=4, Hk=2, Dqk=192, Dv=128, dtype="fp32")
+    descale = {n: float(x[n].abs().max()) / torch.finfo(fp8).max for n in ("q", "k", "v")}
+    x8 = {n: (x[n] / descale[n]).to(fp8) for n in descale}
+    o, lse = optimized.attention(**x8, causal=causal, **{f"{n}_descale": d for n, d in descale.items()})
+    ro, rlse = references.attention(**{n: x8[n].double() * descale[n] for n in x8}, causal=causal)
+    empty = torch.isneginf(rlse)
+    assert o.dtype == torch.bfloat16 and torch.equal(torch.isneginf(lse), empty)
+    assert rel(o, ro) < 1e-2 and rel(lse[~empty], rlse[~empty]) < 1e-4
+
+
+def _fp8(**change):
+    return {n: torch.randn(1, 8, h, 32).to(torch.float8_e4m3fn) for n, h in (("q", 2), ("k", 1), ("v", 1))} | change
+
+
+@pytest.mark.parametrize("change, name", [
+    (_fp8(), "q_descale"),
+    (_fp8(q_descale=1.0, k_descale=1.0), "v_descale"),
+    (_fp8(q_descale=1.0, k_descale=0.0, v_descale=1.0), "k_descale"),
+    (_fp8(q_descale=1.0, k_descale=1.0, v_descale=1.0, q=torch.randn(1, 8, 2, 32).to(torch.float8_e4m3fn)
+          .requires_grad_()), "q"),
+    (_fp8(q_descale=1.0, k_descale=1.0, v_descale=1.0, v=torch.randn(1, 8, 1, 32).to(torch.float8_e5m2)), "v"),
+    (dict(v_descale=1.0), "v_descale"),
+])
+def test_fp8_bad_input_names_the_argument(change, name):
+    assert name in _bad(**change)
