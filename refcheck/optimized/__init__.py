@@ -1,5 +1,7 @@
 """refcheck's own Triton kernels, one package per op family; each public function has its op's
-contract signature plus keyword-only knobs."""
+contract signature plus keyword-only knobs. ``chunk`` holds what the chunked linear-attention
+families share (tile layouts, the serial state pass)."""
+from .gla import gla, simple_gla
 from .kda import kda, kda_gate
 
-__all__ = ["kda", "kda_gate"]
+__all__ = ["gla", "kda", "kda_gate", "simple_gla"]
