@@ -40,8 +40,7 @@ class ChunkGlaFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, h0, cfg: GlaConfig):
         B = q.shape[0]
         H = q.shape[1] if cfg.head_first else q.shape[2]
-        K, V = q.shape[-1], v.shape[-1]
-        GK = 1 if cfg.scalar else K
+        GK = 1 if cfg.scalar else q.shape[-1]
         ch = cfg.chunks
         G = torch.empty(B * cfg.T, H, GK, device=q.device, dtype=torch.float32)
         chunk_cumsum(g, G, ch, H, cfg.T, GK, parts=1, x_head_first=cfg.head_first, out_head_first=False,
