@@ -170,7 +170,10 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
                     BV: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
                     DPREC: tl.constexpr):
     """One chunk, head and channel block: dq, dk and dG (fp32 ``[T, H, K]``; simple GLA: its sum over
-    this block's channels, part kb of ``[NKB, T, H]``), see the module docstring."""
+    this block's channels, part kb of ``[NKB, T, H]``), see the module docstring. dG's pair terms are
+    formed so that what cancels exactly in the math cancels in fp32 too (the diagonal pairs; for
+    simple GLA ``sum_j MA_ij - sum_j MA_ji`` with ``MA = M * (q k^T)``), so that a decay that
+    multiplies a zero state gets a zero gradient, not a rounding residue."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     kb = tl.program_id(2)
@@ -200,26 +203,32 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
         dKs += tl.dot(v, tl.trans(dh), input_precision=PREC)
         dgamma += tl.sum(hs * dh, axis=1)
         dP += tl.dot(do, tl.trans(v), input_precision=PREC)
-    dP = tl.where(i[:, None] >= i[None, :], dP, 0.0)
+    dKd = tl.exp(G_last[None, :] - G) * dKs
+    dq_s = scale * tl.exp(G) * dQs
+    last = tl.where(i[:, None] == n - 1, (tl.sum(k * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
     if SCALAR:
-        M = dP * scalar_decays(G_ptr, grows, h, H, C)
-        Rq = tl.dot(M, k, input_precision=PREC)
-        Rk = tl.dot(tl.trans(M), q, input_precision=PREC)
+        M = tl.where(i[:, None] >= i[None, :], dP, 0.0) * scalar_decays(G_ptr, grows, h, H, C)
+        dq = dq_s + scale * tl.dot(M, k, input_precision=PREC)
+        dk = dKd + scale * tl.dot(tl.trans(M), q, input_precision=PREC)
+        # the pairs' share of dG_i summed over channels: sum_j MA_ij - sum_j MA_ji (0 on the diagonal, exactly)
+        MA = M * tl.dot(q, tl.trans(k), input_precision=PREC)
+        dG = tl.sum(q * dq_s - k * dKd + last, axis=1) + scale * (tl.sum(MA, axis=1) - tl.sum(MA, axis=0))
     else:
+        # the diagonal pairs (j = i, decay 1) apart: their share of dG, q_i M_ii k_i - k_i M_ii q_i, is 0 exactly
+        M = tl.where(i[:, None] > i[None, :], dP, 0.0)
+        m_ii = tl.sum(tl.where(i[:, None] == i[None, :], dP, 0.0), axis=1)[:, None]
         row0 = row_offsets(t0, h, H, K, T, HEAD_FIRST)
         kstride = K if HEAD_FIRST else H * K
         G_row0 = G_ptr + (t0.to(tl.int64) * H + h) * K
-        Rq = rowform(dP, k, G, k_ptr + row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
-        Rk = colform(dP, q, G, q_ptr + row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
-    dKd = tl.exp(G_last[None, :] - G) * dKs
-    dq = scale * (tl.exp(G) * dQs + Rq)
-    dk = dKd + scale * Rk
-    dG = q * dq - k * dk
-    dG += tl.where(i[:, None] == n - 1, (tl.sum(k * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+        Rq = scale * rowform(M, k, G, k_ptr + row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
+        Rk = scale * colform(M, q, G, q_ptr + row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
+        dq = dq_s + Rq + scale * m_ii * k
+        dk = dKd + Rk + scale * m_ii * q
+        dG = q * (dq_s + Rq) - k * (dKd + Rk) + last
     store_tile(dq_ptr, dq, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
     store_tile(dk_ptr, dk, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
     if SCALAR:
-        tl.store(dG_ptr + (kb.to(tl.int64) * TOTAL + rows) * H + h, tl.sum(dG, axis=1), mask=rmask)
+        tl.store(dG_ptr + (kb.to(tl.int64) * TOTAL + rows) * H + h, dG, mask=rmask)
     else:
         store_tile(dG_ptr, dG, rows, rmask, h, H, K, kk, kmask)
 
