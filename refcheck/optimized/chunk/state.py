@@ -1,10 +1,15 @@
-"""K-blocks of the recurrent state for the sequential (chunk-by-chunk) kernels.
+"""K-blocks of the recurrent state for the sequential (chunk-by-chunk) kernels of KDA and GLA.
 
 The serial kernels hold a state ``S [K, BV]`` (or its gradient) in registers for a whole sequence.
 Per chunk they need the K-side tiles ``k e^G``, ``q e^G``, ``k e^{G_last - G}`` ``[C, K]``: formed
 for all of K at once they would not fit in registers. So the state lives in up to four blocks
 ``S_b [KB, BV]`` (``KB = min(K, 64)`` padded, ``NKB = KP / KB``), named variables in the kernels, and
 every helper here reads the K-side tiles of one block only, right before its dot.
+
+The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in the terms
+they need, chosen by constexpr options with KDA's defaults: ``WITH_Z`` (read: KDA's ``Z -= Kg S``),
+``WITH_Y`` (state gradient: KDA's ``- Kg^T (beta dY)``), ``SCALAR`` (simple GLA's ``[T, H]`` gate,
+one decay per token), and the token layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``).
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
 same rows clamped to the last valid one (for G, so that padded rows decay nothing), ``last`` the
