@@ -40,6 +40,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench_util import rel, roofline  # noqa: E402
+
 from refcheck import optimized, references  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run under TRITON_INTERPRET=1
@@ -57,12 +59,6 @@ SHAPES = {
     "tiny": dict(B=1, T=130, H=2, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one
 }
 TIMED = ("B8_T4096", "B1_T32768", "varlen8_T32768", "B8_T4096_strong")
-
-
-def rel(x, ref) -> float:
-    """``||x - ref|| / ||ref||`` in float64."""
-    ref = ref.detach().double()
-    return float((x.detach().double() - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 def make_inputs(B, T, H, K, V, lengths, dtype, seed=0, device=DEVICE, gate="logsigmoid"):
@@ -97,18 +93,6 @@ def reference(x, cu, grads_of=None):
 
 
 # ------------------------------------------------------------------------------------------ timing
-
-
-def roofline():
-    from triton.testing import do_bench
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = do_bench(lambda: a @ b, return_mode="median")
-    src = torch.empty(2 ** 30, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    ms_copy = do_bench(lambda: dst.copy_(src), return_mode="median")
-    return dict(bf16_tflops=2 * n ** 3 / ms / 1e9, copy_gbps=2 * src.numel() / ms_copy / 1e6)
 
 
 def work(B, T, H, K, V, lengths, dtype_bytes=2):

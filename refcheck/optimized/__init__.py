@@ -1,6 +1,8 @@
 """refcheck's own Triton kernels, one package per op family; each public function has its op's
-contract signature plus keyword-only knobs."""
+contract signature plus keyword-only knobs. ``chunk`` holds what the chunked linear-attention
+families share (tile layouts, the serial state pass)."""
 from .attention import attention
+from .gla import gla, simple_gla
 from .kda import kda, kda_gate
 
-__all__ = ["attention", "kda", "kda_gate"]
+__all__ = ["attention", "gla", "kda", "kda_gate", "simple_gla"]

@@ -1,16 +1,20 @@
 """The record of ``gla`` (gated linear attention: a decay per key channel).
 
-Math, shapes and options: ``references/gla.py`` (float64 truth, recurrent and chunked). Budgets:
-``[gla.*]`` in ``tolerances.toml``. Laws: every law whose traits the record has (varlen, state,
-causal, decay_gate), ``refcheck/engine/laws.py``.
+Math, shapes and options: ``references/gla.py`` (float64 truth, recurrent and chunked). Our kernels:
+``optimized/gla/`` (also simple_gla's). Budgets: ``[gla.*]`` in ``tolerances.toml``. Laws: every law
+whose traits the record has (varlen, state, causal, decay_gate), ``refcheck/engine/laws.py``.
 """
 from __future__ import annotations
 
 from refcheck import references
 
+from ..case import PRECISION_MODES
 from ..implementation import Implementation
 from .card import Inputs
 from .linear import linear_card, linear_tensors
+
+# knobs of our Triton kernels (gla and simple_gla): fp32 dot precision, tokens per chunk
+TRITON_KNOBS = {"precision": PRECISION_MODES, "chunk_size": (64, 128)}
 
 
 def make_inputs(case, device) -> Inputs:
@@ -39,6 +43,8 @@ CARD = linear_card(
     "gla", reference=references.gla, chunked_reference=references.gla_chunked,
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
     implementations=(
+        Implementation("gla", "triton", "refcheck.optimized:gla", knobs=TRITON_KNOBS, triton=True,
+                       description="our chunked Triton GLA (chunk 64 or 128)"),
         Implementation("gla", "fla_chunk", "refcheck.model.ops.gla:fla_chunk_gla", triton=True, requires="fla",
                        fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
         Implementation("gla", "fla_recurrent", "refcheck.model.ops.gla:fla_recurrent_gla", triton=True,

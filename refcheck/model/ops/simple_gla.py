@@ -1,9 +1,9 @@
 """The record of ``simple_gla`` (gated linear attention with one scalar decay per head and step, the
 Mamba-2 form).
 
-Math, shapes and options: ``references/gla.py`` (float64 truth, recurrent and chunked). Budgets:
-``[simple_gla.*]`` in ``tolerances.toml``. Laws: every law whose traits the record has (varlen,
-state, causal, decay_gate), ``refcheck/engine/laws.py``.
+Math, shapes and options: ``references/gla.py`` (float64 truth, recurrent and chunked). Our kernels:
+``optimized/gla/`` (knobs as gla's). Budgets: ``[simple_gla.*]`` in ``tolerances.toml``. Laws: every
+law whose traits the record has (varlen, state, causal, decay_gate), ``refcheck/engine/laws.py``.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from refcheck import references
 
 from ..implementation import Implementation
 from .card import Inputs
+from .gla import TRITON_KNOBS
 from .linear import linear_card, linear_tensors
 
 
@@ -41,6 +42,8 @@ CARD = linear_card(
     "simple_gla", reference=references.simple_gla, chunked_reference=references.simple_gla_chunked,
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
     implementations=(
+        Implementation("simple_gla", "triton", "refcheck.optimized:simple_gla", knobs=TRITON_KNOBS, triton=True,
+                       description="our chunked Triton simple GLA (chunk 64 or 128)"),
         # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
         Implementation("simple_gla", "fla_chunk", "refcheck.model.ops.simple_gla:fla_chunk_simple_gla", triton=True,
                        requires="fla", fixed_mode="tf32", family="fla", dim_multiple={"bf16": 2, "fp16": 2},

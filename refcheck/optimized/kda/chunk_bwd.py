@@ -32,12 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..chunk.state import dread_blocks, dwrite_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
+from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
-from .chunk_fwd import SUB, launch_serial
+from .chunk_fwd import SUB
 from .gate import gate_backward_tile
-from .state import dread_blocks, dwrite_blocks, load_blocks, serial_chunk, serial_program, store_blocks
 from .subchunk import chunk_colform, chunk_rowform, diag_precision
-from .tiles import chunk_span, load_rowvec, load_tile, store_tile
 
 
 @triton.jit

@@ -21,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..chunk.state import launch_serial, load_blocks, read_blocks, serial_chunk, serial_program, store_blocks, write_blocks
+from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
-from .state import load_blocks, read_blocks, serial_chunk, serial_program, store_blocks, write_blocks
 from .subchunk import chunk_pairs, diag_precision, unit_lower_inverse
-from .tiles import chunk_span, load_rowvec, load_tile, store_tile
 
 CHUNK = 64
 SUB = 16
@@ -91,40 +91,6 @@ def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, h0_ptr
                                       PREC)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
-
-
-def serial_launch(V: int, programs: int) -> dict:
-    """Launch of a serial (chunk-by-chunk) kernel for ``programs`` (sequence, head) pairs: value blocks
-    of 64 when that gives every SM of an H100/H200 a program, else 32 with loads double-buffered
-    (measured on an H200, B=8/T=4096/H=16 and B=1/T=32768/H=16, K=V=128: 1.23 vs 1.95 ms and 5.7 vs
-    7.8 ms for the forward recurrence)."""
-    if padded(V) >= 64 and programs * triton.cdiv(V, 64) >= 132:
-        return dict(BV=64, num_warps=4, num_stages=1)
-    return dict(BV=min(padded(V), 32), num_warps=4, num_stages=2)
-
-
-def single_stage(cfg: dict) -> list[dict]:
-    """``[cfg, cfg without load pipelining]``: the fallback when the buffers exceed shared memory."""
-    return [cfg, cfg | dict(num_stages=1)]
-
-
-def state_blocks(K: int) -> tuple[int, int]:
-    """``(KB, NKB)``: the state's K-blocks (at most 64 rows each, at most four)."""
-    kb = min(padded(K), 64)
-    return kb, padded(K) // kb
-
-
-def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                  config: dict | None):
-    """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
-    ``state_blocks(K)``, launch settings from ``serial_launch`` overridden by ``config``."""
-    N = chunks.num_seqs
-    if not (N and H):
-        return
-    cfg = serial_launch(V, N * H) | (config or {})
-    kb, nkb = state_blocks(K)
-    launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H), args, dict(C=chunks.size, KB=kb, NKB=nkb) | constexprs,
-           single_stage(cfg))
 
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str,

@@ -1,0 +1,201 @@
+"""GLA and simple GLA on a CUDA GPU: our Triton kernels against flash-linear-attention 0.6.0 and float64.
+
+    python benchmarks/gla.py --out gla.json     time every shape, both ops, forward and forward+backward
+    python benchmarks/gla.py --quick            one shape (B8_T4096), no gradient errors
+
+Shapes (bf16, H = 16, K = V = 128): B=8 T=4096; one sequence of 32768; a varlen batch of 8 packed
+sequences (32768 tokens). Ours: ``optimized.gla`` / ``optimized.simple_gla`` (default knobs: tf32 dots,
+chunk 64); FLA: ``chunk_gla`` / ``chunk_simple_gla`` through refcheck's adapters (rows say why when
+fla is not installed or refuses). Timing: ``triton.testing.do_bench`` medians, forward under
+``no_grad``, forward+backward through ``torch.autograd.grad``. The roofline is measured in the same
+run (``bench_util.roofline``: bf16 matmul TFLOP/s, copy GB/s). Work model per (chunk of C = 64, head):
+
+    flops = 2 C^2 K (Aqk) + 2 C^2 V (intra-chunk output) + 4 C K V (state update, inter-chunk output);
+            forward+backward = 3x forward
+    bytes = q, k, v, g and o once, plus the final state; the backward adds dO read and dq, dk, dv, dg
+            written (g counts K values per token for gla, 1 for simple_gla)
+
+Errors are relative RMS ``||x - ref|| / ||ref||`` against the float64 chunked reference on one small
+shape (B=2, T=1024, H=4): o, the final state and every gradient, ours and FLA's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_util import rel, roofline  # noqa: E402
+
+from refcheck import optimized, references  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CHUNK = 64
+SHAPES = {
+    "B8_T4096": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None),
+    "B1_T32768": dict(B=1, T=32768, H=16, K=128, V=128, lengths=None),
+    "varlen8_T32768": dict(B=1, T=32768, H=16, K=128, V=128,
+                           lengths=[4096, 1000, 7000, 3000, 5000, 512, 8192, 3968]),
+}
+ERROR_SHAPE = dict(B=2, T=1024, H=4, K=128, V=128, lengths=None)
+OPS = ("gla", "simple_gla")
+
+
+def make_inputs(op, B, T, H, K, V, lengths, dtype=torch.bfloat16, seed=0, device=DEVICE):
+    """q, v unit normal, k scaled by K^-1/2, log-decays ``logsigmoid(z) / 16`` (FLA's test scale),
+    g ``[B, T, H, K]`` (gla) or ``[B, T, H]`` (simple_gla); cu_seqlens for packed lengths."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device=device, generator=gen)  # noqa: E731
+    g = F.logsigmoid(rnd(B, T, H, K) if op == "gla" else rnd(B, T, H)) / 16
+    x = dict(q=rnd(B, T, H, K), k=rnd(B, T, H, K) * K ** -0.5, v=rnd(B, T, H, V), g=g)
+    cu = None if lengths is None else torch.tensor([0] + lengths, device=device).cumsum(0).to(torch.int32)
+    return {n: t.to(dtype) for n, t in x.items()}, cu
+
+
+def implementations(op):
+    """``{"ours": fn, "fla": fn or None}`` and why FLA is missing ("" when present)."""
+    ours = optimized.gla if op == "gla" else optimized.simple_gla
+    try:
+        import fla  # noqa: F401
+    except ImportError:
+        return {"ours": ours, "fla": None}, "fla not installed"
+    if op == "gla":
+        from refcheck.model.ops.gla import fla_chunk_gla as peer
+    else:
+        from refcheck.model.ops.simple_gla import fla_chunk_simple_gla as peer
+    return {"ours": ours, "fla": peer}, ""
+
+
+def work(op, B, T, H, K, V, lengths, dtype_bytes=2):
+    """(forward flops, forward bytes, backward bytes) of the work model in the module docstring."""
+    chunks = B * math.ceil(T / CHUNK) if lengths is None else sum(math.ceil(n / CHUNK) for n in lengths)
+    C = CHUNK
+    flops = chunks * H * (2 * C * C * (K + V) + 4 * C * K * V)
+    gk = K if op == "gla" else 1
+    tokens = B * T * H
+    n_seq = B if lengths is None else len(lengths)
+    fwd_bytes = tokens * (2 * K + 2 * V + gk) * dtype_bytes + n_seq * H * K * V * 4
+    bwd_bytes = tokens * (3 * K + 2 * V + gk) * dtype_bytes
+    return flops, fwd_bytes, bwd_bytes
+
+
+def time_ms(fn, x, cu, backward):
+    """Median ms of one forward (``no_grad``) or forward+backward."""
+    from triton.testing import do_bench
+    if not backward:
+        def fwd():
+            with torch.no_grad():
+                fn(**x, cu_seqlens=cu, output_final_state=True)
+        return do_bench(fwd, return_mode="median")
+    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+    o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+    do = torch.randn_like(o)
+
+    def fwd_bwd():
+        out, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+        torch.autograd.grad(out, list(leaves.values()), do)
+    return do_bench(fwd_bwd, return_mode="median")
+
+
+def bench_shape(op, name, roof):
+    """Rows of one op and shape: ours and FLA, forward and forward+backward."""
+    s = SHAPES[name]
+    x, cu = make_inputs(op, **s)
+    impls, why = implementations(op)
+    flops, fwd_bytes, bwd_bytes = work(op, **s)
+    rows = []
+    for backward in (False, True):
+        ms = {}
+        for impl, fn in impls.items():
+            try:
+                ms[impl] = time_ms(fn, x, cu, backward) if fn is not None else None
+            except Exception as err:  # FLA refuses some configurations (e.g. its gated backward on Hopper)
+                ms[impl], why = None, f"{type(err).__name__}: {str(err)[:120]}"
+        f, b = flops * (3 if backward else 1), fwd_bytes + (bwd_bytes if backward else 0)
+        for impl, m in ms.items():
+            row = dict(op=op, shape=name, mode="fwd+bwd" if backward else "fwd", impl=impl, ms=m,
+                       note=why if m is None else "")
+            if m is not None:
+                row.update(ratio_to_fla=ms["fla"] / m if ms.get("fla") else None, tflops=f / m / 1e9,
+                           gbps=b / m / 1e6, pct_flops_roof=100 * f / m / 1e9 / roof["bf16_tflops"],
+                           pct_bw_roof=100 * b / m / 1e6 / roof["copy_gbps"])
+            rows.append(row)
+            print(format_row(row), flush=True)
+    return rows
+
+
+HEADER = f"{'op':10} {'shape':16} {'mode':8} {'impl':5} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} {'%bw':>5}"
+
+
+def format_row(r) -> str:
+    if r["ms"] is None:
+        return f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:5} {r['note']}"
+    ratio = f"{r['ratio_to_fla']:.2f}" if r.get("ratio_to_fla") else "-"
+    return (f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:5} {r['ms']:8.3f} {ratio:>6} "
+            f"{r['tflops']:8.1f} {r['gbps']:7.0f} {r['pct_bw_roof']:5.1f}")
+
+
+def errors(op):
+    """Relative errors of o, the final state and every gradient vs the float64 chunked reference."""
+    x, cu = make_inputs(op, **ERROR_SHAPE, seed=1)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    B, H, K, V = (ERROR_SHAPE[n] for n in "BHKV")
+    do = torch.randn(*x["v"].shape, device=DEVICE, generator=gen)
+    dht = torch.randn(B, H, K, V, device=DEVICE, generator=gen)
+    chunked = references.gla_chunked if op == "gla" else references.simple_gla_chunked
+    x64 = {n: t.detach().double().requires_grad_() for n, t in x.items()}
+    ro, rht = chunked(**x64, cu_seqlens=cu, output_final_state=True)
+    ref = dict(o=ro, final_state=rht, **dict(zip(x64, torch.autograd.grad((ro, rht), list(x64.values()),
+                                                                          (do.double(), dht.double())))))
+    out = {}
+    for impl, fn in implementations(op)[0].items():
+        if fn is None:
+            continue
+        leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+        try:
+            o, ht = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+            grads = torch.autograd.grad((o, ht), list(leaves.values()), (do.to(o.dtype), dht.to(ht.dtype)))
+        except Exception as err:
+            out[impl] = {"failed": f"{type(err).__name__}: {str(err)[:120]}"}
+            continue
+        got = dict(o=o, final_state=ht, **dict(zip(leaves, grads)))
+        out[impl] = {n: rel(got[n], ref[n]) for n in got}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the JSON results here")
+    ap.add_argument("--quick", action="store_true", help="one shape (B8_T4096), no error table")
+    args = ap.parse_args()
+    if DEVICE != "cuda":
+        sys.exit("benchmarks/gla.py needs a CUDA GPU")
+    roof = roofline()
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=__import__("triton").__version__, roofline=roof, rows=[], errors={})
+    print(f"device {result['device']}: bf16 matmul {roof['bf16_tflops']:.0f} TFLOP/s, copy {roof['copy_gbps']:.0f} GB/s")
+    print(HEADER)
+    for op in OPS:
+        for name in (["B8_T4096"] if args.quick else SHAPES):
+            try:
+                result["rows"] += bench_shape(op, name, roof)
+            except Exception as err:  # keep the other shapes' results
+                print(f"{op} {name}: failed: {type(err).__name__}: {err}", flush=True)
+        if not args.quick:
+            result["errors"][op] = errs = errors(op)
+            for impl, e in errs.items():
+                print(f"{op} errors vs float64 ({impl}): " + " ".join(
+                    f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()), flush=True)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

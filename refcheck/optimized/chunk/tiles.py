@@ -1,0 +1,81 @@
+"""Tile loads and stores shared by the chunked linear-attention kernels (KDA, GLA, simple GLA).
+
+Token tensors hold, for every token (tokens of all sequences flattened, ``row`` in ``[0, B*T)``) and
+head h, a vector of D channels. Two layouts are read without copies:
+
+* sequence-first (the contract, the default): ``[B, T, H, D]``, element ``(row * H + h) * D + col``;
+* head-first (``HEAD_FIRST``): ``[B, H, T, D]``, element ``((b * H + h) * T + t) * D + col`` with
+  ``b = row // T``, ``t = row % T``.
+
+Within one sequence consecutive rows are ``row_stride`` elements apart in either layout. Intermediates
+(cumulative gates, chunk matrices) are always sequence-first. A tile is ``x[rows, h, cols]``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_offsets(rows, h, H, D, T=1, HEAD_FIRST: tl.constexpr = False):
+    """int64 offset of ``x[row, h, 0]`` for every row of ``rows`` (see the module docstring)."""
+    r = rows.to(tl.int64)
+    if HEAD_FIRST:
+        off = ((r // T) * H + h) * T * D + (r % T) * D
+    else:
+        off = (r * H + h) * D
+    return off
+
+
+def row_stride(H: int, D: int, head_first: bool) -> int:
+    """Elements between consecutive tokens of one sequence and head."""
+    return D if head_first else H * D
+
+
+@triton.jit
+def load_tile(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
+    """fp32 tile ``x[rows, h, cols]``, zero where masked."""
+    off = row_offsets(rows, h, H, D, T, HEAD_FIRST)[:, None] + cols[None, :]
+    return tl.load(ptr + off, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_tile(ptr, x, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
+    """Store ``x`` into ``ptr[rows, h, cols]`` in the pointer's dtype."""
+    off = row_offsets(rows, h, H, D, T, HEAD_FIRST)[:, None] + cols[None, :]
+    tl.store(ptr + off, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def load_rowvec(ptr, rows, rmask, h, H, T=1, HEAD_FIRST: tl.constexpr = False):
+    """fp32 ``x[rows, h]`` of a ``[T, H]`` tensor (beta, a scalar gate)."""
+    return tl.load(ptr + row_offsets(rows, h, H, 1, T, HEAD_FIRST), mask=rmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_gate(G_ptr, rows, rmask, h, H, K, cols, cmask, SCALAR: tl.constexpr = False):
+    """fp32 ``[R, BK]`` tile of a sequence-first cumulative gate: ``G[rows, h, cols]`` of a ``[T, H, K]``
+    gate, or with ``SCALAR`` the ``[T, H]`` gate ``G[rows, h]`` broadcast over the columns."""
+    if SCALAR:
+        g = load_rowvec(G_ptr, rows, rmask, h, H)[:, None] + tl.zeros_like(cols).to(tl.float32)[None, :]
+    else:
+        g = load_tile(G_ptr, rows, rmask, h, H, K, cols, cmask)
+    return g
+
+
+@triton.jit
+def load_gate_row(G_ptr, row, h, H, K, cols, cmask, SCALAR: tl.constexpr = False):
+    """fp32 ``[BK]`` row ``G[row, h, cols]`` of a cumulative gate (``SCALAR``: ``G[row, h]`` broadcast)."""
+    if SCALAR:
+        g = tl.load(G_ptr + row.to(tl.int64) * H + h).to(tl.float32) + tl.zeros_like(cols).to(tl.float32)
+    else:
+        g = tl.load(G_ptr + (row.to(tl.int64) * H + h) * K + cols, mask=cmask, other=0.0).to(tl.float32)
+    return g
+
+
+@triton.jit
+def chunk_span(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
+    """First token and number of valid rows (<= C) of chunk c."""
+    t0 = tl.load(start_ptr + c)
+    eos = tl.load(cu_ptr + tl.load(seq_ptr + c) + 1)
+    return t0, tl.minimum(eos - t0, C)

@@ -1,0 +1,149 @@
+"""Public ``gla`` and ``simple_gla``: the contract signature, input checks once, one autograd Function.
+
+The checks are the contract's own (``references.contract``, ``references.gla.check_gla_inputs``) plus
+what the kernels need: fp32/bf16/fp16 tensors on one device, head dims up to 256, a float32 initial
+state. A batch without ``cu_seqlens`` is handled as B packed sequences of T tokens, so every kernel
+sees one chunk table; ``head_first=True`` reads ``[B, H, T, D]`` tensors in place (strides, no copy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from refcheck.references.contract import check_cu_seqlens, check_scale, check_state, check_tensor
+from refcheck.references.gla import check_gla_inputs
+
+from ..common import Chunks, check_flag, check_precision, make_chunks
+from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, grads, intra, recurrence
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256
+DEFAULT_PRECISION = "tf32"
+
+
+@dataclass(frozen=True)
+class GlaConfig:
+    """Everything about a gla / simple_gla call that is not a differentiable tensor."""
+
+    chunks: Chunks
+    scale: float
+    scalar: bool        # simple GLA: g [B, T, H]
+    head_first: bool
+    T: int              # tokens per batch row (the head-first layout's stride unit)
+    precision: str
+    final: bool
+
+
+class ChunkGlaFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, cfg: GlaConfig):
+        B = q.shape[0]
+        H = q.shape[1] if cfg.head_first else q.shape[2]
+        GK = 1 if cfg.scalar else q.shape[-1]
+        ch = cfg.chunks
+        G = torch.empty(B * cfg.T, H, GK, device=q.device, dtype=torch.float32)
+        chunk_cumsum(g, G, ch, H, cfg.T, GK, parts=1, x_head_first=cfg.head_first, out_head_first=False,
+                     reverse=False)
+        P = intra(q, k, G, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision)
+        o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
+        keep = any(ctx.needs_input_grad)
+        ht, hs = recurrence(q, k, v, G, P, h0, o, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar,
+                            cfg.precision, final=cfg.final, keep=keep)
+        if keep:
+            ctx.save_for_backward(q, k, v, g, G, P, h0, hs)
+        ctx.cfg = cfg
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        cfg: GlaConfig = ctx.cfg
+        q, k, v, g, G, P, h0, hs = ctx.saved_tensors
+        H, V = G.shape[1], v.shape[-1]
+        GK = G.shape[-1]
+        ch = cfg.chunks
+        do = do.contiguous()
+        dh, dh0 = dstate(q, G, do, None if dht is None else dht.contiguous(), ch, H, cfg.T, V, cfg.scale,
+                         cfg.head_first, cfg.scalar, cfg.precision, want_dh0=h0 is not None)
+        dq, dk, dv, dG = grads(q, k, v, G, P, hs, dh, do, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar,
+                               cfg.precision)
+        dg = chunk_cumsum(dG, torch.empty_like(g), ch, H, cfg.T, GK, parts=dG.shape[0], x_head_first=False,
+                          out_head_first=cfg.head_first, reverse=True)
+        return dq, dk, dv, dg, dh0, None
+
+
+def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_state, cu_seqlens, head_first,
+                   precision, chunk_size):
+    """Validate everything (a ValueError naming the argument, before any launch) and run."""
+    check_flag("head_first", head_first)
+    check_flag("output_final_state", output_final_state)
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
+        check_tensor(name, x, 3 if name == "g" and scalar else 4, KERNEL_DTYPES)
+    if head_first:
+        if cu_seqlens is not None:
+            raise ValueError("cu_seqlens: packed sequences need the sequence-first layout, got head_first=True")
+        B, H, T = q.shape[:3]
+        seq_first = [x.transpose(1, 2) for x in (q, k, v, g)]  # views: the contract's checks, in its layout
+    else:
+        B, T, H = q.shape[:3]
+        seq_first = [q, k, v, g]
+    check_gla_inputs(*seq_first, scalar_gate=scalar)
+    for name, x in (("k", k), ("v", v), ("g", g)):
+        if x.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
+    K, V = q.shape[-1], v.shape[-1]
+    for name, d in (("q", K), ("v", V)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
+    scale = check_scale(scale, K)
+    precision = check_precision(precision)
+    if chunk_size not in CHUNK_SIZES or isinstance(chunk_size, bool):
+        raise ValueError(f"chunk_size: expected one of {CHUNK_SIZES}, got {chunk_size!r}")
+    if cu_seqlens is not None:
+        check_cu_seqlens(cu_seqlens, B, T)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if initial_state is not None:
+        check_state("initial_state", initial_state, N, H, K, V)
+        if initial_state.dtype != torch.float32 or initial_state.device != q.device:
+            raise ValueError(f"initial_state: expected float32 on {q.device}, got {initial_state.dtype} on "
+                             f"{initial_state.device}")
+        initial_state = initial_state.contiguous()
+    cfg = GlaConfig(make_chunks(B, T, cu_seqlens, chunk_size, q.device), scale, scalar, head_first, T, precision,
+                    output_final_state)
+    q, k, v, g = (x.contiguous() for x in (q, k, v, g))
+    return ChunkGlaFunction.apply(q, k, v, g, initial_state, cfg)
+
+
+KNOBS_DOC = """
+    Knobs:
+      head_first: q, k, v, g and o are ``[B, H, T, D]`` (g ``[B, H, T]`` for simple GLA), read and
+                  written in place; not with ``cu_seqlens``. Bitwise the same results as the
+                  sequence-first call on the transposed tensors.
+      precision:  input precision of every fp32 ``tl.dot`` ("ieee", "tf32", "tf32x3"); default "tf32"
+                  (errors ~1e-3 relative, below the bf16/fp16 rounding of the data it mostly serves).
+      chunk_size: 64 or 128 tokens per chunk.
+    Returns ``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] fp32 or None)``; differentiable in
+    q, k, v, g and initial_state (dg in g's dtype)."""
+
+
+def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+        head_first=False, precision=DEFAULT_PRECISION, chunk_size=64):
+    """Chunked GLA (``chunk.py``), the contract of ``references.gla``: ``g [B, T, H, K]`` log-decays
+    (fp32, bf16 or fp16, converted in the kernel), ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T``,
+    ``o_t = scale S_t^T q_t``."""
+    return _check_and_run(q, k, v, g, scalar=False, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, head_first=head_first,
+                          precision=precision, chunk_size=chunk_size)
+
+
+def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+               head_first=False, precision=DEFAULT_PRECISION, chunk_size=64):
+    """Chunked simple GLA, the contract of ``references.simple_gla``: one log-decay per head and
+    token, ``g [B, T, H]``, ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t``."""
+    return _check_and_run(q, k, v, g, scalar=True, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, cu_seqlens=cu_seqlens, head_first=head_first,
+                          precision=precision, chunk_size=chunk_size)
+
+
+gla.__doc__ = (gla.__doc__ or "") + KNOBS_DOC
+simple_gla.__doc__ = (simple_gla.__doc__ or "") + KNOBS_DOC

@@ -1,0 +1,341 @@
+"""Chunked GLA and simple GLA in Triton: the kernels and their launchers.
+
+Per sequence and head the state ``S [K, V]`` follows ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T`` and
+``o_t = scale S_t^T q_t`` (simple GLA: one decay per token, broadcast over K). A chunk of C rows
+(tokens) starts from the state ``S0``; with ``G [C, K]`` the chunk-local cumulative log-decay
+(``[C]`` broadcast for simple GLA):
+
+    P_ij = scale sum_d q_id k_jd exp(G_id - G_jd)   (j <= i; simple GLA: scale (q k^T)_ij exp(G_i - G_j))
+    O    = scale (q e^G) S0 + P V                                   [C, V]
+    S1   = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V             [K, V]
+
+Forward: ``chunk_cumsum`` (G), ``intra`` (P of every chunk, in parallel), ``recurrence`` (one program
+per value block, sequence and head walks the chunks with S in registers: O, the final state and, for
+the backward, the entry state ``h [NC, H, K, V]`` of every chunk). The serial state and output pass
+is KDA's (``chunk.state``) with the written values ``U = V``.
+
+Backward, with ``dS1`` the gradient of a chunk's exit state (``dh``) and ``dP = lower(dO V^T)``:
+
+    dS0 = Diag(e^{G_last}) dS1 + scale (q e^G)^T dO                 (``dstate``, last chunk first)
+    dq  = scale e^G (dO S0^T) + scale rowform(dP, k)                (``grads_qk``)
+    dk  = e^{G_last - G} (V dS1^T) + scale colform(dP, q)
+    dv  = P^T dO + (k e^{G_last - G}) dS1                           (``grads_v``)
+    dG  = q dq - k dk, plus on the last row sum_j k_j e^{G_last - G_j} (V dS1^T)_j + e^{G_last} rowsum(S0 dS1)
+    dg  = the reverse cumulative sum of dG within the chunk (the adjoint of the cumulative sum;
+          simple GLA first sums dG over the channels)
+
+rowform / colform are ``pairs.rowform`` / ``pairs.colform`` (safe for any decay); for simple GLA
+``(dP * D) k`` and ``(dP * D)^T q`` with ``D_ij = exp(G_i - G_j)`` (j <= i), single dots.
+
+Layouts: q, k, v, g, o and their gradients are sequence-first ``[B, T, H, D]`` or head-first
+``[B, H, T, D]`` (``HEAD_FIRST``, see ``chunk.tiles``); G, P and the partial gate gradients are
+sequence-first fp32 intermediates.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk.state import (
+    dwrite_blocks,
+    launch_serial,
+    load_blocks,
+    read_blocks,
+    serial_chunk,
+    serial_program,
+    store_blocks,
+    write_blocks,
+)
+from ..chunk.tiles import chunk_span, load_gate, load_gate_row, load_rowvec, load_tile, row_offsets, store_tile
+from ..common import Chunks, launch, padded
+from ..kda.subchunk import diag_precision
+from .pairs import colform, gram, rowform
+
+SUB = 16
+CHUNK_SIZES = (64, 128)
+
+
+@triton.jit
+def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTAL, C: tl.constexpr,
+                  BD: tl.constexpr, X_HF: tl.constexpr, Y_HF: tl.constexpr, REVERSE: tl.constexpr):
+    """One chunk and head: ``y = cumsum(sum_p x[p])`` over the chunk's rows (from its end with
+    ``REVERSE``); x has ``NPART`` parts of ``TOTAL`` tokens; both ``[*, H, D]`` in their layouts."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    rows = t0 + i
+    rmask = i < n
+    for d0 in range(0, D, BD):
+        cols = d0 + tl.arange(0, BD)
+        cmask = cols < D
+        x = tl.zeros((C, BD), tl.float32)
+        for p in range(NPART):
+            x += load_tile(x_ptr + p * TOTAL * H * D, rows, rmask, h, H, D, cols, cmask, T, X_HF)
+        store_tile(y_ptr, tl.cumsum(x, axis=0, reverse=REVERSE), rows, rmask, h, H, D, cols, cmask, T, Y_HF)
+
+
+@triton.jit
+def chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
+    """``(t0, n, i, rows, rmask, grows)`` of chunk c: its first token, valid rows, row indices, token
+    rows (masked past the end) and token rows clamped to the last valid one (for G)."""
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    return t0, n, i, t0 + i, i < n, t0 + tl.minimum(i, n - 1)
+
+
+@triton.jit
+def scalar_decays(G_ptr, grows, h, H, C: tl.constexpr):
+    """``D_ij = exp(G_i - G_j)`` for j <= i, 0 above (simple GLA's chunk decays, ``[C, C]``)."""
+    i = tl.arange(0, C)
+    Gv = load_rowvec(G_ptr, grows, i < C, h, H)
+    return tl.exp(tl.where(i[:, None] >= i[None, :], Gv[:, None] - Gv[None, :], float("-inf")))
+
+
+@triton.jit
+def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, C: tl.constexpr,
+                 BC: tl.constexpr, BK: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr,
+                 PREC: tl.constexpr, DPREC: tl.constexpr):
+    """One chunk and head: ``P`` (scale included), fp32 ``[T, H, C]``."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
+    k_row0 = k_ptr + row_offsets(t0, h, H, K, T, HEAD_FIRST)
+    kstride = K if HEAD_FIRST else H * K
+    G_row0 = G_ptr + (t0.to(tl.int64) * H + h) * K
+    P = tl.zeros((C, C), tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < K
+        q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        if SCALAR:
+            P += tl.dot(q, tl.trans(k), input_precision=PREC)
+        else:
+            G = load_tile(G_ptr, grows, i < C, h, H, K, kk, kmask)
+            P = gram(P, q, k, G, k_row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
+    if SCALAR:
+        P *= scalar_decays(G_ptr, grows, h, H, C)
+    store_tile(P_ptr, P * scale, rows, rmask, h, H, C, i, i < C)
+
+
+@triton.jit
+def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, P_ptr, h0_ptr, o_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, scale,
+                      H, T, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
+                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_H: tl.constexpr,
+                      HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV]."""
+    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    cc = tl.arange(0, C)
+    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
+    for it in range(tl.cdiv(eos - bos, C)):
+        t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
+        if STORE_H:
+            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C), v, input_precision=PREC)
+        _, O = read_blocks(S0, S1, S2, S3, O, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB, NKB,
+                           True, PREC, False, T, HEAD_FIRST, SCALAR)
+        store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
+                                      PREC, T, HEAD_FIRST, SCALAR)
+    if STORE_FINAL:
+        store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
+
+
+@triton.jit
+def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, T, K, V,
+                  C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                  STORE_DH0: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: the state gradient, last chunk first; ``dh[c]`` is the
+    gradient of chunk c's exit state."""
+    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT)
+    num = tl.cdiv(eos - bos, C)
+    for back in range(num):
+        it = num - 1 - back
+        t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
+        store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, do, q_ptr, q_ptr, G_ptr, rows, rmask, grows, last,
+                                           h, H, K, scale, KB, NKB, PREC, False, T, HEAD_FIRST, SCALAR)
+    if STORE_DH0:
+        store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask)
+
+
+@triton.jit
+def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, cu_ptr, seq_ptr,
+                    start_ptr, scale, H, T, K, V, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
+                    DPREC: tl.constexpr):
+    """One chunk, head and channel block: dq, dk and dG (fp32 ``[T, H, K]``; simple GLA: its sum over
+    this block's channels, part kb of ``[NKB, T, H]``), see the module docstring. dG's pair terms are
+    formed so that what cancels exactly in the math cancels in fp32 too (the diagonal pairs; for
+    simple GLA ``sum_j MA_ij - sum_j MA_ji`` with ``MA = M * (q k^T)``), so that a decay that
+    multiplies a zero state gets a zero gradient, not a rounding residue."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    kb = tl.program_id(2)
+    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
+    kk = kb * BK + tl.arange(0, BK)
+    kmask = kk < K
+    q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    G = load_gate(G_ptr, grows, i < C, h, H, K, kk, kmask, SCALAR)
+    G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, kk, kmask, SCALAR)
+    cv = tl.arange(0, BV)
+    dQs = tl.zeros((C, BK), tl.float32)
+    dKs = tl.zeros((C, BK), tl.float32)
+    dgamma = tl.zeros((BK,), tl.float32)
+    dP = tl.zeros((C, C), tl.float32)
+    state_base = (c.to(tl.int64) * H + h) * K * V
+    for v0 in range(0, V, BV):
+        vv = v0 + cv
+        vmask = vv < V
+        s_off = state_base + kk.to(tl.int64)[:, None] * V + vv[None, :]
+        s_mask = kmask[:, None] & vmask[None, :]
+        hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
+        dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
+        do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        dQs += tl.dot(do, tl.trans(hs), input_precision=PREC)
+        dKs += tl.dot(v, tl.trans(dh), input_precision=PREC)
+        dgamma += tl.sum(hs * dh, axis=1)
+        dP += tl.dot(do, tl.trans(v), input_precision=PREC)
+    dKd = tl.exp(G_last[None, :] - G) * dKs
+    dq_s = scale * tl.exp(G) * dQs
+    last = tl.where(i[:, None] == n - 1, (tl.sum(k * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+    if SCALAR:
+        M = tl.where(i[:, None] >= i[None, :], dP, 0.0) * scalar_decays(G_ptr, grows, h, H, C)
+        dq = dq_s + scale * tl.dot(M, k, input_precision=PREC)
+        dk = dKd + scale * tl.dot(tl.trans(M), q, input_precision=PREC)
+        # the pairs' share of dG_i summed over channels: sum_j MA_ij - sum_j MA_ji (0 on the diagonal, exactly)
+        MA = M * tl.dot(q, tl.trans(k), input_precision=PREC)
+        dG = tl.sum(q * dq_s - k * dKd + last, axis=1) + scale * (tl.sum(MA, axis=1) - tl.sum(MA, axis=0))
+    else:
+        # the diagonal pairs (j = i, decay 1) apart: their share of dG, q_i M_ii k_i - k_i M_ii q_i, is 0 exactly
+        M = tl.where(i[:, None] > i[None, :], dP, 0.0)
+        m_ii = tl.sum(tl.where(i[:, None] == i[None, :], dP, 0.0), axis=1)[:, None]
+        row0 = row_offsets(t0, h, H, K, T, HEAD_FIRST)
+        kstride = K if HEAD_FIRST else H * K
+        G_row0 = G_ptr + (t0.to(tl.int64) * H + h) * K
+        Rq = scale * rowform(M, k, G, k_ptr + row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
+        Rk = scale * colform(M, q, G, q_ptr + row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
+        dq = dq_s + Rq + scale * m_ii * k
+        dk = dKd + Rk + scale * m_ii * q
+        dG = q * (dq_s + Rq) - k * (dKd + Rk) + last
+    store_tile(dq_ptr, dq, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    store_tile(dk_ptr, dk, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    if SCALAR:
+        tl.store(dG_ptr + (kb.to(tl.int64) * TOTAL + rows) * H + h, dG, mask=rmask)
+    else:
+        store_tile(dG_ptr, dG, rows, rmask, h, H, K, kk, kmask)
+
+
+@triton.jit
+def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr, start_ptr, H, T, K, V,
+                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
+                   SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One chunk, head and value block: ``dv = P^T dO + (k e^{G_last - G}) dS1``."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
+    vv = tl.program_id(2) * BV + tl.arange(0, BV)
+    vmask = vv < V
+    do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+    dv = tl.dot(tl.trans(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)), do, input_precision=PREC)
+    state_base = (c.to(tl.int64) * H + h) * K * V
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < K
+        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        G = load_gate(G_ptr, grows, i < C, h, H, K, kk, kmask, SCALAR)
+        G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, kk, kmask, SCALAR)
+        dh = tl.load(dh_ptr + state_base + kk.to(tl.int64)[:, None] * V + vv[None, :],
+                     mask=kmask[:, None] & vmask[None, :], other=0.0)
+        dv += tl.dot(k * tl.exp(G_last[None, :] - G), dh, input_precision=PREC)
+    store_tile(dv_ptr, dv, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+
+
+# ------------------------------------------------------------------------------------ launchers
+# Every launcher takes the token tensors in their layout (``head_first``, with T tokens per batch
+# row) and the chunk table of the flattened tokens.
+
+
+def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: int, D: int, *, parts: int,
+                 x_head_first: bool, out_head_first: bool, reverse: bool) -> torch.Tensor:
+    """``out = `` the chunk-local (reverse) cumulative sum of the sum of the ``parts`` parts of x."""
+    if chunks.num_chunks and H:
+        cumsum_kernel[(chunks.num_chunks, H)](
+            x, out, chunks.cu, chunks.seq, chunks.start, H, T, D, parts, int(chunks.cu[-1]) if parts > 1 else 0,
+            C=chunks.size, BD=min(padded(D), 64), X_HF=x_head_first, Y_HF=out_head_first, REVERSE=reverse)
+    return out
+
+
+def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool, precision: str):
+    """P of every chunk: fp32 ``[tokens, H, C]``, scale included."""
+    K = q.shape[-1]
+    total = int(chunks.cu[-1])
+    P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
+    if chunks.num_chunks and H:
+        cfg = dict(BK=min(padded(K), 32 if chunks.size == 64 else 16), num_warps=4, num_stages=1)
+        launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, P, chunks.cu, chunks.seq, chunks.start, scale, H, T, K),
+               dict(C=chunks.size, BC=SUB, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision,
+                    DPREC=diag_precision(precision)),
+               [cfg, cfg | dict(BK=16)])
+    return P
+
+
+def recurrence(q, k, v, G, P, h0, o, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
+               precision: str, *, final: bool, keep: bool):
+    """Write o; return ``(final state [N, H, K, V] or None, entry states h [NC, H, K, V] or None)``, fp32."""
+    K, V = q.shape[-1], v.shape[-1]
+    f32 = torch.float32
+    ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32) if keep else None
+    launch_serial(recurrence_kernel,
+                  (q, k, v, G, P, h0 if h0 is not None else q, o, ht if final else q, hs if keep else q, chunks.cu,
+                   chunks.offsets, scale, H, T, K, V),
+                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, STORE_H=keep, HEAD_FIRST=head_first, SCALAR=scalar,
+                       PREC=precision), chunks, H, K, V, None)
+    return ht, hs
+
+
+def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
+           precision: str, want_dh0: bool):
+    """``(dh [NC, H, K, V], dh0 [N, H, K, V] or None)``, fp32."""
+    K = q.shape[-1]
+    f32 = torch.float32
+    dh = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
+    dh0 = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if want_dh0 else None
+    launch_serial(dstate_kernel,
+                  (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets,
+                   scale, H, T, K, V),
+                  dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
+                       PREC=precision), chunks, H, K, V, None)
+    return dh, dh0
+
+
+def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
+          precision: str):
+    """``(dq, dk, dv, dG)``: dq, dk, dv like q, k, v; dG fp32 ``[1, tokens, H, K]`` (simple GLA:
+    ``[NKB, tokens, H]``, partial sums over channel blocks) before the reverse cumulative sum."""
+    K, V = q.shape[-1], v.shape[-1]
+    total = int(chunks.cu[-1])
+    C = chunks.size
+    bk = min(padded(K), 64 if C == 64 else 32)
+    nkb = triton.cdiv(K, bk)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dG = torch.empty(*((nkb, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
+    if chunks.num_chunks and H:
+        table = (chunks.cu, chunks.seq, chunks.start)
+        flags = dict(C=C, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision)
+        kcfg = dict(BK=bk, BV=min(padded(V), 64), num_warps=4, num_stages=1)
+        launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
+               (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
+               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)])
+        vcfg = dict(BK=min(padded(K), 64), BV=min(padded(V), 64), num_warps=4, num_stages=1)
+        launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
+               (k, G, P, dh, do, dv, *table, H, T, K, V), flags, [vcfg, vcfg | dict(BK=32, BV=32)])
+    return dq, dk, dv, dG

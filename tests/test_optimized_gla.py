@@ -1,0 +1,145 @@
+"""Quick checks of ``optimized.gla`` / ``optimized.simple_gla`` on the CPU (faithful Triton interpreter)
+against the float64 references: forward and every gradient on a few shapes and options, both
+layouts (bitwise the same), and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from refcheck.runtime import interpreter
+
+interpreter.interpret_new_kernels()  # before the kernel modules are imported
+interpreter.enable()
+
+from refcheck import optimized, references  # noqa: E402
+
+# relative RMS error allowed, by (input dtype, precision): fp32 with fp32-accurate dots sits near 1e-6
+# (1e-5 with strong decay: the exponents G_i - G_j of large cumulative sums lose |G| 2^-24); tf32
+# truncates operands to 10 bits; bf16 rounds inputs and outputs.
+TOL = {("fp32", "ieee"): 5e-5, ("fp32", "tf32x3"): 5e-5, ("fp32", "tf32"): 3e-3, ("bf16", "tf32"): 2e-2,
+       ("fp16", "tf32"): 5e-3}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPS = {"gla": (optimized.gla, references.gla), "simple_gla": (optimized.simple_gla, references.simple_gla)}
+
+
+def rel(x, ref):
+    return float((x.detach().double() - ref.detach()).norm() / ref.detach().norm().clamp_min(1e-30))
+
+
+def gla_case(op, B=1, T=70, H=1, K=32, V=32, dtype="fp32", gate_dtype=None, lengths=None, h0=False, strong=False,
+             seed=0):
+    """Inputs (rounded to dtype) and contract options of one call. ``strong``: tokens 24..55 decay
+    30x faster (up to -150 per token), so that those sub-chunks take the exact diagonal sums."""
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    g = -5.0 * torch.rand(*((B, T, H) if op == "simple_gla" else (B, T, H, K)), generator=gen)
+    if strong:
+        g[:, 24:56] *= 30.0
+    x = dict(q=rnd(B, T, H, K), k=rnd(B, T, H, K) * K ** -0.5, v=rnd(B, T, H, V))
+    x = {n: t.to(DTYPES[dtype]) for n, t in x.items()} | {"g": g.to(DTYPES[gate_dtype or dtype])}
+    if h0:
+        x["initial_state"] = rnd(B if lengths is None else len(lengths), H, K, V)
+    cu = None if lengths is None else torch.tensor([0] + lengths).cumsum(0)
+    return x, dict(cu_seqlens=cu, output_final_state=True)
+
+
+def run(fn, x, opts, do, dht, head_first=False, **knobs):
+    """``(o, final state, gradients by input name)``, all sequence-first."""
+    leaves = {n: t.detach().clone().requires_grad_() for n, t in x.items()}
+    if head_first:
+        args = {n: t if n == "initial_state" else t.transpose(1, 2) for n, t in leaves.items()}
+        o, ht = fn(**args, **opts, head_first=True, **knobs)
+        o = o.transpose(1, 2)
+    else:
+        o, ht = fn(**leaves, **opts, **knobs)
+    grads = torch.autograd.grad((o, ht), list(leaves.values()), (do.to(o.dtype), dht.to(ht.dtype)))
+    return o, ht, dict(zip(leaves, grads))
+
+
+def cotangents(x, opts):
+    gen = torch.Generator().manual_seed(1)
+    N = x["q"].shape[0] if opts["cu_seqlens"] is None else len(opts["cu_seqlens"]) - 1
+    H, K, V = x["q"].shape[2], x["q"].shape[3], x["v"].shape[3]
+    return (torch.randn(*x["v"].shape, generator=gen, dtype=torch.float64),
+            torch.randn(N, H, K, V, generator=gen, dtype=torch.float64))
+
+
+CASES = {
+    "fp32 ieee strong decay h0": (dict(T=130, strong=True, h0=True), dict(precision="ieee")),
+    "fp32 ieee varlen empty h0": (dict(T=110, lengths=[0, 37, 0, 73], h0=True), dict(precision="ieee")),
+    "fp32 tf32x3 chunk 128 strong": (dict(T=150, strong=True), dict(precision="tf32x3", chunk_size=128)),
+    "fp32 tf32 K=100 V=24": (dict(T=66, K=100, V=24), dict(precision="tf32")),
+    "bf16 B=2 H=2 fp32 gate": (dict(B=2, T=40, H=2, K=16, V=16, dtype="bf16", gate_dtype="fp32", h0=True), dict()),
+    "fp16 fp16 gate": (dict(T=67, dtype="fp16"), dict()),
+}
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("name", list(CASES))
+def test_gla_matches_float64(op, name):
+    shape, knobs = CASES[name]
+    x, opts = gla_case(op, **shape)
+    do, dht = cotangents(x, opts)
+    fn, ref = OPS[op]
+    o, ht, grads = run(fn, x, opts, do, dht, **knobs)
+    ro, rht, rgrads = run(ref, {n: t.double() for n, t in x.items()}, opts, do, dht)
+    assert o.dtype == x["q"].dtype and o.shape == ro.shape and ht.dtype == torch.float32
+    assert all(grads[n].dtype == x[n].dtype for n in grads)
+    tol = TOL[(shape.get("dtype", "fp32"), knobs.get("precision", "tf32"))]
+    errors = {"o": rel(o, ro), "final_state": rel(ht, rht)} | {f"d{n}": rel(grads[n], rgrads[n]) for n in grads}
+    # dg = reverse cumsum of q dq - k dk: a difference of terms larger than itself, so looser
+    assert all(e <= (3 * tol if n == "dg" else tol) for n, e in errors.items()), str(errors)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_gla_head_first_is_bitwise_the_sequence_first_result(op):
+    x, opts = gla_case(op, B=2, T=80, H=3, K=24, V=40, h0=True, strong=True)
+    do, dht = cotangents(x, opts)
+    fn = OPS[op][0]
+    seq = run(fn, x, opts, do, dht, precision="ieee")
+    head = run(fn, x, opts, do, dht, head_first=True, precision="ieee")
+    for a, b in zip(seq[:2], head[:2]):
+        assert torch.equal(a, b)
+    assert all(torch.equal(seq[2][n], head[2][n]) for n in x)
+
+
+def test_gla_empty_sequences_keep_the_state():
+    x, opts = gla_case("gla", T=0, lengths=[0, 0], h0=True)
+    o, ht = optimized.gla(**x, **opts)
+    assert o.shape == (1, 0, 1, 32)
+    torch.testing.assert_close(ht, x["initial_state"], rtol=0, atol=0)
+
+
+def _bad(op, **change):
+    x, opts = gla_case(op, T=8)
+    with pytest.raises(ValueError) as err:
+        OPS[op][0](**(x | opts | change))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(q=torch.randn(1, 8, 1, 300), k=torch.randn(1, 8, 1, 300), g=-torch.rand(1, 8, 1, 300)), "q"),
+    (dict(v=torch.randn(1, 8, 1, 257)), "v"),
+    (dict(g=-torch.rand(1, 8, 1)), "g"),
+    (dict(g=-torch.rand(1, 8, 1, 16)), "g"),
+    (dict(k=torch.randn(1, 8, 1, 16)), "k"),
+    (dict(initial_state=torch.zeros(1, 1, 32, 32, dtype=torch.float64)), "initial_state"),
+    (dict(cu_seqlens=torch.tensor([0, 5, 3, 8])), "cu_seqlens"),
+    (dict(head_first=True, cu_seqlens=torch.tensor([0, 8])), "cu_seqlens"),
+    (dict(q=torch.randn(1, 8, 1, 32).double()), "q"),
+    (dict(precision="fp64"), "precision"),
+    (dict(chunk_size=32), "chunk_size"),
+    (dict(head_first=1), "head_first"),
+    (dict(scale=-1.0), "scale"),
+])
+def test_gla_bad_input_names_the_argument(change, name):
+    assert name in _bad("gla", **change)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(g=-torch.rand(1, 8, 1, 32)), "g"),
+    (dict(g=-torch.rand(1, 8, 2)), "g"),
+    (dict(v=torch.randn(1, 8, 1, 257)), "v"),
+])
+def test_simple_gla_bad_input_names_the_argument(change, name):
+    assert name in _bad("simple_gla", **change)
