@@ -1,8 +1,8 @@
-"""Registers, spills and shared memory of every KDA kernel on Hopper, without a GPU.
+"""Registers, spills and shared memory of every kernel of ours on Hopper, without a GPU.
 
-    python benchmarks/kernel_resources.py [--shape B8_T4096] [--arch 90] [--safe]
+    python benchmarks/kernel_resources.py [--op kda|gla|simple_gla|attention] [--shape B8_T4096] [--arch 90] [--safe]
 
-Runs ``optimized.kda`` forward and backward on small CPU tensors with every Triton launch captured
+Runs one of our ops (``optimized.kda`` by default) forward and backward on small CPU tensors with every Triton launch captured
 instead of run (``JITFunction.run`` is replaced), then compiles each captured launch for
 ``sm_<arch>`` with the ptxas that ships with Triton and reads the cubin's resource usage
 (``cuobjdump -res-usage``). The launch configuration is the one the wrapper would pick for the
@@ -11,7 +11,9 @@ sees, up to differences between this Triton and the GPU's (3.9 here, 3.6 on the 
 
 A kernel at 255 registers with a non-zero STACK spills to local memory every iteration; that, not
 the tensor cores, is what limits the serial kernels. Use this to iterate on register pressure
-offline and spend GPU time on timing only.
+offline and spend GPU time on timing only. With the GPU's Triton put first on ``PYTHONPATH``
+(``pip install --no-deps --target /tmp/tr36 triton==3.6.0``) it also shows that every kernel
+compiles there.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import sys
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,18 +109,63 @@ def kda_launches(shape: dict, safe: bool, keep: bool):
     return capture(fwd_bwd)
 
 
+def _grad_inputs(*shapes, dtype=torch.bfloat16):
+    return [torch.randn(*s, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def linear_launches(op: str, shape: dict):
+    """Every launch of one forward + backward of ``optimized.gla`` or ``optimized.simple_gla`` (bf16,
+    final state) at the shape's head dims, one chunk per sequence (launches depend on head dims and
+    program counts only)."""
+    from refcheck import optimized
+    B, H, K, V = (shape[n] for n in "BHKV")
+
+    def fwd_bwd():
+        q, k, v = _grad_inputs((B, 64, H, K), (B, 64, H, K), (B, 64, H, V))
+        g = torch.randn(B, 64, H, K) if op == "gla" else torch.randn(B, 64, H)
+        g = F.logsigmoid(g).requires_grad_()
+        o, ht = getattr(optimized, op)(q, k, v, g, output_final_state=True)
+        (o.float().sum() + ht.sum()).backward()
+    return capture(fwd_bwd)
+
+
+def attention_launches(causal: bool, dims: tuple[int, int]):
+    """Every launch of one forward + backward of ``optimized.attention`` (bf16, H = 16) at head dims
+    ``dims = (Dqk, Dv)``."""
+    from refcheck import optimized
+    dqk, dv = dims
+
+    def fwd_bwd():
+        q, k, v = _grad_inputs((1, 128, 16, dqk), (1, 128, 16, dqk), (1, 128, 16, dv))
+        o, lse = optimized.attention(q, k, v, causal=causal)
+        o.float().sum().backward()
+    return capture(fwd_bwd)
+
+
 def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kda import SHAPES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="B8_T4096", choices=list(SHAPES))
+    ap.add_argument("--op", default="kda", choices=("kda", "gla", "simple_gla", "attention"))
+    ap.add_argument("--shape", default="B8_T4096", choices=list(SHAPES), help="kda, gla, simple_gla: head dims and batch")
+    ap.add_argument("--dims", default="192,128", help="attention: Dqk,Dv")
+    ap.add_argument("--causal", action="store_true", help="attention: causal")
     ap.add_argument("--arch", type=int, default=90)
-    ap.add_argument("--safe", action="store_true", help="safe_gate with lower_bound -5")
-    ap.add_argument("--keep", action="store_true", help="disable_recompute")
+    ap.add_argument("--safe", action="store_true", help="kda: safe_gate with lower_bound -5")
+    ap.add_argument("--keep", action="store_true", help="kda: disable_recompute")
     ap.add_argument("--warps", type=int, help="compile every kernel with this many warps instead")
     args = ap.parse_args()
+    if args.op == "kda":
+        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep)
+    elif args.op == "attention":
+        dqk, dv = (int(d) for d in args.dims.split(","))
+        launches = attention_launches(args.causal, (dqk, dv))
+    else:
+        launches = linear_launches(args.op, SHAPES[args.shape])
+    import triton
+    print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'kernel':22} {'regs':>5} {'stack':>6} {'shared':>7}  options")
-    for kernel, bound, options in kda_launches(SHAPES[args.shape], args.safe, args.keep):
+    for kernel, bound, options in launches:
         if args.warps:
             options = options | dict(num_warps=args.warps)
         r = resources(kernel, bound, options, args.arch)
