@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import shlex
 import time
 import traceback
@@ -164,9 +165,9 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     # one database entry per law and implementation (the source of ``attempt`` is the same for all)
     # Hypothesis reads this private attribute off the test function: mypy knows no such attribute on a function
     attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()  # type: ignore[attr-defined]
-    test = settings(given(st.data())(attempt))
-    if seed is not None:
-        test = hseed(seed)(test)
+    # a seed of our own when none is given: Hypothesis reports a seed it generated ("You can reproduce
+    # this failure by adding @seed(...)") whenever the run ends by an exception, _OutOfTime included
+    test = hseed(random.SystemRandom().randrange(2**64) if seed is None else seed)(settings(given(st.data())(attempt)))
     try:
         test()
     except _OutOfTime:

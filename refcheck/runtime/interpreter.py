@@ -107,6 +107,11 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
   kernel's own pruning (``early_config_prune``, ``perf_model``) is used and cached per key as the GPU
   caches its winner. No benchmark runs, so the ``reset_to_zero`` reset that the GPU applies once
   after benchmarking does not happen: every launch behaves like a cached GPU launch.
+* ``tl.dot`` shapes: the compiler refuses a dot whose operands are too small for the tensor cores,
+  "Input shapes should have M >= 1, N >= 1 and K >= 16" (the nvidia backend's ``min_dot_size``,
+  asked for sm_90; this triton: K >= 32 for 8-bit operands, 16 for 16-bit, 8 for fp32; triton 3.6:
+  16 for everything not 8-bit). Seen on an H100: flash-linear-attention's ``chunk_gla`` backward at
+  V = 1 (a [64, 1] by [1, 64] dot). Stock: any shape, (1, 1, 1).
 """
 from __future__ import annotations
 
@@ -826,6 +831,12 @@ def _patch_table(stock, autotuner) -> list:
     # Stock: the interpreter's options refuse them ("input_precision must be one of ...").
     table.append((stock.interpreter_builder, "options", dataclasses.replace(
         options, allowed_dot_input_precisions=(*options.allowed_dot_input_precisions, "bf16x3", "bf16x6"))))
+    # GPU: the nvidia backend's smallest dot shapes (codegen_fns["min_dot_size"]). Stock: (1, 1, 1).
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import min_dot_size
+    codegen = stock.interpreter_builder.codegen_fns
+    table.append((stock.interpreter_builder, "codegen_fns",
+                  {**codegen, "min_dot_size": min_dot_size(GPUTarget("cuda", 90, 32))}))
     return table
 
 
