@@ -9,6 +9,10 @@
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
+#   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
+#   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick): ours vs FLA chunk_gla / chunk_simple_gla
+#   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
+#               saying whether its failure is still there
 # e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
 # in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") and OPS (default
 # "kda kda_gate gla simple_gla") pick the law runs' implementations and ops and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
@@ -39,7 +43,7 @@ for step in "$@"; do
         python3 -m pytest refcheck/properties -p refcheck.commands.pytest_plugin -n auto -p no:cacheprovider \
         ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
         $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
-        -o addopts="" -rfEs -v --durations=0 > "$OUT/gpu_properties.log" 2>&1
+        -o addopts="" -rfEs -v --durations=0 --hypothesis-show-statistics > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log"
       # failure files are named after test ids ('[', ']'), which the device tool does not bring back
       [ -d "$OUT/failures" ] && tar czf "$OUT/failures.tgz" -C "$OUT" failures ;;
@@ -66,6 +70,20 @@ for step in "$@"; do
     check)
       timeout -s INT "${CHECK_S:-200}" python3 benchmarks/kda.py --check --jobs "$JOBS" > "$OUT/kda_check.log" 2>&1
       echo "check exit $?" >> "$OUT/kda_check.log" ;;
+    attention-bench)
+      timeout -s INT "${ATTENTION_BENCH_S:-300}" python3 benchmarks/attention.py ${ATTENTION_ARGS:-} --out "$OUT/attention_bench.json" \
+        > "$OUT/attention_bench.log" 2>&1
+      echo "attention-bench exit $?" >> "$OUT/attention_bench.log" ;;
+    gla-bench)
+      timeout -s INT "${GLA_BENCH_S:-300}" python3 benchmarks/gla.py ${GLA_ARGS:-} --out "$OUT/gla_bench.json" > "$OUT/gla_bench.log" 2>&1
+      echo "gla-bench exit $?" >> "$OUT/gla_bench.log" ;;
+    replay)
+      python() { python3 "$@"; }; export -f python      # the reproducers say `python`
+      grep -v '^#' "${REPLAY:-benchmarks/results/gpu_findings_h100.sh}" | grep . | while IFS= read -r line; do
+        timeout -s INT "${REPLAY_EACH_S:-120}" bash -c "$line" > "$OUT/replay_one.log" 2>&1
+        rc=$?; verdict=$([ $rc = 1 ] && echo "fails (reproduced)" || { [ $rc = 0 ] && echo "holds" || echo "exit $rc"; })
+        echo "$verdict: ${line:0:220}"; grep -E "^(  the implementation raised|law .* violated|  )" "$OUT/replay_one.log" | head -3
+      done > "$OUT/replay.log" 2>&1 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   printf "%-10s %6d s  (Triton cache %s)\n" "$step" "$(( $(date +%s) - began ))" "${TRITON_CACHE_DIR:-default}" \
@@ -82,6 +100,9 @@ for step in "$@"; do
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
+    attention-bench) echo "== attention benchmark =="; tail -30 "$OUT/attention_bench.log" ;;
+    gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
+    replay) echo "== replayed findings =="; grep -E "^(fails|holds|exit)" "$OUT/replay.log" | cut -c1-160 ;;
   esac
 done
 echo "== wall time per step =="; cat "$OUT/timings.txt"
