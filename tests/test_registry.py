@@ -29,6 +29,26 @@ def test_a_family_name_selects_every_member_and_a_member_name_one():
         assert registry.contract_problems(impl.fn, impl.op, list(impl.knobs)) == []
 
 
+def test_a_peer_with_a_smallest_head_dim_gets_no_smaller_one():
+    """flash-linear-attention's chunk_gla does not compile its backward below V = 16 (found on an H100):
+    its cases keep V >= 16 while K stays free down to 1."""
+    from hypothesis import given, settings
+
+    from refcheck.engine.examples import cases
+    from refcheck.strategies import SMALL
+    impl = registry.get("gla", "fla_chunk")
+    assert impl.min_dims == {"V": 16}
+    smallest = {"K": 10**9, "V": 10**9}
+
+    @settings(max_examples=80, deadline=None, database=None)
+    @given(cases("gla", impl, SMALL))
+    def check(case):
+        for name in smallest:
+            smallest[name] = min(smallest[name], case.dim[name])
+    check()
+    assert smallest["V"] == 16 and smallest["K"] < 16, smallest
+
+
 @pytest.mark.parametrize("op, name, multiple", [("simple_gla", "fla_chunk", 2), ("attention", "fa4", 8)])
 def test_a_peer_that_asserts_head_dim_multiples_gets_such_dims_in_those_dtypes(op, name, multiple):
     from hypothesis import given, settings

@@ -42,6 +42,9 @@ class Implementation:
               forward only), or None
     dim_multiple: by input dtype, the number its head dims must be a multiple of (a restriction it
               states and asserts): cases for it are drawn with such head dims in that dtype
+    min_dims: by head dim name (K, V, Dqk, Dv), the smallest it runs at: a peer's limit that it
+              neither states nor checks, found by refcheck and reported (the comment where it is set
+              says where); cases for it are drawn at or above it, so that runs go on testing the rest
     """
 
     op: str
@@ -57,6 +60,7 @@ class Implementation:
     fixed_mode: str = "ieee"
     family: str | None = None
     dim_multiple: Mapping[str, int] = field(default_factory=dict)
+    min_dims: Mapping[str, int] = field(default_factory=dict)
     backward_refusal: str | None = None
     forward_only_because: str | None = None
     description: str = ""

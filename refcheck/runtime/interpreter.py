@@ -125,6 +125,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -816,7 +817,7 @@ def _patch_table(stock, autotuner) -> list:
     if list(getattr(options, "allowed_dot_input_precisions", ())) != ["tf32", "tf32x3", "ieee"]:
         raise UnsupportedTritonError(f"triton {version}: the interpreter's allowed_dot_input_precisions are not "
                                      "('tf32', 'tf32x3', 'ieee'); no patch was applied")
-    table = [(builder, "create_dot", _create_dot), (builder, "cast_impl", _cast_impl),
+    table: list[tuple[Any, str, Any]] = [(builder, "create_dot", _create_dot), (builder, "cast_impl", _cast_impl),
              (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs),
              (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang),
              (builder, "binary_op", _binary_op), (builder, "unary_op", _unary_op), (builder, "create_fma", _create_fma),

@@ -97,17 +97,20 @@ def lengths(low: int, high: int) -> st.SearchStrategy[int]:
     return st.one_of(uniform, st.sampled_from(special)) if special else uniform
 
 
-def head_dims(max_dim: int, multiple: int = 1) -> st.SearchStrategy[int]:
-    """A head dimension up to ``max_dim``: the special dims (16, 60, 100, 192, 256, ...) or any;
-    only multiples of ``multiple`` (an implementation's ``dim_multiple``)."""
-    special = [d for d in SPECIAL_DIMS if d <= max_dim and d % multiple == 0]
-    anything = st.integers(1, max_dim // multiple).map(lambda d: multiple * d)
+def head_dims(max_dim: int, multiple: int = 1, minimum: int = 1) -> st.SearchStrategy[int]:
+    """A head dimension in ``[minimum, max_dim]``: the special dims (16, 60, 100, 192, 256, ...) or
+    any; only multiples of ``multiple``."""
+    special = [d for d in SPECIAL_DIMS if minimum <= d <= max_dim and d % multiple == 0]
+    anything = st.integers(-(-minimum // multiple), max_dim // multiple).map(lambda d: multiple * d)
     return st.one_of(st.sampled_from(special), anything) if special else anything
 
 
-def dim_multiple(impl: Implementation | None, dtype: str) -> int:
-    """What ``impl``'s head dims must be a multiple of in ``dtype`` (1: anything)."""
-    return 1 if impl is None else impl.dim_multiple.get(dtype, 1)
+def head_dims_of(impl: Implementation | None, dtype: str, name: str, max_dim: int) -> st.SearchStrategy[int]:
+    """Head dim ``name`` (K, V, Dqk, Dv) for ``impl`` in ``dtype``: ``head_dims`` within what it
+    declares, multiples of its ``dim_multiple`` for the dtype and at least its ``min_dims`` for the name."""
+    if impl is None:
+        return head_dims(max_dim)
+    return head_dims(max_dim, impl.dim_multiple.get(dtype, 1), impl.min_dims.get(name, 1))
 
 
 def fit(limits: Limits, rows: int, heads: int, width: int, low: int) -> int:

@@ -20,10 +20,9 @@ from ...strategies import (
     EMPTY,
     SMALL,
     Limits,
-    dim_multiple,
     dtypes,
     fit,
-    head_dims,
+    head_dims_of,
     lengths,
     picker,
     scales,
@@ -75,7 +74,7 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
     dt = pick("dtype", dtypes(DTYPES, impl, dtype))
     hk = pick("Hk", st.integers(1, limits.max_heads))
     h = pick("H", st.sampled_from(GQA_GROUPS).map(lambda group: hk * group))
-    pairs = st.tuples(head_dims(limits.max_dim, dim_multiple(impl, dt)), head_dims(limits.max_dim, dim_multiple(impl, dt)))
+    pairs = st.tuples(*(head_dims_of(impl, dt, n, limits.max_dim) for n in ("Dqk", "Dv")))
     if limits.mla:
         pairs = st.one_of(pairs, st.just(MLA_DIMS))
     dqk, dv = (pinned["Dqk"], pinned["Dv"]) if "Dqk" in pinned else draw(pairs)

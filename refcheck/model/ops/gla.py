@@ -45,8 +45,11 @@ CARD = linear_card(
     implementations=(
         Implementation("gla", "triton", "refcheck.optimized:gla", knobs=TRITON_KNOBS, triton=True,
                        description="our chunked Triton GLA (chunk 64 or 128)"),
+        # V >= 16: its backward's chunk_gla_bwd_kernel_dA takes a dot over BV = next_power_of_2(V) values,
+        # which the compiler refuses below 16 (CompilationError "... K >= 16" on an H100, triton 3.6; the
+        # faithful interpreter refuses it too); chunk_gla does not check V (benchmarks/results/gpu_findings_h100.sh)
         Implementation("gla", "fla_chunk", "refcheck.model.ops.gla:fla_chunk_gla", triton=True, requires="fla",
-                       fixed_mode="tf32", family="fla", description="flash-linear-attention chunk_gla"),
+                       fixed_mode="tf32", family="fla", min_dims={"V": 16}, description="flash-linear-attention chunk_gla"),
         Implementation("gla", "fla_recurrent", "refcheck.model.ops.gla:fla_recurrent_gla", triton=True,
                        requires="fla", family="fla", description="flash-linear-attention fused_recurrent_gla"),
     ))

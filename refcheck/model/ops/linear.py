@@ -19,10 +19,9 @@ from ...strategies import (
     EMPTY,
     SMALL,
     Limits,
-    dim_multiple,
     dtypes,
     fit,
-    head_dims,
+    head_dims_of,
     lengths,
     log_decays,
     picker,
@@ -129,8 +128,7 @@ def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Cal
         pick = picker(draw, pinned)
         dt = pick("dtype", dtypes(of_dtypes, impl, dtype))
         h = pick("H", st.integers(1, limits.max_heads))
-        head_dim = head_dims(limits.max_dim, dim_multiple(impl, dt))
-        k, v = pick("K", head_dim), pick("V", head_dim)
+        k, v = (pick(n, head_dims_of(impl, dt, n, limits.max_dim)) for n in ("K", "V"))
         if min_batch > 1:
             varlen = False
         packed = pick("packed", st.booleans() if varlen is None else st.just(varlen))
