@@ -34,8 +34,20 @@ from .tiles import (
     visible,
 )
 
-BLOCK = 64
-"""Query and key block of the backward kernels."""
+PREPROCESS_BM = 64
+"""Query rows per ``preprocess_kernel`` program."""
+DQ_BM, DQ_BN = 128, 32
+"""Query rows per ``dq_kernel`` program and the key block it walks."""
+DKDV_BM = 32
+"""The query block a ``dkdv_kernel`` program walks (its own key block: ``keys_per_program``)."""
+
+
+def keys_per_program(width: int) -> int:
+    """Keys per ``dkdv_kernel`` program for head-dim tiles of k and v ``width`` wide together: the most
+    whose fp32 dK, dV ``[BN, width]`` compile without spills on sm_90 under Triton 3.6 at eight warps
+    (``kernel_resources.py``): 128 up to width 256 (D = 128), 64 up to 320 (MLA's 128 + 64 + 128),
+    else 32."""
+    return 128 if width <= 256 else 64 if width <= 320 else 32
 
 
 @triton.jit
@@ -198,19 +210,22 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout):
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(DV=lay.dv, BATCHED=lay.batched, BDV=lay.bdv)
-    grid_q = lay.grid(lay.max_q, BLOCK, lay.heads)
-    if grid_q:
-        preprocess_kernel[grid_q](o, do, dlse if dlse is not None else lse, delta, lay.cu_q, lay.cu_k, lay.heads,
-                                  lay.length, HAS_DLSE=dlse is not None, BM=BLOCK, PREC=lay.precision,
+    grid_p = lay.grid(lay.max_q, PREPROCESS_BM, lay.heads)
+    if grid_p:
+        preprocess_kernel[grid_p](o, do, dlse if dlse is not None else lse, delta, lay.cu_q, lay.cu_k, lay.heads,
+                                  lay.length, HAS_DLSE=dlse is not None, BM=PREPROCESS_BM, PREC=lay.precision,
                                   **consts)
     tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
                  **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
+    grid_q = lay.grid(lay.max_q, DQ_BM, lay.heads)
     if grid_q:
-        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), dict(BM=BLOCK, **tiles),
-               lay.ladder(BLOCK, BLOCK))
-    grid_k = lay.grid(lay.max_k, BLOCK, lay.heads // lay.group)
+        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), dict(BM=DQ_BM, **tiles),
+               lay.ladder(DQ_BM, DQ_BN, sum(lay.qk_tiles)))
+    width = sum(lay.qk_tiles) + lay.bdv
+    bn = keys_per_program(width)
+    grid_k = lay.grid(lay.max_k, bn, lay.heads // lay.group)
     if grid_k:
-        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), dict(BN=BLOCK, **tiles),
-               lay.ladder(BLOCK, BLOCK, inner="BM"))
+        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), dict(BN=bn, **tiles),
+               lay.ladder(bn, DKDV_BM, width, inner="BM"))
     return dq, dk, dv

@@ -116,5 +116,5 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, bloc
                 lay.length),
                dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m,
                     BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
-               lay.ladder(block_m, 64))
+               lay.ladder(block_m, 64, lay.bdv))
     return o, lse

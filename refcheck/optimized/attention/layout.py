@@ -59,13 +59,14 @@ class Layout:
         grid = (-(-length // block), self.num_seqs, heads)
         return grid if all(grid) else None
 
-    def ladder(self, block: int, looped: int, inner: str = "BN") -> list[dict]:
+    def ladder(self, block: int, looped: int, width: int, inner: str = "BN") -> list[dict]:
         """Launch settings, preferred first (``common.launch`` falls back when shared memory runs
         out): deeper load pipelines first, then half the ``looped`` block (the constexpr ``inner``)
-        that a program walks through while it keeps its own ``block`` rows. Eight warps for large
-        tiles (128 x 64 scores, or head-dim tiles over 256 together: MLA's 128 + 64 + 128) so that the
-        fp32 accumulators fit the registers; untuned guesses until timed on a GPU."""
-        warps = 8 if block * looped >= 128 * 64 or sum(self.qk_tiles) + self.bdv > 256 else 4
+        that a program walks through while it keeps its own ``block`` rows and their fp32
+        accumulators ``[block, width]``. Four warps while the scores and accumulators,
+        ``block * (looped + width)`` fp32 values, stay within 96 a thread, else eight: the largest
+        counts that compile without spills on sm_90 under Triton 3.6 (``kernel_resources.py``)."""
+        warps = 4 if block * (looped + width) <= 96 * 128 else 8
         steps = [{inner: looped, "num_warps": warps, "num_stages": s} for s in (3, 2, 1)]
         return steps + [{inner: looped // 2, "num_warps": 4, "num_stages": 1}]
 
