@@ -28,6 +28,7 @@ from .tiles import (
     full_key_end,
     load_split,
     load_tile,
+    query_block,
     row_offset,
     sequence,
     store_tile,
@@ -110,7 +111,7 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, 
     n = tl.program_id(1)
     h = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
-    m0 = tl.program_id(0) * BM
+    m0 = query_block(BM, CAUSAL)
     if m0 >= Tq:
         return
     hk = h // G

@@ -33,6 +33,7 @@ from .tiles import (
     full_key_end,
     load_split,
     load_tile,
+    query_block,
     row_offset,
     sequence,
     store_tile,
@@ -50,13 +51,13 @@ def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
     j = j0 + tl.arange(0, BN)
     k1, k2 = load_split(k_ptr, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED)
     v = load_tile(v_ptr, ks + j0, Sk - j0, hk, HK, DV, 0, BN, BDV, MASKED)
-    s = dot_split(q1, q2, k1, k2, BQ2, PREC) * qk_scale
+    s = dot_split(q1, q2, k1, k2, BQ2, PREC)                  # unscaled: c > 0 scales inside the max and exp2
     if MASKED:
         s = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows that saw no key yet: p = 0
     alpha = tl.exp2(m - shift)
-    p = tl.exp2(s - shift[:, None])
+    p = tl.exp2(s * qk_scale - shift[:, None])               # one FMA an element
     l = l * alpha + tl.sum(p, axis=1)
     if FP8:
         pv = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16))
@@ -75,7 +76,7 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_sca
     n = tl.program_id(1)
     h = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
-    m0 = tl.program_id(0) * BM
+    m0 = query_block(BM, CAUSAL)
     if m0 >= Tq:
         return
     hk = h // G

@@ -84,6 +84,17 @@ def dot_split(a1, a2, b1, b2, B2: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def query_block(BM: tl.constexpr, CAUSAL: tl.constexpr):
+    """The first query row of this program's block ``program_id(0)`` of BM rows. Causal, the blocks run
+    last first: later queries see more keys, so the longest programs start first and the short ones
+    fill the tail of the launch (a query-block program past a sequence's end returns either way)."""
+    b = tl.program_id(0)
+    if CAUSAL:
+        b = tl.num_programs(0) - 1 - b
+    return b * BM
+
+
+@triton.jit
 def sequence(n, cuq_ptr, cuk_ptr):
     """``(qs, Tq, ks, Sk)``: where sequence n's queries and keys start and how many there are."""
     qs = tl.load(cuq_ptr + n)
