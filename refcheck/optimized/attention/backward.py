@@ -33,6 +33,7 @@ from .tiles import (
     sequence,
     store_tile,
     visible,
+    zeros_split,
 )
 
 PREPROCESS_BM = 64
@@ -120,8 +121,7 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, 
     q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2)
     do = load_tile(do_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
     lse2, delta = load_rows(lse_ptr, delta_ptr, row_offset(n, h, H, T, qs, BATCHED) + i, i < Tq)
-    dq1 = tl.zeros((BM, BQ1), tl.float32)
-    dq2 = tl.zeros((BM, BQ2 if BQ2 > 0 else 16), tl.float32)
+    dq1, dq2 = zeros_split(BM, BQ1, BQ2)
     full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
     for j0 in range(0, full, BN):
         dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
@@ -176,8 +176,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     j = n0 + tl.arange(0, BN)
     k1, k2 = load_split(k_ptr, ks + n0, Sk - n0, hk, HK, DQK, BN, BQ1, BQ2)
     v = load_tile(v_ptr, ks + n0, Sk - n0, hk, HK, DV, 0, BN, BDV)
-    dk1 = tl.zeros((BN, BQ1), tl.float32)
-    dk2 = tl.zeros((BN, BQ2 if BQ2 > 0 else 16), tl.float32)
+    dk1, dk2 = zeros_split(BN, BQ1, BQ2)
     dv = tl.zeros((BN, BDV), tl.float32)
     first = 0
     whole = Tq // BM * BM

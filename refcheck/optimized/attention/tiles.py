@@ -74,6 +74,17 @@ def load_split(ptr, row0, nrows, head, heads, D: tl.constexpr, BR: tl.constexpr,
 
 
 @triton.jit
+def zeros_split(BR: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr):
+    """``(x1, x2)``: fp32 zero accumulators ``[BR, B1]`` and ``[BR, B2]`` for the two column tiles of
+    ``load_split``; with B2 = 0, x2 is x1 again (never used)."""
+    x1 = tl.zeros((BR, B1), tl.float32)
+    x2 = x1
+    if B2 > 0:
+        x2 = tl.zeros((BR, B2), tl.float32)
+    return x1, x2
+
+
+@triton.jit
 def dot_split(a1, a2, b1, b2, B2: tl.constexpr, PREC: tl.constexpr):
     """``a b^T`` of two row blocks split by columns as ``load_split`` does: ``a1 b1^T + a2 b2^T`` (one
     accumulator), or ``a1 b1^T`` when B2 = 0."""
