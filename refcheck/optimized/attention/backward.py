@@ -48,7 +48,7 @@ def keys_per_program(width: int) -> int:
     """Keys per ``dkdv_kernel`` program for head-dim tiles of k and v ``width`` wide together: the most
     whose fp32 dK, dV ``[BN, width]`` compile without spills on sm_90 under Triton 3.6 at eight warps
     (``kernel_resources.py``): 128 up to width 256 (D = 128), 64 up to 320 (MLA's 128 + 64 + 128),
-    else 32."""
+    else 32 (not yet timed on a GPU)."""
     return 128 if width <= 256 else 64 if width <= 320 else 32
 
 
