@@ -51,31 +51,29 @@ def capture(fn):
     return seen
 
 
-def signature(kernel, bound):
-    sig, consts = {}, {}
-    for p in kernel.params:
-        v = bound[p.name]
-        if p.is_constexpr:
-            sig[p.name], consts[p.name] = "constexpr", v
-        elif isinstance(v, torch.Tensor):
-            sig[p.name] = "*" + TRITON_TYPES[v.dtype]
-        elif isinstance(v, bool):
-            sig[p.name] = "i1"
-        elif isinstance(v, int):
-            sig[p.name] = "i32"
-        else:
-            sig[p.name] = "fp32"
-    return sig, consts
+def specialize(kernel, bound, options, arch: int):
+    """``(signature, constexprs, attrs, options)`` of one launch as ``JITFunction.run`` builds them: Triton's
+    own binder specializes each argument the way the GPU launch would (pointers of 16-byte aligned
+    tensors and ints divisible by 16 get ``tt.divisibility = 16``, an int equal to 1 becomes a
+    constexpr), so the compiler sees the same alignment facts and vectorizes loads as it will there."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    kwargs = {k: v for k, v in options.items() if k in ("num_warps", "num_stages")}
+    bound_args, specialization, _ = binder(**bound, **kwargs)
+    opts, sig, consts, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, kwargs)
+    return sig, consts, attrs, kwargs
 
 
 def resources(kernel, bound, options, arch: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    sig, consts = signature(kernel, bound)
-    opts = {k: v for k, v in options.items() if k in ("num_warps", "num_stages")}
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
-                              options=opts)
+    sig, consts, attrs, opts = specialize(kernel, bound, options, arch)
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", arch, 32), options=opts)
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     path = f"/tmp/refcheck_{kernel.fn.__name__}_{os.getpid()}.cubin"
     with open(path, "wb") as fh:

@@ -74,6 +74,12 @@ CASES = {
     "fp16 GQA 3 D=64 block_m=64": (dict(T=70, S=90, H=3, Hk=1, Dqk=64, Dv=64, dtype="fp16"), False,
                                    dict(block_m=64)),
     "bf16 D=256 causal S > T": (dict(T=20, S=30, H=1, Dqk=256, Dv=256, dtype="bf16"), True, dict()),
+    # spans of several blocks: the unmasked loops over blocks every query (key) of a program sees
+    "fp32 ieee varlen causal long spans": (dict(T=400, S=420, H=2, Hk=1, Dqk=24, Dv=16,
+                                                lengths=((130, 0, 200, 70), (160, 60, 200, 0))),
+                                           True, dict(precision="ieee")),
+    "fp32 ieee causal T > S block_m=64": (dict(T=330, S=200, H=2, Hk=2, Dqk=32, Dv=16), True,
+                                          dict(precision="ieee", block_m=64)),
 }
 
 

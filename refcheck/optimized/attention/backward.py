@@ -20,25 +20,51 @@ import triton.language as tl
 
 from ..common import launch
 from .layout import Layout
-from .tiles import KERNEL_LOG2E, LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
+from .tiles import (
+    KERNEL_LOG2E,
+    LOG2E,
+    causal_key_end,
+    dot_split,
+    full_key_end,
+    load_split,
+    load_tile,
+    query_block,
+    row_offset,
+    sequence,
+    store_tile,
+    visible,
+    zeros_split,
+)
 
-BLOCK = 64
-"""Query and key block of the backward kernels."""
+PREPROCESS_BM = 64
+"""Query rows per ``preprocess_kernel`` program."""
+DQ_BM, DQ_BN = 128, 32
+"""Query rows per ``dq_kernel`` program and the key block it walks."""
+DKDV_BM = 32
+"""The query block a ``dkdv_kernel`` program walks (its own key block: ``keys_per_program``)."""
+
+
+def keys_per_program(width: int) -> int:
+    """Keys per ``dkdv_kernel`` program for head-dim tiles of k and v ``width`` wide together: the most
+    whose fp32 dK, dV ``[BN, width]`` compile without spills on sm_90 under Triton 3.6 at eight warps
+    (``kernel_resources.py``): 128 up to width 256 (D = 128), 64 up to 320 (MLA's 128 + 64 + 128),
+    else 32 (not yet timed on a GPU)."""
+    return 128 if width <= 256 else 64 if width <= 320 else 32
 
 
 @triton.jit
-def preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, cuq_ptr, cuk_ptr, H, T, DV, BATCHED: tl.constexpr,
-                      HAS_DLSE: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
+def preprocess_kernel(o_ptr, do_ptr, dlse_ptr, delta_ptr, cuq_ptr, cuk_ptr, H, T, DV: tl.constexpr,
+                      BATCHED: tl.constexpr, HAS_DLSE: tl.constexpr, BM: tl.constexpr, BDV: tl.constexpr,
+                      PREC: tl.constexpr):
     """``delta`` of query block ``program_id(0)`` of sequence ``program_id(1)``, head ``program_id(2)``."""
     n = tl.program_id(1)
     h = tl.program_id(2)
     qs, Tq, _, _ = sequence(n, cuq_ptr, cuk_ptr)
-    i = tl.program_id(0) * BM + tl.arange(0, BM)
+    m0 = tl.program_id(0) * BM
+    i = m0 + tl.arange(0, BM)
     imask = i < Tq
-    cv = tl.arange(0, BDV)
-    vmask = cv < DV
-    o = load_tile(o_ptr, qs + i, imask, h, H, DV, cv, vmask)
-    do = load_tile(do_ptr, qs + i, imask, h, H, DV, cv, vmask)
+    o = load_tile(o_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
+    do = load_tile(do_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
     # do_i . o_i by the dot that computes dP_ij = do_i . v_j (the diagonal of dO O^T): where P_i is
     # one-hot (one visible key, o_i = v_j), dP_ij - delta_i cancels exactly, as in softmax's backward
     od = tl.dot(do, tl.trans(o), input_precision=PREC)
@@ -59,47 +85,87 @@ def load_rows(lse_ptr, delta_ptr, rows, rmask):
 
 
 @triton.jit
+def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+             DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr,
+             BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
+    """``dQ += dS K`` (unscaled) over key block ``j0 .. j0 + BN - 1``, dQ as its two column tiles; MASKED
+    as in the forward's ``attend``."""
+    j = j0 + tl.arange(0, BN)
+    k1, k2 = load_split(k_ptr, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED)
+    v = load_tile(v_ptr, ks + j0, Sk - j0, hk, HK, DV, 0, BN, BDV, MASKED)
+    p = tl.exp2(dot_split(q1, q2, k1, k2, BQ2, PREC) * qk_scale - lse2[:, None])
+    if MASKED:
+        p = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), p, 0.0)
+    ds = (p * (tl.dot(do, tl.trans(v), input_precision=PREC) - delta[:, None])).to(k1.dtype)
+    dq1 = tl.dot(ds, k1, dq1, input_precision=PREC)
+    if BQ2 > 0:
+        dq2 = tl.dot(ds, k2, dq2, input_precision=PREC)
+    return dq1, dq2
+
+
+@triton.jit
 def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, cuk_ptr, scale, qk_scale, H, G, T,
-              DQK, DV, BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              BDQK: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
-    """dQ of query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``."""
+              DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
+    """dQ of query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``: the
+    key blocks every query of it sees first, without masks, then the rest (``dq_block``)."""
     n = tl.program_id(1)
     h = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
-    m0 = tl.program_id(0) * BM
+    m0 = query_block(BM, CAUSAL)
     if m0 >= Tq:
         return
     hk = h // G
     HK = H // G
     i = m0 + tl.arange(0, BM)
-    imask = i < Tq
-    cq = tl.arange(0, BDQK)
-    cv = tl.arange(0, BDV)
-    qmask = cq < DQK
-    vmask = cv < DV
-    q = load_tile(q_ptr, qs + i, imask, h, H, DQK, cq, qmask)
-    do = load_tile(do_ptr, qs + i, imask, h, H, DV, cv, vmask)
-    lse2, delta = load_rows(lse_ptr, delta_ptr, row_offset(n, h, H, T, qs, BATCHED) + i, imask)
-    dq = tl.zeros((BM, BDQK), tl.float32)
-    for j0 in range(0, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
-        j = j0 + tl.arange(0, BN)
-        jmask = j < Sk
-        k = load_tile(k_ptr, ks + j, jmask, hk, HK, DQK, cq, qmask)
-        v = load_tile(v_ptr, ks + j, jmask, hk, HK, DV, cv, vmask)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        p = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), tl.exp2(s - lse2[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-    store_tile(dq_ptr, dq * scale, qs + i, imask, h, H, DQK, cq, qmask)
+    q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2)
+    do = load_tile(do_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
+    lse2, delta = load_rows(lse_ptr, delta_ptr, row_offset(n, h, H, T, qs, BATCHED) + i, i < Tq)
+    dq1, dq2 = zeros_split(BM, BQ1, BQ2)
+    full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
+    for j0 in range(0, full, BN):
+        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+                            DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, False)
+    for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
+        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+                            DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, True)
+    store_tile(dq_ptr, dq1 * scale, qs + m0, Tq - m0, h, H, DQK, 0, BM, BQ1)
+    if BQ2 > 0:
+        store_tile(dq_ptr, dq2 * scale, qs + m0, Tq - m0, h, H, DQK, BQ1, BM, BQ2)
+
+
+@triton.jit
+def dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H, base, j, Sk,
+               qk_scale, DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
+               BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
+               MASKED: tl.constexpr):
+    """``dV += P^T dO`` and ``dK += dS^T Q`` (unscaled, dK as its two column tiles) over query block
+    ``m0 .. m0 + BM - 1`` of head h, in the transposed ``[BN, BM]`` orientation; MASKED: some of these
+    queries may not see some of the keys or not exist (causal diagonal, last block)."""
+    i = m0 + tl.arange(0, BM)
+    q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2, MASKED)
+    do = load_tile(do_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV, MASKED)
+    lse2, delta = load_rows(lse_ptr, delta_ptr, base + i, i < Tq)
+    pt = tl.exp2(dot_split(k1, k2, q1, q2, BQ2, PREC) * qk_scale - lse2[None, :])               # [BN, BM]
+    if MASKED:
+        pt = tl.where(visible(i[None, :], j[:, None], Tq, Sk, CAUSAL), pt, 0.0)
+    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
+    dst = (pt * (tl.dot(v, tl.trans(do), input_precision=PREC) - delta[None, :])).to(q1.dtype)
+    dk1 = tl.dot(dst, q1, dk1, input_precision=PREC)
+    if BQ2 > 0:
+        dk2 = tl.dot(dst, q2, dk2, input_precision=PREC)
+    return dk1, dk2, dv
 
 
 @triton.jit
 def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cuq_ptr, cuk_ptr, scale, qk_scale,
-                H, G, T, DQK, DV, BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                BDQK: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
+                H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
+                PREC: tl.constexpr):
     """dK, dV of key block ``program_id(0)`` of sequence ``program_id(1)``, key head ``program_id(2)``:
-    the G query heads of that key head in order, each over the query blocks that see the keys."""
+    the G query heads of that key head in order, each over the query blocks that see the keys
+    (``dkdv_block``): masked from the first one to those that see every key of the block (causal),
+    unmasked up to the last whole block, masked for the partial last one."""
     n = tl.program_id(1)
     hk = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
@@ -108,35 +174,34 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
         return
     HK = H // G
     j = n0 + tl.arange(0, BN)
-    jmask = j < Sk
-    cq = tl.arange(0, BDQK)
-    cv = tl.arange(0, BDV)
-    qmask = cq < DQK
-    vmask = cv < DV
-    k = load_tile(k_ptr, ks + j, jmask, hk, HK, DQK, cq, qmask)
-    v = load_tile(v_ptr, ks + j, jmask, hk, HK, DV, cv, vmask)
-    dk = tl.zeros((BN, BDQK), tl.float32)
+    k1, k2 = load_split(k_ptr, ks + n0, Sk - n0, hk, HK, DQK, BN, BQ1, BQ2)
+    v = load_tile(v_ptr, ks + n0, Sk - n0, hk, HK, DV, 0, BN, BDV)
+    dk1, dk2 = zeros_split(BN, BQ1, BQ2)
     dv = tl.zeros((BN, BDV), tl.float32)
     first = 0
-    if CAUSAL:                               # the first query that sees key n0: i >= n0 - (Sk - Tq)
-        first = (tl.maximum(n0 - (Sk - Tq), 0) // BM) * BM
+    whole = Tq // BM * BM
+    mid = 0
+    if CAUSAL:       # query i sees key j iff i >= j - (Sk - Tq): key n0 from `first`, key n0 + BN - 1 from `mid`
+        first = tl.maximum(n0 - (Sk - Tq), 0) // BM * BM
+        mid = (tl.maximum(n0 + BN - 1 - (Sk - Tq), 0) + BM - 1) // BM * BM
+    mid = tl.where(n0 + BN > Sk, whole, mid)         # a partial key block (keys past Sk): masked throughout
+    mid = tl.maximum(first, tl.minimum(mid, whole))
     for g in range(G):
         h = hk * G + g
         base = row_offset(n, h, H, T, qs, BATCHED)
-        for m0 in range(first, Tq, BM):
-            i = m0 + tl.arange(0, BM)
-            imask = i < Tq
-            q = load_tile(q_ptr, qs + i, imask, h, H, DQK, cq, qmask)
-            do = load_tile(do_ptr, qs + i, imask, h, H, DV, cv, vmask)
-            lse2, delta = load_rows(lse_ptr, delta_ptr, base + i, imask)
-            st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale                   # [BN, BM]
-            pt = tl.where(visible(i[None, :], j[:, None], Tq, Sk, CAUSAL), tl.exp2(st - lse2[None, :]), 0.0)
-            dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
-            dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
-            dst = pt * (dpt - delta[None, :])
-            dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
-    store_tile(dk_ptr, dk * scale, ks + j, jmask, hk, HK, DQK, cq, qmask)
-    store_tile(dv_ptr, dv, ks + j, jmask, hk, HK, DV, cv, vmask)
+        for m0 in range(first, mid, BM):
+            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H,
+                                      base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC, True)
+        for m0 in range(mid, whole, BM):
+            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H,
+                                      base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC, False)
+        for m0 in range(tl.maximum(mid, whole), Tq, BM):
+            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H,
+                                      base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC, True)
+    store_tile(dk_ptr, dk1 * scale, ks + n0, Sk - n0, hk, HK, DQK, 0, BN, BQ1)
+    if BQ2 > 0:
+        store_tile(dk_ptr, dk2 * scale, ks + n0, Sk - n0, hk, HK, DQK, BQ1, BN, BQ2)
+    store_tile(dv_ptr, dv, ks + n0, Sk - n0, hk, HK, DV, 0, BN, BDV)
 
 
 def backward(q, k, v, o, lse, do, dlse, lay: Layout):
@@ -144,19 +209,23 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout):
     forward's lse, dO (o's shape) and dlse (lse's shape, or None)."""
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    consts = dict(BATCHED=lay.batched, BDV=lay.bdv)
-    grid_q = lay.grid(lay.max_q, BLOCK, lay.heads)
-    if grid_q:
-        preprocess_kernel[grid_q](o, do, dlse if dlse is not None else lse, delta, lay.cu_q, lay.cu_k, lay.heads,
-                                  lay.length, lay.dv, HAS_DLSE=dlse is not None, BM=BLOCK, PREC=lay.precision,
+    consts = dict(DV=lay.dv, BATCHED=lay.batched, BDV=lay.bdv)
+    grid_p = lay.grid(lay.max_q, PREPROCESS_BM, lay.heads)
+    if grid_p:
+        preprocess_kernel[grid_p](o, do, dlse if dlse is not None else lse, delta, lay.cu_q, lay.cu_k, lay.heads,
+                                  lay.length, HAS_DLSE=dlse is not None, BM=PREPROCESS_BM, PREC=lay.precision,
                                   **consts)
-    tiles = dict(CAUSAL=lay.causal, BDQK=lay.bdqk, PREC=lay.precision, **consts)
-    common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length, lay.dqk, lay.dv)
+    tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
+                 **consts)
+    common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
+    grid_q = lay.grid(lay.max_q, DQ_BM, lay.heads)
     if grid_q:
-        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), dict(BM=BLOCK, **tiles),
-               lay.ladder(BLOCK, BLOCK))
-    grid_k = lay.grid(lay.max_k, BLOCK, lay.heads // lay.group)
+        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), dict(BM=DQ_BM, **tiles),
+               lay.ladder(DQ_BM, DQ_BN, sum(lay.qk_tiles)))
+    width = sum(lay.qk_tiles) + lay.bdv
+    bn = keys_per_program(width)
+    grid_k = lay.grid(lay.max_k, bn, lay.heads // lay.group)
     if grid_k:
-        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), dict(BN=BLOCK, **tiles),
-               lay.ladder(BLOCK, BLOCK, inner="BM"))
+        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), dict(BN=bn, **tiles),
+               lay.ladder(bn, DKDV_BM, width, inner="BM"))
     return dq, dk, dv

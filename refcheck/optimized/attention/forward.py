@@ -25,57 +25,81 @@ import triton.language as tl
 
 from ..common import launch
 from .layout import Layout
-from .tiles import KERNEL_LOG2E, LOG2E, causal_key_end, load_tile, row_offset, sequence, store_tile, visible
+from .tiles import (
+    KERNEL_LOG2E,
+    LOG2E,
+    causal_key_end,
+    dot_split,
+    full_key_end,
+    load_split,
+    load_tile,
+    query_block,
+    row_offset,
+    sequence,
+    store_tile,
+    visible,
+)
 
 
 @triton.jit
-def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T, DQK, DV,
-                   BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BDQK: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr):
-    """Query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``."""
+def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK: tl.constexpr,
+           DV: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr,
+           BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, MASKED: tl.constexpr):
+    """The online-softmax update of ``(acc [BM, BDV], m [BM], l [BM])`` by key block ``j0 .. j0 + BN - 1``;
+    MASKED: some query of the block may not see some of these keys (the last or the causal diagonal
+    blocks), else all exist and are seen, and the block needs no mask."""
+    j = j0 + tl.arange(0, BN)
+    k1, k2 = load_split(k_ptr, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED)
+    v = load_tile(v_ptr, ks + j0, Sk - j0, hk, HK, DV, 0, BN, BDV, MASKED)
+    s = dot_split(q1, q2, k1, k2, BQ2, PREC)                  # unscaled: c > 0 scales inside the max and exp2
+    if MASKED:
+        s = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows that saw no key yet: p = 0
+    alpha = tl.exp2(m - shift)
+    p = tl.exp2(s * qk_scale - shift[:, None])               # one FMA an element
+    l = l * alpha + tl.sum(p, axis=1)
+    if FP8:
+        pv = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16))
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return acc * alpha[:, None] + pv, m_new, l
+
+
+@triton.jit
+def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
+                   DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
+                   PREC: tl.constexpr, FP8: tl.constexpr):
+    """Query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``: the key
+    blocks every query of it sees first, without masks, then the rest (``attend``)."""
     n = tl.program_id(1)
     h = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
-    m0 = tl.program_id(0) * BM
+    m0 = query_block(BM, CAUSAL)
     if m0 >= Tq:
         return
     hk = h // G
     HK = H // G
     i = m0 + tl.arange(0, BM)
-    imask = i < Tq
-    cq = tl.arange(0, BDQK)
-    cv = tl.arange(0, BDV)
-    qmask = cq < DQK
-    vmask = cv < DV
-    q = load_tile(q_ptr, qs + i, imask, h, H, DQK, cq, qmask)
+    q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2)
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BDV), tl.float32)
-    for j0 in range(0, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
-        j = j0 + tl.arange(0, BN)
-        jmask = j < Sk
-        k = load_tile(k_ptr, ks + j, jmask, hk, HK, DQK, cq, qmask)
-        v = load_tile(v_ptr, ks + j, jmask, hk, HK, DV, cv, vmask)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        s = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows that saw no key yet: p = 0
-        alpha = tl.exp2(m - shift)
-        p = tl.exp2(s - shift[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        if FP8:
-            pv = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16))
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+    full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
+    for j0 in range(0, full, BN):
+        acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV, CAUSAL,
+                           BN, BQ1, BQ2, BDV, PREC, FP8, False)
+    for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
+        acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV, CAUSAL,
+                           BN, BQ1, BQ2, BDV, PREC, FP8, True)
     if FP8:
         acc *= v_descale
     seen = l > 0
     o = acc / tl.where(seen, l, 1.0)[:, None]
-    store_tile(o_ptr, o, qs + i, imask, h, H, DV, cv, vmask)
+    store_tile(o_ptr, o, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
     lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) / KERNEL_LOG2E, float("-inf"))
-    tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=imask)
+    tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=i < Tq)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, block_m: int,
@@ -90,8 +114,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, bloc
     if grid:
         launch(forward_kernel, grid,
                (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads, lay.group,
-                lay.length, lay.dqk, lay.dv),
-               dict(BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m, BDQK=lay.bdqk, BDV=lay.bdv,
-                    PREC=lay.precision, FP8=descale is not None),
-               lay.ladder(block_m, 64))
+                lay.length),
+               dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m,
+                    BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
+               lay.ladder(block_m, 64, lay.bdv))
     return o, lse

@@ -17,7 +17,7 @@ class Layout:
     cu_q, cu_k:    int32 ``[N+1]`` sequence boundaries on the flattened query / key axes (batched:
                    ``b * T`` and ``b * S``)
     max_q, max_k:  the longest query / key span (the launch grids)
-    dqk, dv:       head dims; bdqk, bdv their padded tile widths (``common.padded``)
+    dqk, dv:       head dims; ``qk_tiles`` and ``bdv`` the tile widths that cover them
     batched:       sequence n is batch row n (no cu_seqlens); else everything is batch row 0
     """
 
@@ -41,8 +41,14 @@ class Layout:
         return self.cu_q.numel() - 1
 
     @property
-    def bdqk(self) -> int:
-        return padded(self.dqk)
+    def qk_tiles(self) -> tuple[int, int]:
+        """``(BQ1, BQ2)``: Dqk as two column tiles ``[0, BQ1)`` and ``[BQ1, BQ1 + BQ2)`` (BQ2 = 0: one),
+        powers of two whose sum pads Dqk less than one tile would (MLA's 192 = 128 + 64, not 256);
+        a ``q k^T`` is then two dots into one accumulator."""
+        full = padded(self.dqk)
+        first = full // 2
+        rest = padded(self.dqk - first) if self.dqk > first else 0
+        return (first, rest) if 0 < rest and first + rest < full else (full, 0)
 
     @property
     def bdv(self) -> int:
@@ -53,13 +59,15 @@ class Layout:
         grid = (-(-length // block), self.num_seqs, heads)
         return grid if all(grid) else None
 
-    def ladder(self, block: int, looped: int, inner: str = "BN") -> list[dict]:
+    def ladder(self, block: int, looped: int, width: int, inner: str = "BN") -> list[dict]:
         """Launch settings, preferred first (``common.launch`` falls back when shared memory runs
         out): deeper load pipelines first, then half the ``looped`` block (the constexpr ``inner``)
-        that a program walks through while it keeps its own ``block`` rows. Eight warps for large
-        tiles (128 x 64 scores, or padded head dims over 256 together: MLA's 256 + 128) so that the
-        fp32 accumulators fit the registers; untuned guesses until timed on a GPU."""
-        warps = 8 if block * looped >= 128 * 64 or self.bdqk + self.bdv > 256 else 4
+        that a program walks through while it keeps its own ``block`` rows and their fp32
+        accumulators ``[block, width]``. Four warps while the scores and accumulators,
+        ``block * (looped + width)`` fp32 values, stay within 96 a thread, else eight: the largest
+        counts that compile without spills on sm_90 under Triton 3.6 (``kernel_resources.py``); not yet
+        timed on a GPU."""
+        warps = 4 if block * (looped + width) <= 96 * 128 else 8
         steps = [{inner: looped, "num_warps": warps, "num_stages": s} for s in (3, 2, 1)]
         return steps + [{inner: looped // 2, "num_warps": 4, "num_stages": 1}]
 

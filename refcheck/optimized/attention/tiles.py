@@ -16,17 +16,93 @@ KERNEL_LOG2E = tl.constexpr(LOG2E)
 
 
 @triton.jit
-def load_tile(ptr, rows, rmask, head, heads, D, cols, cmask):
-    """``x[rows, head, cols]`` in the tensor's dtype (the operand of ``tl.dot``), zero where masked."""
-    off = (rows.to(tl.int64)[:, None] * heads + head) * D + cols[None, :]
-    return tl.load(ptr + off, mask=rmask[:, None] & cmask[None, :], other=0.0)
+def tile_offsets(row0, head, heads, D: tl.constexpr, C0: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """``(base, off)`` addressing ``x[row0 + r, head, C0 + c]``, ``r < BR``, ``c < BD``: an int64 scalar
+    (token ``row0``, the head, column C0) and the int32 offsets ``r * heads * D + c`` ``[BR, BD]`` from it."""
+    base = (row0.to(tl.int64) * heads + head) * D + C0
+    return base, tl.arange(0, BR)[:, None] * (heads * D) + tl.arange(0, BD)[None, :]
 
 
 @triton.jit
-def store_tile(ptr, x, rows, rmask, head, heads, D, cols, cmask):
-    """Store ``x`` into ``ptr[rows, head, cols]`` in the pointer's dtype."""
-    off = (rows.to(tl.int64)[:, None] * heads + head) * D + cols[None, :]
-    tl.store(ptr + off, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+def tile_mask(nrows, D: tl.constexpr, C0: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+              MASK_ROWS: tl.constexpr):
+    """Which elements of a ``tile_offsets`` tile exist: rows ``r < nrows`` (MASK_ROWS) and columns
+    ``C0 + c < D`` (where the tile reaches past D), broadcast; call only if one of the two applies."""
+    c = tl.arange(0, BD)[None, :]
+    if MASK_ROWS:
+        mask = tl.arange(0, BR)[:, None] < nrows
+        if C0 + BD > D:
+            mask = mask & (c < D - C0)
+    else:
+        mask = c < D - C0
+    return mask
+
+
+@triton.jit
+def load_tile(ptr, row0, nrows, head, heads, D: tl.constexpr, C0: tl.constexpr, BR: tl.constexpr,
+              BD: tl.constexpr, MASK_ROWS: tl.constexpr = True):
+    """``x[row0 + r, head, C0 + c]`` ``[BR, BD]`` in the tensor's dtype (the operand of ``tl.dot``), zero
+    where ``r >= nrows`` (checked only when MASK_ROWS) or ``C0 + c >= D``; a tile known to be in
+    bounds loads without a mask."""
+    base, off = tile_offsets(row0, head, heads, D, C0, BR, BD)
+    if MASK_ROWS or C0 + BD > D:
+        x = tl.load(ptr + base + off, mask=tile_mask(nrows, D, C0, BR, BD, MASK_ROWS), other=0.0)
+    else:
+        x = tl.load(ptr + base + off)
+    return x
+
+
+@triton.jit
+def store_tile(ptr, x, row0, nrows, head, heads, D: tl.constexpr, C0: tl.constexpr, BR: tl.constexpr,
+               BD: tl.constexpr):
+    """Store ``x [BR, BD]`` into ``ptr[row0 + r, head, C0 + c]`` (``r < nrows``, ``C0 + c < D``) in the
+    pointer's dtype."""
+    base, off = tile_offsets(row0, head, heads, D, C0, BR, BD)
+    tl.store(ptr + base + off, x.to(ptr.dtype.element_ty), mask=tile_mask(nrows, D, C0, BR, BD, True))
+
+
+@triton.jit
+def load_split(ptr, row0, nrows, head, heads, D: tl.constexpr, BR: tl.constexpr, B1: tl.constexpr,
+               B2: tl.constexpr, MASK_ROWS: tl.constexpr = True):
+    """``(x1, x2)``: the column tiles ``x[rows, head, 0:B1]`` and ``x[rows, head, B1:B1 + B2]`` of a q or
+    k block (``load_tile``); with B2 = 0 there is one tile and x2 is x1 again (never used)."""
+    x1 = load_tile(ptr, row0, nrows, head, heads, D, 0, BR, B1, MASK_ROWS)
+    x2 = x1
+    if B2 > 0:
+        x2 = load_tile(ptr, row0, nrows, head, heads, D, B1, BR, B2, MASK_ROWS)
+    return x1, x2
+
+
+@triton.jit
+def zeros_split(BR: tl.constexpr, B1: tl.constexpr, B2: tl.constexpr):
+    """``(x1, x2)``: fp32 zero accumulators ``[BR, B1]`` and ``[BR, B2]`` for the two column tiles of
+    ``load_split``; with B2 = 0, x2 is x1 again (never used)."""
+    x1 = tl.zeros((BR, B1), tl.float32)
+    x2 = x1
+    if B2 > 0:
+        x2 = tl.zeros((BR, B2), tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def dot_split(a1, a2, b1, b2, B2: tl.constexpr, PREC: tl.constexpr):
+    """``a b^T`` of two row blocks split by columns as ``load_split`` does: ``a1 b1^T + a2 b2^T`` (one
+    accumulator), or ``a1 b1^T`` when B2 = 0."""
+    s = tl.dot(a1, tl.trans(b1), input_precision=PREC)
+    if B2 > 0:
+        s = tl.dot(a2, tl.trans(b2), s, input_precision=PREC)
+    return s
+
+
+@triton.jit
+def query_block(BM: tl.constexpr, CAUSAL: tl.constexpr):
+    """The first query row of this program's block ``program_id(0)`` of BM rows. Causal, the blocks run
+    last first: later queries see more keys, so the longest programs start first and the short ones
+    fill the tail of the launch (a query-block program past a sequence's end returns either way)."""
+    b = tl.program_id(0)
+    if CAUSAL:
+        b = tl.num_programs(0) - 1 - b
+    return b * BM
 
 
 @triton.jit
@@ -62,3 +138,13 @@ def causal_key_end(m0, BM: tl.constexpr, Tq, Sk, CAUSAL: tl.constexpr):
     if CAUSAL:
         return tl.maximum(tl.minimum(m0 + BM + Sk - Tq, Sk), 0)
     return Sk
+
+
+@triton.jit
+def full_key_end(m0, BN: tl.constexpr, Tq, Sk, CAUSAL: tl.constexpr):
+    """The key blocks ``[j0, j0 + BN)`` below this bound (a multiple of BN) exist and are seen by every
+    query from m0 on (causal: ``j0 + BN - 1 <= m0 + Sk - Tq``), so they need no mask."""
+    end = Sk
+    if CAUSAL:
+        end = tl.maximum(tl.minimum(m0 + 1 + Sk - Tq, Sk), 0)
+    return end // BN * BN
