@@ -55,6 +55,9 @@ from .pairs import colform, gram, rowform
 
 SUB = 16
 CHUNK_SIZES = (64, 128)
+# the serial kernels (states, dstate) at 8 warps over ``serial_launch``'s 4: no spills on sm_90 for
+# K = V = 128 (4 warps: 488 and 360 B of stack, Triton 3.6)
+SERIAL = dict(num_warps=8)
 
 
 @triton.jit
@@ -287,8 +290,9 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
 
 
 def state_term_ladder(K: int, V: int) -> list[dict]:
-    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``)."""
-    cfg = dict(BK=min(padded(K), 64), BV=min(padded(V), 64), num_warps=4, num_stages=1)
+    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
+    at which neither spills on sm_90 for K = V = 128 (4 warps: 440 and 456 B of stack, Triton 3.6)."""
+    cfg = dict(BK=min(padded(K), 64), BV=min(padded(V), 64), num_warps=8, num_stages=1)
     return [cfg, cfg | dict(BK=min(padded(K), 32), BV=min(padded(V), 32))]
 
 
@@ -298,7 +302,7 @@ def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: 
     if chunks.num_chunks and H:
         cumsum_kernel[(chunks.num_chunks, H)](
             x, out, chunks.cu, chunks.seq, chunks.start, H, T, D, parts, int(chunks.cu[-1]) if parts > 1 else 0,
-            C=chunks.size, BD=min(padded(D), 64), X_HF=x_head_first, Y_HF=out_head_first, REVERSE=reverse)
+            C=chunks.size, BD=min(padded(D), 32), X_HF=x_head_first, Y_HF=out_head_first, REVERSE=reverse)
     return out
 
 
@@ -308,11 +312,12 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     total = int(chunks.cu[-1])
     P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
-        cfg = dict(BK=min(padded(K), 32 if chunks.size == 64 else 16), num_warps=4, num_stages=1)
+        # GLA's gram at BK = 32 spills 120 B on sm_90 (C = 64, Triton 3.6); simple GLA's single dot does not
+        cfg = dict(BK=min(padded(K), 32 if scalar and chunks.size == 64 else 16), num_warps=4, num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, P, chunks.cu, chunks.seq, chunks.start, scale, H, T, K),
                dict(C=chunks.size, BC=SUB, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision,
                     DPREC=diag_precision(precision)),
-               [cfg, cfg | dict(BK=16)])
+               [cfg])
     return P
 
 
@@ -329,7 +334,7 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
                   (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H, T, K,
                    V),
                   dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None)
+                       PREC=precision), chunks, H, K, V, SERIAL)
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
@@ -348,7 +353,7 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                   (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets,
                    scale, H, T, K, V),
                   dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None)
+                       PREC=precision), chunks, H, K, V, SERIAL)
     return dh, dh0
 
 
@@ -359,17 +364,18 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
     K, V = q.shape[-1], v.shape[-1]
     total = int(chunks.cu[-1])
     C = chunks.size
-    bk = min(padded(K), 64 if C == 64 else 32)
+    bk = min(padded(K), 32)
     nkb = triton.cdiv(K, bk)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(*((nkb, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         table = (chunks.cu, chunks.seq, chunks.start)
         flags = dict(C=C, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision)
-        kcfg = dict(BK=bk, BV=min(padded(V), 64), num_warps=4, num_stages=1)
+        # sm_90, K = V = 128, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills 3016 B (gla), this 144 B
+        kcfg = dict(BK=bk, BV=min(padded(V), 32), num_warps=8, num_stages=1)
         launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
-               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)])
+               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16)])
         launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (k, G, P, dh, do, dv, *table, H, T, K, V), flags, state_term_ladder(K, V))
     return dq, dk, dv, dG
