@@ -289,10 +289,11 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
 # row) and the chunk table of the flattened tokens.
 
 
-def state_term_ladder(K: int, V: int) -> list[dict]:
+def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
     """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
-    at which neither spills on sm_90 for K = V = 128 (4 warps: 440 and 456 B of stack, Triton 3.6)."""
-    cfg = dict(BK=min(padded(K), 64), BV=min(padded(V), 64), num_warps=8, num_stages=1)
+    BK = 64 (C = 64) or 32 (C = 128), at which neither spills on sm_90 for K = V = 128 (Triton 3.6; at
+    4 warps and C = 64: 440 and 456 B of stack)."""
+    cfg = dict(BK=min(padded(K), 64 if C == 64 else 32), BV=min(padded(V), 64), num_warps=8, num_stages=1)
     return [cfg, cfg | dict(BK=min(padded(K), 32), BV=min(padded(V), 32))]
 
 
@@ -312,8 +313,10 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     total = int(chunks.cu[-1])
     P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
-        # GLA's gram at BK = 32 spills 120 B on sm_90 (C = 64, Triton 3.6); simple GLA's single dot does not
-        cfg = dict(BK=min(padded(K), 32 if scalar and chunks.size == 64 else 16), num_warps=4, num_stages=1)
+        # sm_90, Triton 3.6: GLA's gram at BK = 32 spills 120 B (C = 64), simple GLA's single dot does not;
+        # C = 128 (P [128, 128] fp32) at 4 warps spills 1568 B, at 8 warps 280
+        cfg = dict(BK=min(padded(K), 32 if scalar and chunks.size == 64 else 16),
+                   num_warps=4 if chunks.size == 64 else 8, num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, P, chunks.cu, chunks.seq, chunks.start, scale, H, T, K),
                dict(C=chunks.size, BC=SUB, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision,
                     DPREC=diag_precision(precision)),
@@ -338,7 +341,8 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
-               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision), state_term_ladder(K, V))
+               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
+               state_term_ladder(K, V, chunks.size))
     return o, ht, hs
 
 
@@ -377,5 +381,5 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
                flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16)])
         launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (k, G, P, dh, do, dv, *table, H, T, K, V), flags, state_term_ladder(K, V))
+               (k, G, P, dh, do, dv, *table, H, T, K, V), flags, state_term_ladder(K, V, C))
     return dq, dk, dv, dG
