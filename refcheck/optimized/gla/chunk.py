@@ -42,7 +42,6 @@ from ..chunk.state import (
     dwrite_blocks,
     launch_serial,
     load_blocks,
-    read_blocks,
     serial_chunk,
     serial_program,
     store_blocks,
