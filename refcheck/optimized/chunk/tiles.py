@@ -33,17 +33,27 @@ def row_stride(H: int, D: int, head_first: bool) -> int:
 
 
 @triton.jit
+def tile_ptrs(ptr, rows, h, H, D, cols, T=1, HEAD_FIRST: tl.constexpr = False):
+    """Pointers of ``x[rows, h, cols]`` for rows of one sequence: the int64 offset of the lowest row
+    ``r0`` once, as a scalar base, and int32 offsets ``(rows - r0) row_stride + cols`` from it (int64
+    offsets per element cost registers that the tiles need)."""
+    r0 = tl.min(rows, axis=0)
+    stride = D if HEAD_FIRST else H * D
+    return ptr + row_offsets(r0, h, H, D, T, HEAD_FIRST) + ((rows - r0) * stride)[:, None] + cols[None, :]
+
+
+@triton.jit
 def load_tile(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
-    """fp32 tile ``x[rows, h, cols]``, zero where masked."""
-    off = row_offsets(rows, h, H, D, T, HEAD_FIRST)[:, None] + cols[None, :]
-    return tl.load(ptr + off, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+    """fp32 tile ``x[rows, h, cols]`` (rows of one sequence), zero where masked."""
+    p = tile_ptrs(ptr, rows, h, H, D, cols, T, HEAD_FIRST)
+    return tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
 
 
 @triton.jit
 def store_tile(ptr, x, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
-    """Store ``x`` into ``ptr[rows, h, cols]`` in the pointer's dtype."""
-    off = row_offsets(rows, h, H, D, T, HEAD_FIRST)[:, None] + cols[None, :]
-    tl.store(ptr + off, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+    """Store ``x`` into ``ptr[rows, h, cols]`` (rows of one sequence) in the pointer's dtype."""
+    p = tile_ptrs(ptr, rows, h, H, D, cols, T, HEAD_FIRST)
+    tl.store(p, x.to(ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit

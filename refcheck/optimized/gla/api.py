@@ -15,7 +15,7 @@ from refcheck.references.contract import check_cu_seqlens, check_scale, check_st
 from refcheck.references.gla import check_gla_inputs
 
 from ..common import Chunks, check_flag, check_precision, make_chunks
-from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, grads, intra, recurrence
+from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -46,11 +46,9 @@ class ChunkGlaFunction(torch.autograd.Function):
         chunk_cumsum(g, G, ch, H, cfg.T, GK, parts=1, x_head_first=cfg.head_first, out_head_first=False,
                      reverse=False)
         P = intra(q, k, G, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision)
-        o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
-        keep = any(ctx.needs_input_grad)
-        ht, hs = recurrence(q, k, v, G, P, h0, o, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar,
-                            cfg.precision, final=cfg.final, keep=keep)
-        if keep:
+        o, ht, hs = forward(q, k, v, G, P, h0, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision,
+                            final=cfg.final)
+        if any(ctx.needs_input_grad):
             ctx.save_for_backward(q, k, v, g, G, P, h0, hs)
         ctx.cfg = cfg
         return o, ht

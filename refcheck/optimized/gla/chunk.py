@@ -9,10 +9,11 @@ Per sequence and head the state ``S [K, V]`` follows ``S_t = Diag(exp(g_t)) S_{t
     O    = scale (q e^G) S0 + P V                                   [C, V]
     S1   = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V             [K, V]
 
-Forward: ``chunk_cumsum`` (G), ``intra`` (P of every chunk, in parallel), ``recurrence`` (one program
-per value block, sequence and head walks the chunks with S in registers: O, the final state and, for
-the backward, the entry state ``h [NC, H, K, V]`` of every chunk). The serial state and output pass
-is KDA's (``chunk.state``) with the written values ``U = V``.
+Forward: ``chunk_cumsum`` (G), ``intra`` (P of every chunk, in parallel), ``states`` (one program per
+value block, sequence and head walks the chunks with S in registers and writes the entry state
+``h [NC, H, K, V]`` of every chunk and the final state; the update is KDA's ``chunk.state`` with the
+written values ``U = V``), then ``output`` (O of every chunk from P, V and h, in parallel: the serial
+pass carries only the state update).
 
 Backward, with ``dS1`` the gradient of a chunk's exit state (``dh``) and ``dP = lower(dO V^T)``:
 
@@ -41,7 +42,6 @@ from ..chunk.state import (
     dwrite_blocks,
     launch_serial,
     load_blocks,
-    read_blocks,
     serial_chunk,
     serial_program,
     store_blocks,
@@ -54,6 +54,9 @@ from .pairs import colform, gram, rowform
 
 SUB = 16
 CHUNK_SIZES = (64, 128)
+# the serial kernels (states, dstate) at 8 warps over ``serial_launch``'s 4: no spills on sm_90 for
+# K = V = 128 (4 warps: 488 and 360 B of stack, Triton 3.6)
+SERIAL = dict(num_warps=8)
 
 
 @triton.jit
@@ -121,27 +124,57 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, 
 
 
 @triton.jit
-def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, P_ptr, h0_ptr, o_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, scale,
-                      H, T, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STORE_H: tl.constexpr,
-                      HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV]."""
+def states_kernel(k_ptr, v_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, H, T, K, V, C: tl.constexpr,
+                  KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                  STORE_FINAL: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
+    ``hs[c] = S0`` (chunk c's entry state), ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
-    cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        if STORE_H:
-            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-        O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C), v, input_precision=PREC)
-        _, O = read_blocks(S0, S1, S2, S3, O, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB, NKB,
-                           True, PREC, False, T, HEAD_FIRST, SCALAR)
-        store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC, T, HEAD_FIRST, SCALAR)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
+
+
+@triton.jit
+def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, K, V, vv, vmask, scale,
+               BK: tl.constexpr, TO_LAST: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr,
+               PREC: tl.constexpr):
+    """``acc [C, BV] += (x * scale e^G) S`` (``TO_LAST``: ``e^{G_last - G}``) with ``x [C, K]`` the chunk's
+    rows of q or k and ``S = st[c, h, :, vv]`` ``[K, BV]`` a state of chunk c, K in blocks of BK."""
+    base = st_ptr + (c.to(tl.int64) * H + h) * K * V
+    for k0 in range(0, K, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < K
+        x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
+        if TO_LAST:
+            G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
+        S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+        acc += tl.dot(x * (tl.exp(G) * scale), S, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def output_kernel(q_ptr, v_ptr, G_ptr, P_ptr, hs_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
+                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
+                  SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One chunk, head and value block: ``O = P V + scale (q e^G) S0`` ``[C, BV]``, S0 = ``hs[c]``."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
+    vv = tl.program_id(2) * BV + tl.arange(0, BV)
+    vmask = vv < V
+    v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+    O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C), v, input_precision=PREC)
+    O = state_term(O, q_ptr, G_ptr, hs_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
+                   False, HEAD_FIRST, SCALAR, PREC)
+    store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
 
 
 @triton.jit
@@ -245,16 +278,8 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
     vmask = vv < V
     do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
     dv = tl.dot(tl.trans(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)), do, input_precision=PREC)
-    state_base = (c.to(tl.int64) * H + h) * K * V
-    for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
-        kmask = kk < K
-        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        G = load_gate(G_ptr, grows, i < C, h, H, K, kk, kmask, SCALAR)
-        G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, kk, kmask, SCALAR)
-        dh = tl.load(dh_ptr + state_base + kk.to(tl.int64)[:, None] * V + vv[None, :],
-                     mask=kmask[:, None] & vmask[None, :], other=0.0)
-        dv += tl.dot(k * tl.exp(G_last[None, :] - G), dh, input_precision=PREC)
+    dv = state_term(dv, k_ptr, G_ptr, dh_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, 1.0, BK,
+                    True, HEAD_FIRST, SCALAR, PREC)
     store_tile(dv_ptr, dv, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
 
 
@@ -263,13 +288,21 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
 # row) and the chunk table of the flattened tokens.
 
 
+def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
+    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
+    BK = 64 (C = 64) or 32 (C = 128), at which neither spills on sm_90 for K = V = 128 (Triton 3.6; at
+    4 warps and C = 64: 440 and 456 B of stack)."""
+    cfg = dict(BK=min(padded(K), 64 if C == 64 else 32), BV=min(padded(V), 64), num_warps=8, num_stages=1)
+    return [cfg, cfg | dict(BK=min(padded(K), 32), BV=min(padded(V), 32))]
+
+
 def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: int, D: int, *, parts: int,
                  x_head_first: bool, out_head_first: bool, reverse: bool) -> torch.Tensor:
     """``out = `` the chunk-local (reverse) cumulative sum of the sum of the ``parts`` parts of x."""
     if chunks.num_chunks and H:
         cumsum_kernel[(chunks.num_chunks, H)](
             x, out, chunks.cu, chunks.seq, chunks.start, H, T, D, parts, int(chunks.cu[-1]) if parts > 1 else 0,
-            C=chunks.size, BD=min(padded(D), 64), X_HF=x_head_first, Y_HF=out_head_first, REVERSE=reverse)
+            C=chunks.size, BD=min(padded(D), 32), X_HF=x_head_first, Y_HF=out_head_first, REVERSE=reverse)
     return out
 
 
@@ -279,27 +312,37 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     total = int(chunks.cu[-1])
     P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
-        cfg = dict(BK=min(padded(K), 32 if chunks.size == 64 else 16), num_warps=4, num_stages=1)
+        # sm_90, Triton 3.6: GLA's gram at BK = 32 spills 120 B (C = 64), simple GLA's single dot does not;
+        # C = 128 (P [128, 128] fp32) at 4 warps spills 1568 B, at 8 warps 280
+        cfg = dict(BK=min(padded(K), 32 if scalar and chunks.size == 64 else 16),
+                   num_warps=4 if chunks.size == 64 else 8, num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, P, chunks.cu, chunks.seq, chunks.start, scale, H, T, K),
                dict(C=chunks.size, BC=SUB, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision,
                     DPREC=diag_precision(precision)),
-               [cfg, cfg | dict(BK=16)])
+               [cfg])
     return P
 
 
-def recurrence(q, k, v, G, P, h0, o, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-               precision: str, *, final: bool, keep: bool):
-    """Write o; return ``(final state [N, H, K, V] or None, entry states h [NC, H, K, V] or None)``, fp32."""
+def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
+            precision: str, *, final: bool):
+    """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
+    states fp32: the serial state pass, then the output of every chunk in parallel."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
-    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32) if keep else None
-    launch_serial(recurrence_kernel,
-                  (q, k, v, G, P, h0 if h0 is not None else q, o, ht if final else q, hs if keep else q, chunks.cu,
-                   chunks.offsets, scale, H, T, K, V),
-                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, STORE_H=keep, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None)
-    return ht, hs
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
+    o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
+    launch_serial(states_kernel,
+                  (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H, T, K,
+                   V),
+                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
+                       PREC=precision), chunks, H, K, V, SERIAL)
+    if chunks.num_chunks and H:
+        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
+               (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
+               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
+               state_term_ladder(K, V, chunks.size))
+    return o, ht, hs
 
 
 def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
@@ -313,7 +356,7 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                   (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets,
                    scale, H, T, K, V),
                   dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None)
+                       PREC=precision), chunks, H, K, V, SERIAL)
     return dh, dh0
 
 
@@ -324,18 +367,18 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
     K, V = q.shape[-1], v.shape[-1]
     total = int(chunks.cu[-1])
     C = chunks.size
-    bk = min(padded(K), 64 if C == 64 else 32)
+    bk = min(padded(K), 32)
     nkb = triton.cdiv(K, bk)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(*((nkb, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         table = (chunks.cu, chunks.seq, chunks.start)
         flags = dict(C=C, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision)
-        kcfg = dict(BK=bk, BV=min(padded(V), 64), num_warps=4, num_stages=1)
+        # sm_90, K = V = 128, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills 3016 B (gla), this 144 B
+        kcfg = dict(BK=bk, BV=min(padded(V), 32), num_warps=8, num_stages=1)
         launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
-               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)])
-        vcfg = dict(BK=min(padded(K), 64), BV=min(padded(V), 64), num_warps=4, num_stages=1)
+               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16)])
         launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (k, G, P, dh, do, dv, *table, H, T, K, V), flags, [vcfg, vcfg | dict(BK=32, BV=32)])
+               (k, G, P, dh, do, dv, *table, H, T, K, V), flags, state_term_ladder(K, V, C))
     return dq, dk, dv, dG
