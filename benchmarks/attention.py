@@ -12,10 +12,12 @@ B = 16384 / T), causal and not, for MLA head dims (Dqk = 192, Dv = 128) and stan
     forward flops  = 2 B H T S (Dqk + Dv), halved when causal (T = S here)
     backward flops = 2.5 x forward   (dQ, dK, dV and the recomputed S and dP: 5 matmuls to the forward's 2)
 
-TFLOP/s are reported with the ratio of our time to each peer's (``x fa4``, ``x sdpa``: above 1 we are
-slower) and as a fraction of a bf16 matmul (8192^3, ``benchmarks/kda.py``'s ``roofline``) measured in
-the same run. SDPA gets q, k, v as ``[B, H, T, D]`` views (``is_causal``: top-left, equal to the
-contract's bottom-right since T = S) and picks its own backend; flash-attn-4
+Ours runs at its default ``block_m`` (128 query rows a program) and again as ``ours_bm64`` (64),
+whose ``x`` column is our default's time over its own. TFLOP/s are reported with the ratio of our
+time to each peer's (``x fa4``, ``x sdpa``: above 1 we are slower) and as a fraction of a bf16
+matmul (8192^3, ``bench_util.roofline``) measured in the same run. SDPA gets q, k, v as
+``[B, H, T, D]`` views (``is_causal``: top-left, equal to the contract's bottom-right since T = S)
+and picks its own backend; flash-attn-4
 (``flash_attn.cute.flash_attn_func``) is skipped with a note where it is not installed or refuses a
 shape. Errors: relative RMS ``||x - ref|| / ||ref||`` of o, lse, dq, dk, dv against
 ``references.attention`` in float64 on one small MLA shape (``ERROR_SHAPE``), for every implementation.
@@ -27,6 +29,7 @@ the fp8 tensor-core peak is twice that), and its error vs float64 on the values 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -36,7 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.kda import rel, roofline  # noqa: E402
+from bench_util import rel, roofline  # noqa: E402
+
 from refcheck import optimized, references  # noqa: E402
 from refcheck.model.ops.attention import fa4_attention  # noqa: E402
 
@@ -57,7 +61,7 @@ def sdpa(q, k, v, *, causal=False):
 
 def implementations() -> tuple[dict, dict]:
     """``({name: fn(q, k, v, causal=...) -> (o, lse or None)}, {name: why it is left out})``."""
-    impls = {"ours": optimized.attention, "sdpa": sdpa}
+    impls = {"ours": optimized.attention, "ours_bm64": functools.partial(optimized.attention, block_m=64), "sdpa": sdpa}
     try:
         import flash_attn.cute  # noqa: F401
         impls["fa4"] = fa4_attention
