@@ -207,8 +207,8 @@ def main():
     save()
     print(f"device {result['device']}: bf16 matmul {result['roofline']['bf16_tflops']:.0f} TFLOP/s; skipped: {skipped}")
     print(HEADER)
-    for kind in DIMS:
-        for T in LENGTHS[:1] if args.quick else LENGTHS:
+    for T in LENGTHS[:1] if args.quick else LENGTHS:       # shortest first: a run cut short keeps every kind
+        for kind in DIMS:
             for causal in (False, True):
                 result["rows"] += bench_shape(kind, T, causal, impls, result["roofline"], timing)
                 save()
