@@ -24,3 +24,35 @@ def test_the_first_wave_starts_one_unit_per_group_then_the_costliest():
     units = [Unit(f"u{i}", print, (), cost, list, group=group)
              for i, (cost, group) in enumerate([(5, "kda"), (9, "kda"), (1, "gla"), (7, "kda"), (2, "gla")])]
     assert order(units) == [1, 4, 3, 0, 2]
+
+
+def _lose_context(x, device):
+    import os
+    if x == 2:
+        os._exit(70)                  # what release_gpu does after a kernel's illegal memory access
+    return x * x
+
+
+def test_a_unit_that_ends_its_worker_is_a_crash_of_that_unit_and_the_run_goes_on():
+    units = [Unit(f"u{x}", _lose_context, (x,), 1.0, lambda r: [r], crashed=lambda message: f"crashed: {message}")
+             for x in range(5)]
+    results = execute(units, "cpu", 2, Console(quiet=True), "test")
+    assert results[:2] == [0, 1] and results[3:] == [9, 16]
+    assert results[2].startswith("crashed: the worker process running it died (exit status 70)")
+
+
+def test_a_lost_cuda_context_ends_the_worker(monkeypatch):
+    import torch
+
+    from refcheck.runtime import workers
+
+    def illegal_address():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def exit_now(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(torch.cuda, "synchronize", illegal_address)
+    monkeypatch.setattr(workers.os, "_exit", exit_now)
+    with pytest.raises(SystemExit) as ended:
+        workers.release_gpu()
+    assert ended.value.code == workers.CONTEXT_LOST

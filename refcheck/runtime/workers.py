@@ -83,14 +83,32 @@ def _init_worker(device: str, jobs: int = 1) -> None:
         torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs)
 
 
+CONTEXT_LOST = 70
+"""Exit status of a worker whose CUDA context a unit left unusable."""
+
+
 def _run_unit(fn, args: tuple, device: str):
     """One unit in a worker; on a GPU the memory it cached goes back for the other workers."""
     try:
         return fn(*args, device)
     finally:
         if device != "cpu":
-            import torch
-            torch.cuda.empty_cache()
+            release_gpu()
+
+
+def release_gpu() -> None:
+    """After a unit on a GPU: wait for its kernels and give back the memory it cached. A kernel that
+    made an illegal memory access or failed a device-side assert leaves the process's CUDA context
+    unusable (every later CUDA call raises, this one first): the worker ends at once, the pool
+    breaks, and the unit runs again in a process of its own (``_alone``), where its crash is
+    reported as its finding, with its input; the run goes on. Seen on an H100: an illegal address
+    in a warm-up unit, raised from ``empty_cache`` here, ended a whole pytest session."""
+    import torch
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except Exception:       # torch.AcceleratorError (a RuntimeError): the context is lost
+        os._exit(CONTEXT_LOST)
 
 
 def order(units: list[Unit]) -> list[int]:
