@@ -626,3 +626,26 @@ def test_float_argument_is_fp32(monkeypatch):
     _scale_kernel[(1, )](x, out, 0.1, 16)
     assert torch.equal(out, (x * torch.tensor(0.1).bfloat16()).float())
     assert not torch.equal(out, x.float() * torch.tensor(0.1, dtype=torch.float32))
+
+
+@interpreted
+def _copy_rows(x_ptr, y_ptr, n, ROWS: tl.constexpr, MASKED: tl.constexpr):
+    """y[i] = x[i] for i < ROWS: masked to n, or not (reading past x's end when ROWS > n)."""
+    i = tl.arange(0, ROWS)
+    if MASKED:
+        tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n, other=0.0), mask=i < n)
+    else:
+        tl.store(y_ptr + i, tl.load(x_ptr + i))
+
+
+def test_a_read_past_the_end_of_a_tensor_is_an_illegal_memory_access():
+    """What kills a GPU's CUDA context (or silently reads a neighbour) fails on the CPU too; the
+    same kernel masked to the tensor's length runs."""
+    x, y = torch.randn(10), torch.zeros(16)
+    _copy_rows[(1,)](x, y, 10, ROWS=16, MASKED=True)
+    assert torch.equal(y[:10], x)
+    past_x = r"illegal memory access: a load of 6 of 16 active lanes .* past the end of argument 'x_ptr'"
+    with pytest.raises(Exception, match=past_x):
+        _copy_rows[(1,)](x, y, 10, ROWS=16, MASKED=False)
+    with pytest.raises(Exception, match=r"illegal memory access: a store"):
+        _copy_rows[(1,)](torch.randn(16), torch.zeros(10), 16, ROWS=16, MASKED=False)

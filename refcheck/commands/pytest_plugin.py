@@ -211,7 +211,10 @@ def pytest_sessionstart(session):
         return
     from ..runtime.workers import default_jobs
     processes = min(len(jobs), default_jobs(cfg.device))
-    took = warm_up(jobs, cfg.device, processes, Console(stderr=True))
+    console = Console(stderr=True)
+    # before compiling: a warm-up that crashes the run still leaves the seed that repeats it
+    console.print(f"refcheck: compile buckets of seed {cfg.bucket_seed} (repeat with --bucket-seed {cfg.bucket_seed})")
+    took = warm_up(jobs, cfg.device, processes, console)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     line = (f"refcheck: compile buckets ({', '.join(counts)}) warmed up by {took['runs']} law runs in "
             f"{took['seconds']:.0f} s ({processes} processes, {took['compiled']} new Triton cache entries)")

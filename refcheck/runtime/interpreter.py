@@ -112,6 +112,13 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
   asked for sm_90; this triton: K >= 32 for 8-bit operands, 16 for 16-bit, 8 for fp32; triton 3.6:
   16 for everything not 8-bit). Seen on an H100: flash-linear-attention's ``chunk_gla`` backward at
   V = 1 (a [64, 1] by [1, 64] dot). Stock: any shape, (1, 1, 1).
+* Memory: every load and store of an active lane (mask true) must fall inside the storage of one of
+  the kernel's tensor arguments, else the launch raises "illegal memory access" naming the access
+  and the nearest argument. On a GPU such an access reads another tensor's memory (past a row, past
+  the end) or, past the allocation, kills the CUDA context ("an illegal memory access was
+  encountered": seen on an H100 in a warm-up of our own GLA/attention kernels, which ran clean on
+  the CPU before this check). Stock: the host address is read or written, whatever it holds.
+  Atomics are not checked.
 """
 from __future__ import annotations
 
@@ -488,6 +495,73 @@ def _dot_bf16xn(a: np.ndarray, b: np.ndarray, acc: np.ndarray, precision: str) -
 # The patches (methods of triton.runtime.interpreter.InterpreterBuilder and Autotuner)
 # ---------------------------------------------------------------------------------------------
 
+class IllegalMemoryAccess(RuntimeError):
+    """An interpreted kernel loaded or stored outside every tensor argument's storage."""
+
+
+_ARGUMENT_SPANS: list[tuple[np.ndarray, np.ndarray, list[str]]] = []
+"""The launch in progress: starts and ends (sorted, in bytes) of its tensor arguments' storages, and
+their names."""
+
+
+def _init_args_hst(self, args_dev, kwargs):
+    # GPU: a kernel may touch only memory it was given. Stock: no record of what it was given.
+    args_hst, kwargs_hst = _stock("_init_args_hst")(self, args_dev, kwargs)
+    names = inspect.getfullargspec(self.fn).args
+    spans = {}
+
+    def note(name, arg):
+        if isinstance(arg, tuple):
+            for item in arg:
+                note(name, item)
+        elif hasattr(arg, "base") and hasattr(arg.base, "untyped_storage"):      # a TensorDescriptor
+            note(name, arg.base)
+        elif hasattr(arg, "untyped_storage"):
+            storage = arg.untyped_storage()
+            start = storage.data_ptr()
+            spans[start] = (start + storage.nbytes(), spans.get(start, (0, name))[1])
+
+    for name, arg in [*zip(names, args_hst), *kwargs_hst.items()]:
+        note(name, arg)
+    starts = sorted(spans)
+    _ARGUMENT_SPANS[:] = [(np.array(starts, dtype=np.uint64), np.array([spans[s][0] for s in starts], dtype=np.uint64),
+                           [spans[s][1] for s in starts])]
+    return args_hst, kwargs_hst
+
+
+def _check_access(what: str, ptrs, mask) -> None:
+    """Raise ``IllegalMemoryAccess`` if an active lane of ``ptrs`` leaves every argument's storage."""
+    if not _ARGUMENT_SPANS:
+        return
+    starts, ends, names = _ARGUMENT_SPANS[0]
+    active = np.broadcast_to(np.asarray(mask.data, dtype=bool), ptrs.data.shape)
+    addresses = ptrs.data[active].astype(np.uint64)
+    if addresses.size == 0:
+        return
+    size = np.uint64(max(1, ptrs.get_element_ty().primitive_bitwidth // 8))
+    which = np.searchsorted(starts, addresses, side="right") - 1
+    inside = (which >= 0) & (addresses + size <= ends[np.maximum(which, 0)])
+    if inside.all():
+        return
+    bad = int(addresses[~inside][0])
+    nearest = int(np.argmin([min(abs(bad - int(a)), abs(bad - int(b))) for a, b in zip(starts, ends)]))
+    place = (f"{bad - int(ends[nearest])} bytes past the end of" if bad >= int(ends[nearest])
+             else f"{int(starts[nearest]) - bad} bytes before")
+    raise IllegalMemoryAccess(f"illegal memory access: a {what} of {int((~inside).sum())} of {addresses.size} active "
+                              f"lanes outside every tensor argument, the first {place} argument "
+                              f"'{names[nearest]}' ({int(ends[nearest] - starts[nearest])} bytes)")
+
+
+def _create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    _check_access("load", ptrs, mask)
+    return _stock("create_masked_load")(self, ptrs, mask, other, cache_policy, is_volatile)
+
+
+def _create_masked_store(self, ptrs, value, mask, cache_policy):
+    _check_access("store", ptrs, mask)
+    return _stock("create_masked_store")(self, ptrs, value, mask, cache_policy)
+
+
 def _stock(name: str):
     """The original of a patched method."""
     return _STOCK[name][1]
@@ -800,6 +874,9 @@ _SIGNATURES = {
     "cumsum": ["self", "input"],
     "_patch_lang": ["fn"],
     "_implicit_cvt": ["arg"],
+    "create_masked_load": ["self", "ptrs", "mask", "other", "cache_policy", "is_volatile"],
+    "create_masked_store": ["self", "ptrs", "value", "mask", "cache_policy"],
+    "_init_args_hst": ["self", "args_dev", "kwargs"],
 }
 
 
@@ -822,7 +899,9 @@ def _patch_table(stock, autotuner) -> list:
              (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang),
              (builder, "binary_op", _binary_op), (builder, "unary_op", _unary_op), (builder, "create_fma", _create_fma),
              (stock.ReduceOps, "sum", _reduce_sum), (stock.ReduceOps, "min_max", _reduce_min_max),
-             (stock.ScanOps, "cumsum", _scan_cumsum), (stock, "_implicit_cvt", _implicit_cvt)]
+             (stock.ScanOps, "cumsum", _scan_cumsum), (stock, "_implicit_cvt", _implicit_cvt),
+             (builder, "create_masked_load", _create_masked_load), (builder, "create_masked_store", _create_masked_store),
+             (stock.GridExecutor, "_init_args_hst", _init_args_hst)]
     for owner, name, _ in table:
         original = owner.__dict__.get(name)
         if original is None or list(inspect.signature(original).parameters) != _SIGNATURES[name]:
