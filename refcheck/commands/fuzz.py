@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import random
 import shlex
 import time
 import traceback
@@ -100,6 +99,15 @@ class Deadlines:
     shrink: float = math.inf
 
 
+def _without_seed_hint(value) -> None:
+    """Hypothesis' reporter, less "You can reproduce this failure by adding @seed(...)": it prints that
+    whenever a run ends by an exception, ``_OutOfTime`` included, and a failure's reproducer here is
+    refcheck's one-liner."""
+    from hypothesis.reporting import default
+    if "by adding @seed(" not in str(value):
+        default(value)
+
+
 class _OutOfTime(BaseException):
     """Ends a Hypothesis run at a deadline: a ``BaseException``, so Hypothesis lets it through (as it
     does Ctrl-C) instead of taking it for a failure to shrink."""
@@ -119,6 +127,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     from hypothesis import given
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
+    from hypothesis.reporting import with_reporter
 
     from ..engine import laws
     from ..engine.buckets import triton_cache_entries
@@ -165,11 +174,12 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     # one database entry per law and implementation (the source of ``attempt`` is the same for all)
     # Hypothesis reads this private attribute off the test function: mypy knows no such attribute on a function
     attempt._hypothesis_internal_add_digest = f"refcheck-fuzz/{law.name}/{impl.op}/{impl.target}".encode()  # type: ignore[attr-defined]
-    # a seed of our own when none is given: Hypothesis reports a seed it generated ("You can reproduce
-    # this failure by adding @seed(...)") whenever the run ends by an exception, _OutOfTime included
-    test = hseed(random.SystemRandom().randrange(2**64) if seed is None else seed)(settings(given(st.data())(attempt)))
+    test = settings(given(st.data())(attempt))
+    if seed is not None:
+        test = hseed(seed)(test)
     try:
-        test()
+        with with_reporter(_without_seed_hint):
+            test()
     except _OutOfTime:
         result.out_of_time = True
     except Exception as err:
