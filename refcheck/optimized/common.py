@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from refcheck.references.contract import check_state
+
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 
 
@@ -96,3 +98,15 @@ def launch(kernel, grid, args: tuple, constexprs: dict, ladder: list[dict]):
         except OutOfResources:
             if n == len(ladder) - 1:
                 raise
+
+
+def kernel_state(initial_state, n: int, h: int, k: int, v: int, device) -> torch.Tensor | None:
+    """``initial_state`` ``[N, H, K, V]`` as the chunked kernels read it (fp32, contiguous, on the
+    inputs' device), or None; a ValueError naming it otherwise."""
+    if initial_state is None:
+        return None
+    check_state("initial_state", initial_state, n, h, k, v)
+    if initial_state.dtype != torch.float32 or initial_state.device != device:
+        raise ValueError(f"initial_state: expected float32 on {device}, got {initial_state.dtype} on "
+                         f"{initial_state.device}")
+    return initial_state.contiguous()

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from refcheck.references.contract import check_cu_seqlens, check_scale, check_state, check_tensor
+from refcheck.references.contract import check_cu_seqlens, check_scale, check_tensor
 from refcheck.references.gla import check_gla_inputs
 
-from ..common import Chunks, check_flag, check_precision, make_chunks
+from ..common import Chunks, check_flag, check_precision, kernel_state, make_chunks
 from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -100,12 +100,7 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    if initial_state is not None:
-        check_state("initial_state", initial_state, N, H, K, V)
-        if initial_state.dtype != torch.float32 or initial_state.device != q.device:
-            raise ValueError(f"initial_state: expected float32 on {q.device}, got {initial_state.dtype} on "
-                             f"{initial_state.device}")
-        initial_state = initial_state.contiguous()
+    initial_state = kernel_state(initial_state, N, H, K, V, q.device)
     cfg = GlaConfig(make_chunks(B, T, cu_seqlens, chunk_size, q.device), scale, scalar, head_first, T, precision,
                     output_final_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))

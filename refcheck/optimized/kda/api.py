@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from refcheck.references.contract import check_cu_seqlens, check_scale, check_shape, check_state, check_tensor
+from refcheck.references.contract import check_cu_seqlens, check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
-from ..common import Chunks, check_flag, check_precision, make_chunks
+from ..common import Chunks, check_flag, check_precision, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
 from .chunk_fwd import CHUNK, intra, recurrence
 from .gate import gate_backward, gate_cumsum
@@ -185,12 +185,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    if initial_state is not None:
-        check_state("initial_state", initial_state, N, H, K, V)
-        if initial_state.dtype != torch.float32 or initial_state.device != q.device:
-            raise ValueError(f"initial_state: expected float32 on {q.device}, got {initial_state.dtype} on "
-                             f"{initial_state.device}")
-        initial_state = initial_state.contiguous()
+    initial_state = kernel_state(initial_state, N, H, K, V, q.device)
     cfg = KdaConfig(make_chunks(B, T, cu_seqlens, CHUNK, q.device), scale, safe_gate,
                     None if lower_bound is None else float(lower_bound), use_gate_in_kernel, use_qk_l2norm, precision,
                     use_gather, disable_recompute, output_final_state)
