@@ -546,6 +546,26 @@ def test_loop_index_is_a_tensor_as_compiled():
         _loop_kernel[(1, )](out, 2)
 
 
+@interpreted
+def _scalar_condition_kernel(x_ptr, out_ptr, n, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=(i < n) & (n % 2 == 1), other=0.0), mask=i < n)
+
+
+def test_a_comparison_is_int1_as_compiled():
+    """A scalar comparison ANDed into a block mask (``block & (n % 2 == 1)``) is a mask, as compiled.
+    Stock: the comparison keeps its operands' type, its splat makes int32 data, and the load raises
+    "mask has unsupported dtype"."""
+    x = torch.randn(8)
+    for n, expected in ((5, torch.cat([x[:5], torch.zeros(3)])), (6, torch.zeros(8))):
+        out = torch.zeros(8)
+        _scalar_condition_kernel[(1, )](x, out, n, 8)
+        assert torch.equal(out, expected)
+    interpreter.disable()
+    with pytest.raises(Exception, match="mask has unsupported dtype"):
+        _scalar_condition_kernel[(1, )](x, torch.zeros(8), 5, 8)
+
+
 _maximum = tl.maximum      # a builtin under another name, as FLA's `gather = tl.gather`
 
 

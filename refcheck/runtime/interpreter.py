@@ -657,8 +657,14 @@ def _binary_op(self, lhs, rhs, op):
     # float64 and rounding once gives the same bf16 (53 >= 2*8 + 2 bits: double rounding is
     # innocuous for +, -, *, /; Figueroa 1995). Stock: numpy operates on the uint16 codes (bf16 is
     # stored as its bit pattern), so 1.0 + 1.0 is the sum of two integers.
+    import triton.language as tl
     from triton.runtime.interpreter import TensorHandle, _get_np_dtype, _validate_np_data_size
 
+    if op in _COMPARISONS:
+        # GPU: a comparison is an i1 whatever its operands. Stock: its handle keeps the operands'
+        # type (bool data typed int32, or floats 0/1), and splatting that to a block makes int32
+        # data, so `tl.load(..., mask=block_mask & (n % 2 == 1))` fails "mask has unsupported dtype".
+        return TensorHandle(op(_compared(lhs), _compared(rhs)), tl.int1)
     if not (_is_bf16(lhs) or _is_bf16(rhs)):
         return _stock("binary_op")(self, lhs, rhs, op)
     with np.errstate(all="ignore"):
@@ -669,6 +675,15 @@ def _binary_op(self, lhs, rhs, op):
     if not _validate_np_data_size(output, tl_dtype):     # a comparison: as stock does with its result
         output = output.astype(_get_np_dtype(tl_dtype))
     return TensorHandle(output, tl_dtype)
+
+
+_COMPARISONS = (np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal)
+"""The numpy functions the stock builder compares with (``create_icmp*``, ``create_fcmp*``)."""
+
+
+def _compared(handle) -> np.ndarray:
+    """What a comparison compares: the values of bf16/fp8 storage (uint codes), other data as it is."""
+    return _values(handle.data, handle.dtype.scalar) if handle.dtype.scalar.name in _FORMATS else handle.data
 
 
 def _unary_op(self, arg, op):
