@@ -11,6 +11,7 @@
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick): ours vs FLA chunk_gla / chunk_simple_gla
+#   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
 #               saying whether its failure is still there
 # e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
@@ -34,19 +35,48 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/dev
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 JOBS=$(nproc)
 
+keep_failures() {   # the failure files of a law run, tarred: their names (test ids: '[', ']') do not travel
+  [ -d "$1" ] && tar czf "$2" -C "$(dirname "$1")" "$(basename "$1")"
+}
+
+replay_crashes() {  # rerun the reproducer of each example that lost its worker's CUDA context (at most 2) alone,
+                    # kernels launched synchronously (the traceback names the kernel), and under compute-sanitizer
+                    # where the image has it
+  for f in $(ls "$1"/cuda-context-lost-*.txt 2>/dev/null | head -2); do
+    line=$(grep -m1 '^  reproduce: ' "$f" | sed 's/^  reproduce: //; s/\bpython -c/python3 -c/')
+    echo "== $f: $line" >> "$2"
+    CUDA_LAUNCH_BLOCKING=1 timeout 90 bash -c "$line" 2>&1 | tail -25 >> "$2"
+    command -v compute-sanitizer >/dev/null && timeout 150 bash -c "${line/python3 -c/compute-sanitizer --print-limit 3 python3 -c}" \
+      2>&1 | grep -E "Invalid|at 0x|by thread|Address|ERROR SUMMARY" | head -20 >> "$2"
+  done
+}
+
 for step in "$@"; do
   [ "${COLD:-1}" = 1 ] && export TRITON_CACHE_DIR=/tmp/triton-cache-$step && rm -rf "$TRITON_CACHE_DIR"
   began=$(date +%s)
   case $step in
     properties)
-      REFCHECK_FAILURE_DIR="$OUT/failures" timeout -k 20 -s INT "${PROPERTIES_S:-500}" \
+      FAILED=/tmp/failures-properties; rm -rf $FAILED
+      REFCHECK_FAILURE_DIR=$FAILED timeout -k 20 -s INT "${PROPERTIES_S:-500}" \
         python3 -m pytest refcheck/properties -p refcheck.commands.pytest_plugin -n auto -p no:cacheprovider \
         ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
         $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
         -o addopts="" -rfEs -v --durations=0 --hypothesis-show-statistics > "$OUT/gpu_properties.log" 2>&1
       echo "properties exit $?" >> "$OUT/gpu_properties.log"
-      # failure files are named after test ids ('[', ']'), which the device tool does not bring back
-      [ -d "$OUT/failures" ] && tar czf "$OUT/failures.tgz" -C "$OUT" failures ;;
+      replay_crashes $FAILED "$OUT/crashes.log"; keep_failures $FAILED "$OUT/failures.tgz" ;;
+    crash-isolation)
+      # a kernel that makes an illegal memory access at odd T beside a correct one, both Triton kda_gate
+      # kernels (tests/mutant_kernels.py): each law test of the first fails with its example written down
+      # and its worker replaced, the second's pass; then the same through `refcheck report`
+      FAILED=/tmp/failures-crash; rm -rf $FAILED
+      pair="--op kda_gate --impl tests.mutants:gate_crashes_on_odd_lengths --impl tests.mutants:gate_autotuned"
+      REFCHECK_FAILURE_DIR=$FAILED timeout -k 20 -s INT "${CRASH_S:-240}" python3 -m pytest refcheck/properties \
+        -p refcheck.commands.pytest_plugin -n 8 -p no:cacheprovider --device cuda --hypothesis-profile gpu $pair \
+        -o addopts="" -rfE > "$OUT/crash_isolation.log" 2>&1
+      echo "pytest exit $?" >> "$OUT/crash_isolation.log"
+      timeout -k 20 -s INT "${CRASH_S:-240}" python3 -m refcheck report --device cuda $pair >> "$OUT/crash_isolation.log" 2>&1
+      echo "report exit $?" >> "$OUT/crash_isolation.log"
+      keep_failures $FAILED "$OUT/crash_failures.tgz" ;;
     report)
       timeout -k 20 -s INT "${REPORT_S:-300}" python3 -m refcheck report --device cuda --jobs "${REPORT_JOBS:-$JOBS}" ${REPORT_ARGS:-} \
         --json "$OUT/gpu_report${REPORT_TAG:-}.json" \
@@ -92,8 +122,11 @@ done
 
 for step in "$@"; do
   case $step in
-    properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|properties exit" \
-                  "$OUT/gpu_properties.log" | tail -12; ls "$OUT/failures" 2>/dev/null ;;
+    properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|crashed|properties exit" \
+                  "$OUT/gpu_properties.log" | tail -12; ls /tmp/failures-properties 2>/dev/null | head
+                [ -f "$OUT/crashes.log" ] && grep -E "^==|Error|error|Invalid|SUMMARY" "$OUT/crashes.log" | head -20 ;;
+    crash-isolation) echo "== crash isolation =="; grep -E "crashed|replacing|passed|failed|PASS|FAIL|exit" \
+                       "$OUT/crash_isolation.log" | cut -c1-200 | tail -24 ;;
     report) echo "== report${REPORT_TAG:-} =="; grep -E "PASS|FAIL|report exit|not run|wall seconds" "$OUT/gpu_report${REPORT_TAG:-}.log" | tail -20 ;;
     fuzz) echo "== fuzz =="; grep -E "compile buckets|^time:|falsified|no counterexample|fuzz exit" "$OUT/gpu_fuzz.log" | tail -8 ;;
     fla-reports) echo "== FLA open reports =="; tail -30 "$OUT/fla_open_reports.log" ;;

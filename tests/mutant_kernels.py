@@ -63,3 +63,23 @@ def _launch(kernel, g, A_log, dt_bias, lower_bound):
                  0.0 if lower_bound is None else float(lower_bound),
                  HAS_BIAS=dt_bias is not None, HAS_LOWER=lower_bound is not None)
     return out
+
+
+@triton.jit
+def _add_far_read(x_ptr, out_ptr, n, odd, BLOCK: tl.constexpr):
+    """``out[i] += x[i + 2**36]`` where ``odd`` is 1 (else nothing): an address far past any allocation,
+    the kind a wrong stride computes. A GPU loses its CUDA context on it (an illegal memory access);
+    the faithful interpreter raises."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < n
+    far = tl.load(x_ptr + offs.to(tl.int64) + (1 << 36), mask=inside & (odd == 1), other=0.0)
+    tl.store(out_ptr + offs, tl.load(out_ptr + offs, mask=inside) + far.to(tl.float32), mask=inside)
+
+
+def kda_gate_crashes_on_odd_lengths(g, A_log, dt_bias=None, lower_bound=None):
+    """The kda_gate contract, forward only: correct (the naive gate) where T, g's length, is even, an
+    illegal memory access where it is odd (``_add_far_read``)."""
+    from refcheck.model import naive
+    out = naive.kda_gate(g, A_log, dt_bias, lower_bound).float().contiguous()
+    _add_far_read[(triton.cdiv(g.numel(), 64),)](g.contiguous(), out, g.numel(), g.shape[1] % 2, BLOCK=64)
+    return out

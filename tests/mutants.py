@@ -468,3 +468,13 @@ MUTANTS["gate_autotune_config_drops_tail"] = Mutant(gate_autotune_config_drops_t
 gate_autotuned = CONTROLS["gate_autotuned"] = Implementation(
     "kda_gate", f"{__name__}:gate_autotuned", "tests.mutant_kernels:kda_gate", backward=False, triton=True,
     description="Correct: the same Triton gate kernel with two correct autotune configs.")
+
+
+# --- a kernel that crashes its process on a GPU (issue 13, item 5) -------------------------------
+
+gate_crashes_on_odd_lengths = Implementation(
+    "kda_gate", f"{__name__}:gate_crashes_on_odd_lengths", "tests.mutant_kernels:kda_gate_crashes_on_odd_lengths",
+    backward=False, triton=True, description="Correct on inputs of even length T; at odd T "
+    "a Triton kernel reads 2**36 elements past g (tests/mutant_kernels.py): an illegal memory access on a GPU.")
+"""Not a law's mutant: every law meets its crash. It shows that a crash is a finding about its example and
+the run goes on (``tests/test_workers.py`` on the CPU, ``benchmarks/gpu_session.sh crash-isolation`` on a GPU)."""

@@ -38,7 +38,7 @@ def test_a_unit_that_ends_its_worker_is_a_crash_of_that_unit_and_the_run_goes_on
              for x in range(5)]
     results = execute(units, "cpu", 2, Console(quiet=True), "test")
     assert results[:2] == [0, 1] and results[3:] == [9, 16]
-    assert results[2].startswith("crashed: the worker process running it died (exit status 70)")
+    assert results[2].startswith("crashed: the worker process running it died (exit status 70: it lost the CUDA context")
 
 
 def test_a_lost_cuda_context_ends_the_worker(monkeypatch):
@@ -56,3 +56,28 @@ def test_a_lost_cuda_context_ends_the_worker(monkeypatch):
     with pytest.raises(SystemExit) as ended:
         workers.release_gpu()
     assert ended.value.code == workers.CONTEXT_LOST
+
+
+def test_an_example_that_loses_the_cuda_context_is_written_down_and_ends_the_process(monkeypatch, tmp_path):
+    """What a law does on a GPU when a kernel makes an illegal memory access: the example that did it is
+    the finding (its failure, with its reproducer, goes to ``REFCHECK_FAILURE_DIR``), and the process
+    ends so that xdist or the pool replaces it, instead of failing every later example of the worker."""
+    from refcheck.engine.examples import Example
+    from refcheck.engine.laws import check
+    from refcheck.model.case import Case
+    from refcheck.runtime import workers
+    from tests.mutants import MUTANTS
+
+    def exit_now(code):
+        raise SystemExit(code)
+    monkeypatch.setattr(workers, "context_lost", lambda device: True)
+    monkeypatch.setattr(workers.os, "_exit", exit_now)
+    monkeypatch.setenv(workers.FAILURE_DIR_ENV, str(tmp_path))
+    case = Case.make("attention", dict(B=1, T=8, S=8, H=1, Hk=1, Dqk=4, Dv=4), "fp32", 0, options={"causal": True})
+    impl = MUTANTS["attention_off_by_one_causal"].impl
+    with pytest.raises(SystemExit) as ended:
+        check("agreement", impl, Example(case, impl.modes[0], {}, {}))
+    assert ended.value.code == workers.CONTEXT_LOST
+    [written] = tmp_path.iterdir()
+    text = written.read_text()
+    assert "the CUDA context was lost" in text and "reproduce: python -c" in text and "attention_off_by_one_causal" in text

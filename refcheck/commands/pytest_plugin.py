@@ -39,6 +39,7 @@ import pytest
 
 from ..model.case import PRECISION_MODES
 from ..runtime import compile_clock
+from ..runtime.workers import FAILURE_DIR_ENV
 from ..strategies import profiles
 from .selection import HELP, Selection
 
@@ -315,7 +316,7 @@ def pytest_runtest_logreport(report):
     for key, value in report.user_properties:
         if key == TIME_PROPERTY and report.when == "call":
             _TIMES[report.nodeid] = tuple(value)
-    folder = os.environ.get("REFCHECK_FAILURE_DIR")
+    folder = os.environ.get(FAILURE_DIR_ENV)
     if folder and report.failed:
         os.makedirs(folder, exist_ok=True)
         name = "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in report.nodeid)

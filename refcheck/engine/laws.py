@@ -38,6 +38,7 @@ from ..model import registry
 from ..model.case import PRECISION_MODES, Case
 from ..model.metrics import bitwise_equal, max_abs_diff, rel_rms
 from ..model.ops import OPS, REQUIREMENTS, Inputs, card
+from ..runtime import workers
 from ..strategies import INTERPRETED, SMALL, Limits
 from . import verify
 from .examples import Example, boundary_cases, examples
@@ -192,7 +193,7 @@ class Trial:
             shapes = ", ".join(f"{n}{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
                                for n, t in self.inputs().tensors.items())
         except Exception as err:  # the message must not hide the violation
-            shapes = f"(cannot rebuild inputs: {err})"
+            shapes = f"(cannot rebuild inputs: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
         return "\n".join([
             f"law {self.law.name} ({self.law.number}) violated: {self.case.op} [{self.impl.name}] mode={self.mode}"
             + (f" {knobs}" if knobs else ""),
@@ -757,7 +758,14 @@ def check(law_: Law | str, impl: registry.Implementation, example: Example, *, d
     law_ = law(law_) if isinstance(law_, str) else law_
     trial = Trial(law_, impl, example.case, example.mode, dict(example.knobs), dict(example.params), device,
                   strict_default() if strict is None else strict)
-    law_.fn(trial, **example.params)
+    try:
+        law_.fn(trial, **example.params)
+    except Exception as err:
+        if workers.context_lost(device):   # this example crashed the GPU: it is the finding, the process ends
+            lines = str(err).splitlines() or [type(err).__name__]
+            why = next((line.strip() for line in lines if "CUDA error" in line), lines[0])
+            workers.end_lost_process(trial.message(f"the CUDA context was lost: {why}"))
+        raise
     return Outcome(law_.name, trial.notes)
 
 

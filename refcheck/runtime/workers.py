@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from multiprocessing.connection import wait
+from typing import Any, NoReturn
 
 MAX_JOBS = 4
 MAX_GPU_JOBS = 8
@@ -97,18 +98,49 @@ def _run_unit(fn, args: tuple, device: str):
 
 
 def release_gpu() -> None:
-    """After a unit on a GPU: wait for its kernels and give back the memory it cached. A kernel that
-    made an illegal memory access or failed a device-side assert leaves the process's CUDA context
-    unusable (every later CUDA call raises, this one first): the worker ends at once, the pool
-    breaks, and the unit runs again in a process of its own (``_alone``), where its crash is
-    reported as its finding, with its input; the run goes on. Seen on an H100: an illegal address
-    in a warm-up unit, raised from ``empty_cache`` here, ended a whole pytest session."""
+    """After a unit on a GPU: wait for its kernels and give back the memory it cached; a unit that
+    lost the process's CUDA context (``context_lost``) ends the worker at once with status
+    ``CONTEXT_LOST``: the unit's result is its crash (``Unit.died``), reported as its finding with
+    its input, and a fresh worker takes the next unit. Seen on an H100:
+    an illegal address in a warm-up unit, raised from ``empty_cache`` here, ended a whole pytest
+    session."""
     import torch
+    if context_lost("cuda"):
+        os._exit(CONTEXT_LOST)
+    torch.cuda.empty_cache()
+
+
+def context_lost(device: str) -> bool:
+    """Whether the process's CUDA context on ``device`` is unusable: a kernel made an illegal memory
+    access or failed a device-side assert, and every later CUDA call raises (synchronizing, first)."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return False
     try:
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    except Exception:       # torch.AcceleratorError (a RuntimeError): the context is lost
-        os._exit(CONTEXT_LOST)
+    except Exception:       # torch.AcceleratorError (a RuntimeError)
+        return True
+    return False
+
+
+FAILURE_DIR_ENV = "REFCHECK_FAILURE_DIR"
+"""A folder where each failure is written the moment it happens (a run a time limit cuts short
+keeps what it found): pytest's failed tests, and the examples that lost a worker's CUDA context."""
+
+
+def end_lost_process(message: str) -> NoReturn:
+    """End a process whose CUDA context a kernel lost, after saying why: ``message`` (the failure,
+    with its reproducer) goes to stderr and to a file in ``REFCHECK_FAILURE_DIR``, then the
+    process exits with ``CONTEXT_LOST``. Nothing after a lost context could run on this GPU, and
+    Hypothesis would go on shrinking an example that no longer matters (every call raises now):
+    the example that crashed is the finding. Its pool or pytest-xdist replaces the worker."""
+    print(message, file=sys.stderr, flush=True)
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"cuda-context-lost-{os.getpid()}.txt"), "w") as fh:
+            fh.write(message + "\n")
+    os._exit(CONTEXT_LOST)
 
 
 def order(units: list[Unit]) -> list[int]:
@@ -156,15 +188,7 @@ def execute(units: list[Unit], device: str, jobs: int, console, title: str) -> l
                     results[i] = unit.fn(*unit.args, device)
                     done(i)
             else:
-                pending = order(units)
-                while pending:
-                    left = _in_pool(units, pending, results, device, jobs, done)
-                    if len(left) == len(pending):      # no unit finished: run each alone, to find the culprit
-                        for i in left:
-                            results[i] = _alone(units[i], device)
-                            done(i)
-                        left = []
-                    pending = left
+                _in_workers(units, results, device, jobs, done)
         except KeyboardInterrupt:
             progress.update(task, description=f"{title}: interrupted")
             raise Interrupted([r for i, unit in enumerate(units) if i in finished for r in unit.wrap(results[i])],
@@ -173,49 +197,89 @@ def execute(units: list[Unit], device: str, jobs: int, console, title: str) -> l
     return [r for unit, result in zip(units, results) for r in unit.wrap(result)]
 
 
-def _in_pool(units: list[Unit], pending: list[int], results: list, device: str, jobs: int, done) -> list[int]:
-    """Run the ``pending`` units in a pool of ``jobs`` processes; the units left unfinished when a
-    worker process died (the pool breaks then), to run again."""
-    lost = []
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_init_worker, initargs=(device, jobs))
-    try:
-        futures = {pool.submit(_run_unit, units[i].fn, units[i].args, device): i for i in pending}
-        for future in as_completed(futures):
-            i = futures[future]
+class _Worker:
+    """A worker process and the unit it runs (``busy``: its index, or None when idle)."""
+
+    def __init__(self, context, device: str, jobs: int):
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(target=_serve, args=(theirs, device, jobs), daemon=True)
+        self.process.start()
+        theirs.close()
+        self.busy: int | None = None
+
+    def give(self, i: int, unit: Unit) -> None:
+        self.busy = i
+        self.conn.send((i, unit.fn, unit.args))
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+        self.process.join()
+
+
+def _serve(conn, device: str, jobs: int) -> None:
+    """A worker process: runs the units it is sent, one at a time, until told to stop (None)."""
+    _init_worker(device, jobs)
+    while (task := conn.recv()) is not None:
+        i, fn, args = task
+        try:
+            conn.send((i, True, _run_unit(fn, args, device)))
+        except Exception as err:        # the caller raises it, as a unit's own exception
             try:
-                results[i] = future.result()
-            except BrokenProcessPool:
-                lost.append(i)
-                continue
-            done(i)
-    except KeyboardInterrupt:
-        # the executor has no public way to stop workers in the middle of a unit (shutdown waits for them)
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return lost
+                conn.send((i, False, err))
+            except Exception:           # an exception that does not pickle: its text
+                conn.send((i, False, RuntimeError(f"{type(err).__name__}: {err}\n{traceback.format_exc()}")))
 
 
-def _run_child(fn, args, device: str, queue) -> None:
-    _init_worker(device)
-    queue.put(fn(*args, device))
-
-
-def _alone(unit: Unit, device: str):
-    """Run one unit in a process of its own; its result, or ``unit.died`` with the exit status."""
+def _in_workers(units: list[Unit], results: list, device: str, jobs: int, done) -> None:
+    """Run every unit in ``jobs`` worker processes, in ``order``, each worker one unit at a time. A
+    worker that dies (a segfault, an abort, a lost CUDA context) costs only the unit it ran: that
+    unit's result is ``Unit.died``, and a fresh worker takes the next unit."""
     context = multiprocessing.get_context("spawn")
-    queue = context.SimpleQueue()
-    child = context.Process(target=_run_child, args=(unit.fn, unit.args, device, queue))
-    child.start()
-    child.join()
-    if child.exitcode == 0 and not queue.empty():
-        return queue.get()
-    code = child.exitcode
+    queue = order(units)
+    workers = [_Worker(context, device, jobs) for _ in range(min(jobs, len(queue)))]
+    try:
+        for worker in workers:
+            worker.give(first := queue.pop(0), units[first])
+        while busy := [w for w in workers if w.busy is not None]:
+            ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy]))
+            for worker in busy:
+                i = worker.busy or 0
+                reply = _receive(worker.conn) if worker.conn in ready else None
+                if reply is not None:
+                    _, ok, value = reply
+                    if not ok:
+                        raise value
+                    results[i] = value
+                elif worker.conn in ready or worker.process.sentinel in ready:    # its pipe closed: it died
+                    worker.process.join()
+                    results[i] = units[i].died(_death(worker.process.exitcode))
+                    workers[workers.index(worker)] = worker = _Worker(context, device, jobs)
+                else:
+                    continue
+                worker.busy = None
+                done(i)
+                if queue:
+                    worker.give(j := queue.pop(0), units[j])
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def _receive(conn):
+    """A worker's reply, or None when its end of the pipe closed (the process died)."""
+    try:
+        return conn.recv()
+    except EOFError:
+        return None
+
+
+def _death(code: int | None) -> str:
+    """What a worker's exit status says about the unit it ran."""
     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
-    return unit.died(f"the worker process running it died ({how}): the implementation crashed the process")
+    if code == CONTEXT_LOST:
+        how += ": it lost the CUDA context, an illegal memory access or a device-side assert"
+    return f"the worker process running it died ({how}): the implementation crashed the process"
 
 
 @contextmanager
