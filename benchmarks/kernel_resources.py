@@ -111,18 +111,18 @@ def _grad_inputs(*shapes, dtype=torch.bfloat16):
     return [torch.randn(*s, dtype=dtype).requires_grad_() for s in shapes]
 
 
-def linear_launches(op: str, shape: dict):
-    """Every launch of one forward + backward of ``optimized.gla`` or ``optimized.simple_gla`` (bf16,
-    final state) at the shape's head dims, one chunk per sequence (launches depend on head dims and
-    program counts only)."""
+def linear_launches(op: str, shape: dict, dtype=torch.bfloat16, **knobs):
+    """Every launch of one forward + backward of ``optimized.gla`` or ``optimized.simple_gla`` (final
+    state, ``knobs`` such as precision and chunk_size) at the shape's head dims, one chunk per
+    sequence (launches depend on head dims and program counts only)."""
     from refcheck import optimized
     B, H, K, V = (shape[n] for n in "BHKV")
 
     def fwd_bwd():
-        q, k, v = _grad_inputs((B, 64, H, K), (B, 64, H, K), (B, 64, H, V))
+        q, k, v = _grad_inputs((B, 64, H, K), (B, 64, H, K), (B, 64, H, V), dtype=dtype)
         g = torch.randn(B, 64, H, K) if op == "gla" else torch.randn(B, 64, H)
         g = F.logsigmoid(g).requires_grad_()
-        o, ht = getattr(optimized, op)(q, k, v, g, output_final_state=True)
+        o, ht = getattr(optimized, op)(q, k, v, g, output_final_state=True, **knobs)
         (o.float().sum() + ht.sum()).backward()
     return capture(fwd_bwd)
 
@@ -152,6 +152,10 @@ def main():
     ap.add_argument("--safe", action="store_true", help="kda: safe_gate with lower_bound -5")
     ap.add_argument("--keep", action="store_true", help="kda: disable_recompute")
     ap.add_argument("--warps", type=int, help="compile every kernel with this many warps instead")
+    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"), help="gla, simple_gla: input dtype")
+    ap.add_argument("--precision", help="gla, simple_gla: the precision knob")
+    ap.add_argument("--chunk-size", type=int, help="gla, simple_gla: the chunk_size knob")
+    ap.add_argument("--kv", help="gla, simple_gla: head dims K,V instead of the shape's")
     args = ap.parse_args()
     if args.op == "kda":
         launches = kda_launches(SHAPES[args.shape], args.safe, args.keep)
@@ -159,7 +163,12 @@ def main():
         dqk, dv = (int(d) for d in args.dims.split(","))
         launches = attention_launches(args.causal, (dqk, dv))
     else:
-        launches = linear_launches(args.op, SHAPES[args.shape])
+        shape = dict(SHAPES[args.shape])
+        if args.kv:
+            shape["K"], shape["V"] = (int(d) for d in args.kv.split(","))
+        knobs = {n: v for n, v in (("precision", args.precision), ("chunk_size", args.chunk_size)) if v is not None}
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+        launches = linear_launches(args.op, shape, dtype, **knobs)
     import triton
     print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'kernel':22} {'regs':>5} {'stack':>6} {'shared':>7}  options")

@@ -103,6 +103,15 @@ def test_gla_head_first_is_bitwise_the_sequence_first_result(op):
     assert all(torch.equal(seq[2][n], head[2][n]) for n in x)
 
 
+def test_gla_exact_precision_runs_chunks_of_64():
+    """precision="ieee" at chunk_size=128 is the chunk_size=64 run, bit for bit (``api.EXACT_CHUNK``: the
+    exact-fp32 backward at 128 needs more shared memory than an H100 has)."""
+    x, opts = gla_case("gla", T=140, K=16, V=24)
+    do, dht = cotangents(x, opts)
+    a, b = (run(optimized.gla, x, opts, do, dht, precision="ieee", chunk_size=c) for c in (64, 128))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and all(torch.equal(a[2][n], b[2][n]) for n in x)
+
+
 def test_gla_empty_sequences_keep_the_state():
     x, opts = gla_case("gla", T=0, lengths=[0, 0], h0=True)
     o, ht = optimized.gla(**x, **opts)

@@ -20,6 +20,11 @@ from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 DEFAULT_PRECISION = "tf32"
+EXACT_CHUNK = 64
+"""The chunk size with precision "ieee", whatever ``chunk_size`` says: "ieee" dots run on the FMA units
+with their operands in shared memory, and at chunk size 128 the backward's ``grads_qk_kernel`` needs 270 KB
+of it (Triton 3.6, sm_90), more than an H100 has (227 KB); the GPU refused it (OutOfResources) in
+``refcheck report``'s path_agreement law. The chunk size changes the speed, not the math."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,8 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
         check_cu_seqlens(cu_seqlens, B, T)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     initial_state = kernel_state(initial_state, N, H, K, V, q.device)
-    cfg = GlaConfig(make_chunks(B, T, cu_seqlens, chunk_size, q.device), scale, scalar, head_first, T, precision,
+    size = EXACT_CHUNK if precision == "ieee" else chunk_size
+    cfg = GlaConfig(make_chunks(B, T, cu_seqlens, size, q.device), scale, scalar, head_first, T, precision,
                     output_final_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     return ChunkGlaFunction.apply(q, k, v, g, initial_state, cfg)
@@ -114,7 +120,7 @@ KNOBS_DOC = """
                   sequence-first call on the transposed tensors.
       precision:  input precision of every fp32 ``tl.dot`` ("ieee", "tf32", "tf32x3"); default "tf32"
                   (errors ~1e-3 relative, below the bf16/fp16 rounding of the data it mostly serves).
-      chunk_size: 64 or 128 tokens per chunk.
+      chunk_size: 64 or 128 tokens per chunk (with precision "ieee" always 64, ``EXACT_CHUNK``).
     Returns ``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] fp32 or None)``; differentiable in
     q, k, v, g and initial_state (dg in g's dtype)."""
 

@@ -54,6 +54,12 @@ from .pairs import colform, gram, rowform
 
 SUB = 16
 CHUNK_SIZES = (64, 128)
+MIN_BLOCK = 32
+"""The narrowest channel or value block of the parallel kernels' dots (``padded(n, MIN_BLOCK)``). On an
+H100 (Triton 3.6), K = 16 with blocks of 16 at 8 warps and precision "tf32x3" made ``output_kernel``'s o
+wrong by up to 0.56 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel`` lose the CUDA context (an
+illegal memory access); with blocks of 32 both are right (``benchmarks/results/gpu_gla_k16_h100.txt``).
+The interpreter computes both right: the compiled code is at fault, found by ``refcheck report`` on the GPU."""
 # the serial kernels (states, dstate) at 8 warps over ``serial_launch``'s 4: no spills on sm_90 for
 # K = V = 128 (4 warps: 488 and 360 B of stack, Triton 3.6)
 SERIAL = dict(num_warps=8)
@@ -292,8 +298,9 @@ def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
     """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
     BK = 64 (C = 64) or 32 (C = 128), at which neither spills on sm_90 for K = V = 128 (Triton 3.6; at
     4 warps and C = 64: 440 and 456 B of stack)."""
-    cfg = dict(BK=min(padded(K), 64 if C == 64 else 32), BV=min(padded(V), 64), num_warps=8, num_stages=1)
-    return [cfg, cfg | dict(BK=min(padded(K), 32), BV=min(padded(V), 32))]
+    cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), 64), num_warps=8,
+               num_stages=1)
+    return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK)]
 
 
 def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: int, D: int, *, parts: int,
@@ -313,8 +320,9 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         # sm_90, Triton 3.6: GLA's gram at BK = 32 spills 120 B (C = 64), simple GLA's single dot does not;
-        # C = 128 (P [128, 128] fp32) at 4 warps spills 1568 B, at 8 warps 280
-        cfg = dict(BK=min(padded(K), 32 if scalar and chunks.size == 64 else 16),
+        # C = 128 (P [128, 128] fp32) takes 8 warps (4: 1568 B of stack) and so blocks of MIN_BLOCK (GLA at
+        # K = 128: 560 B of stack)
+        cfg = dict(BK=16 if chunks.size == 64 and not scalar else MIN_BLOCK,
                    num_warps=4 if chunks.size == 64 else 8, num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, P, chunks.cu, chunks.seq, chunks.start, scale, H, T, K),
                dict(C=chunks.size, BC=SUB, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision,
@@ -367,7 +375,7 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
     K, V = q.shape[-1], v.shape[-1]
     total = int(chunks.cu[-1])
     C = chunks.size
-    bk = min(padded(K), 32)
+    bk = MIN_BLOCK
     nkb = triton.cdiv(K, bk)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(*((nkb, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
@@ -375,10 +383,10 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
         table = (chunks.cu, chunks.seq, chunks.start)
         flags = dict(C=C, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision)
         # sm_90, K = V = 128, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills 3016 B (gla), this 144 B
-        kcfg = dict(BK=bk, BV=min(padded(V), 32), num_warps=8, num_stages=1)
+        kcfg = dict(BK=bk, BV=MIN_BLOCK, num_warps=8, num_stages=1)
         launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
-               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg, kcfg | dict(BV=16)])
+               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg])
         launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (k, G, P, dh, do, dv, *table, H, T, K, V), flags, state_term_ladder(K, V, C))
     return dq, dk, dv, dG
