@@ -81,3 +81,43 @@ def test_an_example_that_loses_the_cuda_context_is_written_down_and_ends_the_pro
     [written] = tmp_path.iterdir()
     text = written.read_text()
     assert "the CUDA context was lost" in text and "reproduce: python -c" in text and "attention_off_by_one_causal" in text
+
+
+def test_workers_go_round_the_gpus_of_a_host(monkeypatch):
+    """Issue 18: on a host with several GPUs, worker i (a pool's slot, an xdist worker's number) runs on
+    GPU i mod GPUs, made the process's current device before it allocates."""
+    import torch
+
+    from refcheck.commands.pytest_plugin import xdist_worker_index
+    from refcheck.runtime import workers
+
+    assert [workers.gpu_of(i, 2) for i in range(5)] == [0, 1, 0, 1, 0]
+    assert [workers.gpu_of(i, 1) for i in range(3)] == [0, 0, 0]
+    assert [xdist_worker_index(w) for w in ("gw0", "gw7", "gw12", "master")] == [0, 7, 12, 0]
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert [workers.pin_gpu(i) for i in (0, 5, 10)] == [0, 1, 2] and chosen == [0, 1, 2]
+    assert workers.default_jobs("cuda") == min(workers.MAX_GPU_JOBS * 4, workers.cores())
+
+
+def test_a_shared_example_database_serves_every_profile_that_keeps_examples(monkeypatch, tmp_path):
+    """Issue 18: ``REFCHECK_EXAMPLE_DB`` names one directory of failing examples for every process, host
+    and CI run; ``ci`` keeps none (derandomized, reproducible)."""
+    from hypothesis import settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from refcheck.strategies import profiles
+
+    monkeypatch.setenv(profiles.EXAMPLE_DB_ENV, str(tmp_path))
+    try:
+        profiles.register()
+        for name in ("dev", "fuzz", "gpu"):
+            db = settings.get_profile(name).database
+            assert isinstance(db, DirectoryBasedExampleDatabase) and str(db.path) == str(tmp_path), name
+        assert settings.get_profile("ci").database is None
+    finally:
+        monkeypatch.delenv(profiles.EXAMPLE_DB_ENV)
+        profiles.register()
+    assert str(getattr(settings.get_profile("dev").database, "path", "")) != str(tmp_path)

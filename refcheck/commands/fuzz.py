@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 import time
 import traceback
@@ -255,7 +256,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of the search (default: random)")
     p.add_argument("--out-dir", type=Path, default=Path("."), help="where reproducers are written (default: .)")
     p.add_argument("--database", type=Path, default=None, metavar="DIR",
-                   help=f"Hypothesis example database (default: {DATABASE} in the working directory)")
+                   help=f"Hypothesis example database (default: $REFCHECK_EXAMPLE_DB, else {DATABASE} in the "
+                        "working directory)")
     p.set_defaults(run=run)
 
 
@@ -429,7 +431,8 @@ def run(args) -> int:
     profiles.register()
     base = hsettings.get_profile("fuzz")
     settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
-                         database=DirectoryBasedExampleDatabase(str(args.database or DATABASE)))
+                         database=DirectoryBasedExampleDatabase(
+                             str(args.database or os.environ.get(profiles.EXAMPLE_DB_ENV) or DATABASE)))
     strict = args.strict_bitwise or laws_mod.strict_default()
     out = Console(highlight=False, soft_wrap=True)
     who = impl.name if impl.name == impl.target else f"{impl.name} = {impl.target}"

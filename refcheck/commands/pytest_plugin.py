@@ -108,11 +108,13 @@ def activate(config) -> RefcheckConfig:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # CPU: tiny tensors: with one OpenMP thread per xdist worker, a [2,200,116] einsum takes
         # 50 us; with 2 threads per worker on 2 busy cores it took 16 ms (measured here). GPU: the
-        # workers share the cores for the float64 references.
+        # workers share the cores for the float64 references, and go round the host's GPUs.
         import torch
 
-        from ..runtime.workers import threads_per_process
+        from ..runtime.workers import pin_gpu, threads_per_process
         torch.set_num_threads(threads_per_process(selection.device, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+        if selection.device != "cpu":
+            pin_gpu(xdist_worker_index(os.environ["PYTEST_XDIST_WORKER"]))
     elif selection.device == "cpu":
         import torch
         torch.set_num_threads(1)
@@ -128,10 +130,17 @@ def activate(config) -> RefcheckConfig:
     return cfg
 
 
+def xdist_worker_index(worker_id: str) -> int:
+    """The number of an xdist worker from its id (``gw3`` -> 3; a replaced worker gets a new number)."""
+    digits = worker_id.removeprefix("gw")
+    return int(digits) if digits.isdigit() else 0
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto`` on a GPU: as many workers as ``refcheck.runtime.workers.default_jobs`` gives (at most 8:
-    they share the GPU's memory and time-slice its engine); None elsewhere (xdist's own count)."""
+    """``-n auto`` on a GPU: as many workers as ``refcheck.runtime.workers.default_jobs`` gives (at most 8
+    a GPU: they share its memory and time-slice its engine; each worker on one GPU, ``activate``);
+    None elsewhere (xdist's own count)."""
     device = config.getoption("--device", None)
     if device == "cpu":
         return None

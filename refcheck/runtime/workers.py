@@ -55,9 +55,32 @@ class Unit:
 
 def default_jobs(device: str) -> int:
     """Worker processes: the usable cores, at most ``MAX_JOBS`` on the CPU (interpreted kernels),
-    at most ``MAX_GPU_JOBS`` on a GPU (where a cold run is bound by compiling, one core each, and
-    the processes share the GPU's memory)."""
-    return max(1, min(MAX_JOBS if device == "cpu" else MAX_GPU_JOBS, cores()))
+    at most ``MAX_GPU_JOBS`` per GPU of the host (where a cold run is bound by compiling, one core
+    each, and the processes of one GPU share its memory)."""
+    return max(1, min(MAX_JOBS if device == "cpu" else MAX_GPU_JOBS * gpu_count(), cores()))
+
+
+def gpu_count() -> int:
+    """The GPUs this process sees (``CUDA_VISIBLE_DEVICES``), at least 1."""
+    import torch
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
+def gpu_of(worker: int, gpus: int) -> int:
+    """The GPU of worker ``worker`` (0, 1, ...) on a host with ``gpus``: the workers go round the GPUs."""
+    return worker % max(1, gpus)
+
+
+def pin_gpu(worker: int) -> int | None:
+    """Make GPU ``gpu_of(worker, ...)`` this process's current CUDA device, before it allocates on it
+    (tensors made on "cuda" go there); its index, or None without a GPU. One process, one GPU: a
+    kernel that loses the CUDA context takes one worker of one GPU with it."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    index = gpu_of(worker, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return index
 
 
 def cores() -> int:
@@ -72,16 +95,19 @@ def threads_per_process(device: str, jobs: int) -> int:
     return 1 if device == "cpu" else max(1, cores() // max(1, jobs))
 
 
-def _init_worker(device: str, jobs: int = 1) -> None:
-    """A worker process: the backend before any kernel is imported, its intra-op threads, on a GPU
-    its share of the memory (one of ``jobs``)."""
+def _init_worker(device: str, jobs: int = 1, slot: int = 0) -> None:
+    """Worker ``slot`` of ``jobs``: the backend before any kernel is imported, its intra-op threads,
+    on a GPU its own GPU (``pin_gpu``) and its share of that GPU's memory."""
     import torch
 
     from .backend import configure_backend
     configure_backend(device)
     torch.set_num_threads(threads_per_process(device, jobs))
-    if torch.device(device).type == "cuda" and jobs > 1:
-        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / jobs)
+    if torch.device(device).type == "cuda":
+        pin_gpu(slot)
+        sharing = -(-jobs // gpu_count())           # the workers on this GPU
+        if sharing > 1:
+            torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / sharing)
 
 
 CONTEXT_LOST = 70
@@ -200,9 +226,9 @@ def execute(units: list[Unit], device: str, jobs: int, console, title: str) -> l
 class _Worker:
     """A worker process and the unit it runs (``busy``: its index, or None when idle)."""
 
-    def __init__(self, context, device: str, jobs: int):
+    def __init__(self, context, device: str, jobs: int, slot: int):
         self.conn, theirs = context.Pipe()
-        self.process = context.Process(target=_serve, args=(theirs, device, jobs), daemon=True)
+        self.process = context.Process(target=_serve, args=(theirs, device, jobs, slot), daemon=True)
         self.process.start()
         theirs.close()
         self.busy: int | None = None
@@ -217,9 +243,9 @@ class _Worker:
         self.process.join()
 
 
-def _serve(conn, device: str, jobs: int) -> None:
-    """A worker process: runs the units it is sent, one at a time, until told to stop (None)."""
-    _init_worker(device, jobs)
+def _serve(conn, device: str, jobs: int, slot: int) -> None:
+    """Worker process ``slot``: runs the units it is sent, one at a time, until told to stop (None)."""
+    _init_worker(device, jobs, slot)
     while (task := conn.recv()) is not None:
         i, fn, args = task
         try:
@@ -234,10 +260,11 @@ def _serve(conn, device: str, jobs: int) -> None:
 def _in_workers(units: list[Unit], results: list, device: str, jobs: int, done) -> None:
     """Run every unit in ``jobs`` worker processes, in ``order``, each worker one unit at a time. A
     worker that dies (a segfault, an abort, a lost CUDA context) costs only the unit it ran: that
-    unit's result is ``Unit.died``, and a fresh worker takes the next unit."""
+    unit's result is ``Unit.died``, and a fresh worker takes the next unit. On a host with several
+    GPUs worker i runs on GPU ``i mod GPUs``."""
     context = multiprocessing.get_context("spawn")
     queue = order(units)
-    workers = [_Worker(context, device, jobs) for _ in range(min(jobs, len(queue)))]
+    workers = [_Worker(context, device, jobs, slot) for slot in range(min(jobs, len(queue)))]
     try:
         for worker in workers:
             worker.give(first := queue.pop(0), units[first])
@@ -254,7 +281,8 @@ def _in_workers(units: list[Unit], results: list, device: str, jobs: int, done) 
                 elif worker.conn in ready or worker.process.sentinel in ready:    # its pipe closed: it died
                     worker.process.join()
                     results[i] = units[i].died(_death(worker.process.exitcode))
-                    workers[workers.index(worker)] = worker = _Worker(context, device, jobs)
+                    slot = workers.index(worker)                # its replacement takes its GPU
+                    workers[slot] = worker = _Worker(context, device, jobs, slot)
                 else:
                     continue
                 worker.busy = None

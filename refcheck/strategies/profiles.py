@@ -4,7 +4,8 @@
 * ``ci``: bounded and reproducible: 10 examples per law (divided by the law's cost, at least 3),
   derandomized (the same examples every run), no example database, no deadline (interpreted Triton
   kernels take seconds per example). The default, in CI and elsewhere.
-* ``dev``: 30 examples, random, failures saved in the local database and replayed first.
+* ``dev``: 30 examples, random, failures saved in the example database and replayed first
+  (``.hypothesis/examples``, or the shared directory of ``EXAMPLE_DB_ENV``).
 * ``fuzz``: 500 examples, random, database: hunting for bugs in a new kernel.
 * ``gpu``: 12 examples on the GPU with ``LARGE`` sizes (several chunks per sequence), random. Few
   because a GPU example is compile-bound, not run-bound: each drawn configuration (dtype, padded head
@@ -23,6 +24,8 @@ and for a Triton kernel in the CPU interpreter (seconds per call) multiplied by
 ``refcheck.engine.laws.INTERPRETED_SHARE``: at least 2 either way (``refcheck.engine.laws.examples_for``).
 """
 from __future__ import annotations
+
+import os
 
 from hypothesis import HealthCheck, settings
 
@@ -46,10 +49,26 @@ BUCKETED = ("gpu",)
 """Profiles whose runs draw compile buckets (``refcheck.engine.buckets``), each law its full example count."""
 
 
+EXAMPLE_DB_ENV = "REFCHECK_EXAMPLE_DB"
+"""A directory of failing examples for every profile that keeps them (all but ``ci``), shared by every
+process, host and CI run that names it (shared storage; in CI one restored before the run and saved
+after it): a counterexample found anywhere is replayed first everywhere. Unset: Hypothesis' own
+``.hypothesis/examples`` in the working directory, which the xdist workers of one host share."""
+
+
+def shared_database():
+    """The ``EXAMPLE_DB_ENV`` database, or None when the variable is unset."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    path = os.environ.get(EXAMPLE_DB_ENV)
+    return DirectoryBasedExampleDatabase(path) if path else None
+
+
 def register() -> None:
-    """Register every profile with Hypothesis (idempotent)."""
+    """Register every profile with Hypothesis (again after ``EXAMPLE_DB_ENV`` changed)."""
+    shared = shared_database()
     for name, options in PROFILES.items():
-        settings.register_profile(name, **options)
+        keeps = options.get("database", "default") is not None
+        settings.register_profile(name, **options, **({"database": shared} if shared and keeps else {}))
 
 
 def load(name: str = DEFAULT) -> settings:
