@@ -478,3 +478,18 @@ gate_crashes_on_odd_lengths = Implementation(
     "a Triton kernel reads 2**36 elements past g (tests/mutant_kernels.py): an illegal memory access on a GPU.")
 """Not a law's mutant: every law meets its crash. It shows that a crash is a finding about its example and
 the run goes on (``tests/test_workers.py`` on the CPU, ``benchmarks/gpu_session.sh crash-isolation`` on a GPU)."""
+
+
+def gate_exits_on_odd_lengths(g, A_log, dt_bias=None, lower_bound=None):
+    """The naive kda_gate, except that at odd T it ends its process with the status of a lost CUDA
+    context (``refcheck.runtime.workers.CONTEXT_LOST``): what a crashing GPU kernel does to a worker,
+    on the CPU."""
+    import os
+    if g.shape[1] % 2:
+        os._exit(70)
+    return naive.kda_gate(g, A_log, dt_bias, lower_bound)
+
+
+gate_kills_its_process = Implementation(
+    "kda_gate", f"{__name__}:gate_kills_its_process", f"{__name__}:gate_exits_on_odd_lengths", backward=False,
+    description="Ends its process at odd T, as a kernel that loses the CUDA context ends a GPU worker.")

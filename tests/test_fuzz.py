@@ -145,6 +145,12 @@ def test_usage_errors_exit_2_and_say_why(user_module, capsys, op, spec, message)
     assert message in err, err
 
 
+@pytest.mark.parametrize("gpus", ["0", "two", "-1"])
+def test_gpus_takes_a_positive_count_or_all(capsys, gpus):
+    code, _, err = fuzz(capsys, "kda_gate", "--impl", "naive", "--gpus", gpus)
+    assert code == 2 and "--gpus: expected a positive count or 'all'" in err, err
+
+
 def test_a_mode_the_callable_does_not_take_is_a_usage_error(user_module, capsys):
     code, _, err = fuzz(capsys, "kda_gate", "--impl", "tests.fuzz_adapters:kda_gate", "--precision", "tf32")
     assert code == 2 and "offers ieee" in err
@@ -172,3 +178,24 @@ def test_contract_problems_accept_kwargs_and_knobs():
     assert contract_problems(fits, "kda", ["precision"]) == []
     assert contract_problems(fits, "kda", ["use_gather"]) == []            # **options takes it
     assert any("'scale'" in p for p in contract_problems(positional_only_option, "kda"))
+
+
+def test_a_search_that_kills_its_worker_is_a_crash_and_the_campaign_goes_on(tmp_path):
+    """On a GPU each law searches in a worker process of its own (``--gpus``): a kernel that ends its
+    process ends one law's search, reported as a crash; the other laws' searches finish."""
+    from rich.console import Console
+
+    from refcheck.commands.fuzz import search_in_workers
+    from refcheck.engine import laws
+    from refcheck.model import registry
+    from tests.mutants import gate_kills_its_process
+
+    chosen = [laws.law("agreement"), laws.law("gate_bounds")]
+    common = dict(max_examples=3, database=str(tmp_path), device="cpu", mode=None, seconds=None, strict=False,
+                  seed=0, buckets=(), jobs=2, console=Console(quiet=True))
+    crashed = search_in_workers(gate_kills_its_process, chosen, **common)
+    assert [r.status for r in crashed] == ["CRASHED", "CRASHED"]
+    assert all("exit status 70" in (r.crash or "") for r in crashed)
+    [naive] = registry.resolve("naive", "kda_gate")
+    held = search_in_workers(naive, chosen, **common)
+    assert [r.status for r in held] == ["holds", "holds"] and all(r.examples >= 3 for r in held)

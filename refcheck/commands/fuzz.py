@@ -75,6 +75,7 @@ class LawResult:
     seconds: float = 0.0
     search_seconds: float = 0.0   # until the first failure (the rest is shrinking)
     compiling_seconds: float = 0.0  # in examples during which Triton's cache grew (they compiled)
+    crash: str | None = None      # the search's worker process died (a GPU kernel lost its CUDA context)
 
     def count_notes(self, outcome) -> None:
         """Count the bitwise notes of an example where the law held, one key per distinct check."""
@@ -83,7 +84,14 @@ class LawResult:
             self.notes[key] = self.notes.get(key, 0) + 1
 
     @property
+    def found(self) -> bool:
+        """A counterexample, or a crash of the process searching (its example written down there)."""
+        return self.failure is not None or self.crash is not None
+
+    @property
     def status(self) -> str:
+        if self.crash is not None:
+            return "CRASHED"
         if self.failure is not None:
             return "FALSIFIED" + (" (flaky: passed on replay)" if self.flaky else "")
         if not self.examples:
@@ -255,10 +263,19 @@ def add_parser(subparsers) -> None:
                    help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
     p.add_argument("--seed", type=int, default=None, help="seed of the search (default: random)")
     p.add_argument("--out-dir", type=Path, default=Path("."), help="where reproducers are written (default: .)")
+    p.add_argument("--gpus", default="1", metavar="N|all",
+                   help="on a GPU: search the laws in N worker processes at once (all: one per GPU of the host), "
+                        "worker i on GPU i mod GPUs; a kernel that crashes one ends only its law's search")
     p.add_argument("--database", type=Path, default=None, metavar="DIR",
                    help=f"Hypothesis example database (default: $REFCHECK_EXAMPLE_DB, else {DATABASE} in the "
                         "working directory)")
     p.set_defaults(run=run)
+
+
+def gpu_workers(gpus: str) -> int:
+    """The worker processes of ``--gpus``: N, or with ``all`` one per GPU of the host."""
+    from ..runtime.workers import gpu_count
+    return gpu_count() if gpus == "all" else int(gpus)
 
 
 def _count(n: int, what: str) -> str:
@@ -307,6 +324,8 @@ def _checked(args):
         raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
     if args.seconds is not None and not args.seconds > 0:
         raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
+    if args.gpus != "all" and not (args.gpus.isdigit() and int(args.gpus) >= 1):
+        raise UsageError(f"--gpus: expected a positive count or 'all', got {args.gpus!r}")
     if not args.out_dir.is_dir():
         raise UsageError(f"--out-dir: folder {args.out_dir} does not exist")
     try:
@@ -374,6 +393,52 @@ def search_all(impl, laws: list, settings, *, device: str, mode: str | None, sec
     return results
 
 
+def search_in_workers(impl, laws: list, *, max_examples: int, database: str, device: str, mode: str | None,
+                      seconds: float | None, strict: bool, seed: int | None, buckets: tuple, jobs: int,
+                      console) -> list[LawResult]:
+    """On a GPU: each law's ``search`` in a worker process of its own (``refcheck.runtime.workers``),
+    ``jobs`` at a time, worker i on GPU i mod GPUs (``--gpus``). A kernel that loses the CUDA context
+    ends one worker: that law's result is the crash (``LawResult.crash``), its example and reproducer
+    written to ``REFCHECK_FAILURE_DIR``, and the other laws go on. With ``seconds``, each law searches
+    ``seconds * jobs / laws`` (shrinking on top), the laws running ``jobs`` at a time."""
+    from ..runtime.workers import Unit, execute
+    share = seconds * min(jobs, len(laws)) / len(laws) if seconds else None
+    def crashed(law):
+        return lambda message: LawResult(law, crash=message)
+
+    units = [Unit(f"{law.name} ({law.number})", _search_unit,
+                  (law.name, impl, max_examples, database, mode, strict, share, seed, buckets), 1.0,
+                  _one, crashed=crashed(law))
+             for law in laws]
+    return execute(units, device, min(jobs, len(units)), console, "searching")
+
+
+def _one(result: LawResult) -> list[LawResult]:
+    return [result]
+
+
+def _search_unit(law_name: str, impl, max_examples: int, database: str, mode: str | None, strict: bool,
+                 seconds: float | None, seed: int | None, buckets: tuple, device: str) -> LawResult:
+    """One law's ``search`` in a worker process: the ``fuzz`` profile at ``max_examples`` over the example
+    database ``database``; its result with the failure's exception reduced to its text (to travel back)."""
+    from hypothesis import settings as hsettings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from ..engine import laws as laws_mod
+    from ..strategies import profiles
+    profiles.register()
+    settings = hsettings(hsettings.get_profile("fuzz"), max_examples=max_examples, report_multiple_bugs=False,
+                         database=DirectoryBasedExampleDatabase(database))
+    now = time.monotonic()
+    deadlines = Deadlines(now + seconds, now + seconds + max(seconds, MIN_SHRINK_SECONDS)) if seconds else Deadlines()
+    result = search(laws_mod.law(law_name), impl, settings, limits=case_limits(impl, device), mode=mode,
+                    device=device, strict=strict, deadlines=deadlines, seed=seed, buckets=buckets)
+    if result.failure is not None:
+        failure = result.failure
+        result.failure = Failure(failure.example, RuntimeError(failure.text), failure.text)
+    return result
+
+
 def case_limits(impl, device: str):
     """Case sizes: ``LARGE`` on a GPU, else the ``fuzz`` profile's (``INTERPRETED`` for a Triton kernel)."""
     from ..engine import laws
@@ -408,7 +473,7 @@ def print_summary(out, impl, results: list[LawResult]) -> None:
     for col in ("law", "examples", "result", "seconds"):
         table.add_column(col, justify="right" if col in ("examples", "seconds") else "left")
     for r in results:
-        status = r.status if r.failure is None else f"[bold red]{r.status}[/]"
+        status = f"[bold red]{r.status}[/]" if r.found else r.status
         table.add_row(f"{r.law.name} ({r.law.number})", str(r.examples), status, f"{r.seconds:.1f}")
     out.print(table)
     for r in results:
@@ -423,6 +488,7 @@ def run(args) -> int:
     from rich.markup import escape
 
     from ..engine import laws as laws_mod
+    from ..runtime.workers import FAILURE_DIR_ENV
     from ..strategies import profiles
     from .selection import items
 
@@ -430,9 +496,9 @@ def run(args) -> int:
     to_search, skipped = _laws_for(impl, items(args.law))
     profiles.register()
     base = hsettings.get_profile("fuzz")
+    database = str(args.database or os.environ.get(profiles.EXAMPLE_DB_ENV) or DATABASE)
     settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
-                         database=DirectoryBasedExampleDatabase(
-                             str(args.database or os.environ.get(profiles.EXAMPLE_DB_ENV) or DATABASE)))
+                         database=DirectoryBasedExampleDatabase(database))
     strict = args.strict_bitwise or laws_mod.strict_default()
     out = Console(highlight=False, soft_wrap=True)
     who = impl.name if impl.name == impl.target else f"{impl.name} = {impl.target}"
@@ -449,8 +515,15 @@ def run(args) -> int:
         from ..runtime import autotune
         out.print(escape(autotune.describe()))
     seconds = args.seconds - took["seconds"] if args.seconds and took else args.seconds
-    results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
-                         strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)
+    if device == "cpu":
+        results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
+                             strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)
+    else:
+        os.environ.setdefault(FAILURE_DIR_ENV, str(args.out_dir))     # where a crash's example goes
+        results = search_in_workers(impl, to_search, max_examples=settings.max_examples, database=database,
+                                    device=device, mode=args.precision, seconds=seconds, strict=strict,
+                                    seed=args.seed, buckets=buckets, jobs=gpu_workers(args.gpus),
+                                    console=Console(stderr=True))
     print_summary(out, impl, results)
     if took:
         examples_s = sum(r.seconds for r in results)
@@ -460,9 +533,14 @@ def run(args) -> int:
                   f"{_count(sum(r.examples + r.shrink_runs for r in results), 'example')}, of which "
                   f"{sum(r.compiling_seconds for r in results):.0f} s in examples that compiled: "
                   f"{100 * compiling / max(took['seconds'] + examples_s, 1e-9):.0f}% of the time compiling")
-    falsified = [r for r in results if r.failure is not None]
+    for r in results:
+        if r.crash is not None:
+            out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) crashed its worker:[/] {escape(r.crash)}; the "
+                      f"example and its reproducer: {escape(os.environ.get(FAILURE_DIR_ENV, '.'))}/cuda-context-lost-*.txt")
+    falsified = [r for r in results if r.found]
     for r in falsified:
-        assert r.failure is not None    # falsified: its failure is set
+        if r.failure is None:           # a crash, printed above
+            continue
         path = args.out_dir / reproducer_name(impl.op, r.law.name)
         path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args)))
         found = "smallest example when time ran out" if r.out_of_time else "minimal example"
