@@ -63,7 +63,7 @@ def test_an_example_that_loses_the_cuda_context_is_written_down_and_ends_the_pro
     the finding (its failure, with its reproducer, goes to ``REFCHECK_FAILURE_DIR``), and the process
     ends so that xdist or the pool replaces it, instead of failing every later example of the worker."""
     from refcheck.engine.examples import Example
-    from refcheck.engine.laws import check
+    from refcheck.engine.laws import LawViolation, check
     from refcheck.model.case import Case
     from refcheck.runtime import workers
     from tests.mutants import MUTANTS
@@ -73,6 +73,7 @@ def test_an_example_that_loses_the_cuda_context_is_written_down_and_ends_the_pro
     monkeypatch.setattr(workers, "context_lost", lambda device: True)
     monkeypatch.setattr(workers.os, "_exit", exit_now)
     monkeypatch.setenv(workers.FAILURE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     case = Case.make("attention", dict(B=1, T=8, S=8, H=1, Hk=1, Dqk=4, Dv=4), "fp32", 0, options={"causal": True})
     impl = MUTANTS["attention_off_by_one_causal"].impl
     with pytest.raises(SystemExit) as ended:
@@ -81,6 +82,10 @@ def test_an_example_that_loses_the_cuda_context_is_written_down_and_ends_the_pro
     [written] = tmp_path.iterdir()
     text = written.read_text()
     assert "the CUDA context was lost" in text and "reproduce: python -c" in text and "attention_off_by_one_causal" in text
+    # outside a worker (a reproducer, a user's own session) the process lives on: the loss is raised
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    with pytest.raises(LawViolation, match="(?s)the CUDA context was lost.*can no longer use the GPU"):
+        check("agreement", impl, Example(case, impl.modes[0], {}, {}))
 
 
 def test_workers_go_round_the_gpus_of_a_host(monkeypatch):

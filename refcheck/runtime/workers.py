@@ -101,6 +101,8 @@ def _init_worker(device: str, jobs: int = 1, slot: int = 0) -> None:
     import torch
 
     from .backend import configure_backend
+    global _IN_WORKER
+    _IN_WORKER = True
     configure_backend(device)
     torch.set_num_threads(threads_per_process(device, jobs))
     if torch.device(device).type == "cuda":
@@ -152,6 +154,17 @@ def context_lost(device: str) -> bool:
 FAILURE_DIR_ENV = "REFCHECK_FAILURE_DIR"
 """A folder where each failure is written the moment it happens (a run a time limit cuts short
 keeps what it found): pytest's failed tests, and the examples that lost a worker's CUDA context."""
+
+
+_IN_WORKER = False
+"""Set in the worker processes of ``execute`` (``_init_worker``)."""
+
+
+def in_worker_process() -> bool:
+    """Whether this process is a worker that its run replaces when it ends: one of ``execute``'s, or a
+    pytest-xdist worker. Elsewhere (a reproducer, a user's own session) a lost CUDA context is raised,
+    not ended on."""
+    return _IN_WORKER or "PYTEST_XDIST_WORKER" in os.environ
 
 
 def end_lost_process(message: str) -> NoReturn:
