@@ -860,19 +860,36 @@ def _patch_lang(fn):
     # is a triton builtin as one, whatever its name (FLA's `gather = tl.gather`); stock patches
     # only the attributes of tl, tl.core, tl.math and tl.tensor, so an alias in the kernel's module
     # raises "Did you forget to add @triton.jit ?". Here the kernel module's aliases are patched too.
+    #
+    # Speed: stock patches tl again on every call of a @triton.jit helper (inspect.getmembers over tl,
+    # tl.core, tl.math and tl.tensor: half the time of an interpreted GLA law run), though the kernel's
+    # launch patched them already and restores them when it ends. A call made while they are patched
+    # patches only its own module's aliases.
     import triton.language as tl
     from triton.runtime import interpreter as stock
 
-    scope = _stock("_patch_lang")(fn)
+    langs = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+    if langs and all(not tl.core.is_builtin(lang.__dict__.get("arange")) for lang in langs):
+        scope = stock._LangPatchScope()
+    else:
+        scope = _stock("_patch_lang")(fn)
     for lang in (tl, tl.core):
         if lang.__dict__.get("range") is lang.__dict__.get("static_range"):   # the ones stock patched
             scope.set_attr(lang, "range", _loop_range)
     module = sys.modules.get(fn.__module__)
     if module is not None and module.__dict__ is fn.__globals__:
-        for name, value in list(vars(module).items()):
+        if module.__name__ not in _ALIASES:
+            _ALIASES[module.__name__] = tuple(n for n, v in vars(module).items() if tl.core.is_builtin(v))
+        for name in _ALIASES[module.__name__]:
+            value = module.__dict__.get(name)
             if tl.core.is_builtin(value):
                 stock._patch_attr(module, name, value, stock.interpreter_builder, scope)
     return scope
+
+
+_ALIASES: dict[str, tuple[str, ...]] = {}
+"""The names of each kernel module that hold a triton builtin (aliases such as ``gather = tl.gather``),
+found on its first call."""
 
 
 _SIGNATURES = {
