@@ -126,12 +126,11 @@ def _run_unit(fn, args: tuple, device: str):
 
 
 def release_gpu() -> None:
-    """After a unit on a GPU: wait for its kernels and give back the memory it cached; a unit that
+    """After a unit on a GPU: wait for its kernels and give back the memory it cached. A unit that
     lost the process's CUDA context (``context_lost``) ends the worker at once with status
-    ``CONTEXT_LOST``: the unit's result is its crash (``Unit.died``), reported as its finding with
-    its input, and a fresh worker takes the next unit. Seen on an H100:
-    an illegal address in a warm-up unit, raised from ``empty_cache`` here, ended a whole pytest
-    session."""
+    ``CONTEXT_LOST``: the unit's result is its crash (``Unit.died``), and a fresh worker takes the
+    next unit. (Seen on an H100: an illegal address in a warm-up unit, raised from ``empty_cache``
+    here, once ended a whole pytest session.)"""
     import torch
     if context_lost("cuda"):
         os._exit(CONTEXT_LOST)
