@@ -107,6 +107,15 @@ class Deadlines:
     search: float = math.inf
     shrink: float = math.inf
 
+    @classmethod
+    def after(cls, seconds: float | None) -> Deadlines:
+        """Searching for ``seconds`` from now, then shrinking for as long again (at least
+        ``MIN_SHRINK_SECONDS``); no limits for None."""
+        if seconds is None:
+            return cls()
+        now = time.monotonic()
+        return cls(now + seconds, now + seconds + max(seconds, MIN_SHRINK_SECONDS))
+
 
 def _without_seed_hint(value) -> None:
     """Hypothesis' reporter, less "You can reproduce this failure by adding @seed(...)": it prints that
@@ -374,11 +383,8 @@ def search_all(impl, laws: list, settings, *, device: str, mode: str | None, sec
     with progress:
         for i, law in enumerate(laws):
             count = settings.max_examples if buckets else laws_mod.examples_for(law, settings, interpreted=slow)
-            deadlines = Deadlines()
-            if seconds:
-                share = (seconds - sum(r.search_seconds for r in results)) / (len(laws) - i)
-                now = time.monotonic()
-                deadlines = Deadlines(now + share, now + share + max(share, MIN_SHRINK_SECONDS))
+            share = (seconds - sum(r.search_seconds for r in results)) / (len(laws) - i) if seconds else None
+            deadlines = Deadlines.after(share)
             task = progress.add_task(f"{law.name} ({law.number})", total=count, status="")
 
             def on_run(result, task=task):
@@ -403,6 +409,7 @@ def search_in_workers(impl, laws: list, *, max_examples: int, database: str, dev
     ``seconds * jobs / laws`` (shrinking on top), the laws running ``jobs`` at a time."""
     from ..runtime.workers import Unit, execute
     share = seconds * min(jobs, len(laws)) / len(laws) if seconds else None
+
     def crashed(law):
         return lambda message: LawResult(law, crash=message)
 
@@ -429,10 +436,8 @@ def _search_unit(law_name: str, impl, max_examples: int, database: str, mode: st
     profiles.register()
     settings = hsettings(hsettings.get_profile("fuzz"), max_examples=max_examples, report_multiple_bugs=False,
                          database=DirectoryBasedExampleDatabase(database))
-    now = time.monotonic()
-    deadlines = Deadlines(now + seconds, now + seconds + max(seconds, MIN_SHRINK_SECONDS)) if seconds else Deadlines()
     result = search(laws_mod.law(law_name), impl, settings, limits=case_limits(impl, device), mode=mode,
-                    device=device, strict=strict, deadlines=deadlines, seed=seed, buckets=buckets)
+                    device=device, strict=strict, deadlines=Deadlines.after(seconds), seed=seed, buckets=buckets)
     if result.failure is not None:
         failure = result.failure
         result.failure = Failure(failure.example, RuntimeError(failure.text), failure.text)
