@@ -250,6 +250,14 @@ class _Worker:
         self.conn.send((i, unit.fn, unit.args))
 
     def stop(self) -> None:
+        """An idle worker is told to stop and exits; one still in a unit (the run was interrupted) is
+        terminated."""
+        if self.busy is None and self.process.is_alive():
+            try:
+                self.conn.send(None)
+                self.process.join(timeout=10)
+            except OSError:             # its pipe is gone: it has died meanwhile
+                pass
         if self.process.is_alive():
             self.process.terminate()
         self.process.join()
@@ -283,7 +291,8 @@ def _in_workers(units: list[Unit], results: list, device: str, jobs: int, done) 
         while busy := [w for w in workers if w.busy is not None]:
             ready = set(wait([w.conn for w in busy] + [w.process.sentinel for w in busy]))
             for worker in busy:
-                i = worker.busy or 0
+                i = worker.busy
+                assert i is not None
                 reply = _receive(worker.conn) if worker.conn in ready else None
                 if reply is not None:
                     _, ok, value = reply
