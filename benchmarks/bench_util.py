@@ -22,3 +22,42 @@ def roofline():
     dst = torch.empty_like(src)
     ms_copy = do_bench(lambda: dst.copy_(src), return_mode="median")
     return dict(bf16_tflops=2 * n ** 3 / ms / 1e9, copy_gbps=2 * src.numel() / ms_copy / 1e6)
+
+
+def warm(script: str, jobs_args: list[list[str]], jobs: int):
+    """Run ``python script --warm-one *args`` for every entry of ``jobs_args``, ``jobs`` at a time: each
+    compiles (into Triton's on-disk cache, and FLA's autotuning results with ``TRITON_CACHE_AUTOTUNING=1``)
+    what timing its configuration runs. A compile takes 5 to 30 s and a process compiles one kernel at a
+    time, so the timing process then finds every kernel compiled."""
+    import subprocess
+    import sys
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(args):
+        p = subprocess.run([sys.executable, script, "--warm-one", *args], capture_output=True, text=True)
+        return args, p.returncode, p.stderr[-400:]
+    t = time.perf_counter()
+    with ThreadPoolExecutor(jobs) as pool:
+        for args, rc, err in pool.map(run, jobs_args):
+            if rc:
+                print(f"warm-up {args} failed:\n{err}", flush=True)
+    print(f"warm-up: {len(jobs_args)} configurations compiled in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def kernel_times(steps: dict, top: int = 12, repeats: int = 3) -> dict[str, dict[str, float]]:
+    """CUDA time per kernel of each named step (a no-argument callable; torch.profiler, mean of
+    ``repeats`` after one untimed call): ``{step: {kernel: ms}}``, the ``top`` longest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for name, step in steps.items():
+        step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                step()
+            torch.cuda.synchronize()
+        times = sorted(((e.key, e.device_time_total / repeats / 1e3) for e in prof.key_averages()), key=lambda r: -r[1])
+        out[name] = {key[:60]: round(ms, 3) for key, ms in times[:top]}
+        print(f"kernels {name}: " + ", ".join(f"{k[:28]} {v:.3f}" for k, v in list(out[name].items())[:8]), flush=True)
+    return out

@@ -5,10 +5,15 @@
 
 Shapes (bf16, H = 16, K = V = 128): B=8 T=4096; one sequence of 32768; a varlen batch of 8 packed
 sequences (32768 tokens). Ours: ``optimized.gla`` / ``optimized.simple_gla`` (default knobs: tf32 dots,
-chunk 64); FLA: ``chunk_gla`` / ``chunk_simple_gla`` through refcheck's adapters (rows say why when
-fla is not installed or refuses). Timing: ``triton.testing.do_bench`` medians, forward under
-``no_grad``, forward+backward through ``torch.autograd.grad``. The roofline is measured in the same
-run (``bench_util.roofline``: bf16 matmul TFLOP/s, copy GB/s). Work model per (chunk of C = 64, head):
+chunk 64), and as ``ours_parallel`` with ``fused_output=False`` (o formed by a parallel kernel from the
+stored chunk states instead of in the serial state pass); FLA: ``chunk_gla`` / ``chunk_simple_gla``
+through refcheck's adapters (rows say why when fla is not installed or refuses). Timing:
+``triton.testing.do_bench`` medians, forward under ``no_grad``, forward+backward through
+``torch.autograd.grad``. The roofline is measured in the same run (``bench_util.roofline``: bf16 matmul
+TFLOP/s, copy GB/s). Every (op, shape) is first run once in parallel processes (``--jobs``), so that
+Triton's compiles and FLA's autotuning (cached on disk with ``TRITON_CACHE_AUTOTUNING=1``) happen side
+by side and not in the timed process; the CUDA time of each kernel (torch.profiler) of every
+implementation at B=8 T=4096 comes last. Work model per (chunk of C = 64, head):
 
     flops = 2 C^2 K (Aqk) + 2 C^2 V (intra-chunk output) + 4 C K V (state update, inter-chunk output);
             forward+backward = 3x forward
@@ -21,6 +26,7 @@ shape (B=2, T=1024, H=4): o, the final state and every gradient, ours and FLA's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -31,6 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_util  # noqa: E402
 from bench_util import rel, roofline  # noqa: E402
 
 from refcheck import optimized, references  # noqa: E402
@@ -59,17 +66,19 @@ def make_inputs(op, B, T, H, K, V, lengths, dtype=torch.bfloat16, seed=0, device
 
 
 def implementations(op):
-    """``{"ours": fn, "fla": fn or None}`` and why FLA is missing ("" when present)."""
+    """``{"ours": fn, "ours_parallel": fn, "fla": fn or None}`` and why FLA is missing ("" when present);
+    ``ours_parallel`` forms o in a parallel kernel from the stored chunk states (``fused_output=False``)."""
     ours = optimized.gla if op == "gla" else optimized.simple_gla
+    impls = {"ours": ours, "ours_parallel": functools.partial(ours, fused_output=False), "fla": None}
     try:
         import fla  # noqa: F401
     except ImportError:
-        return {"ours": ours, "fla": None}, "fla not installed"
+        return impls, "fla not installed"
     if op == "gla":
         from refcheck.model.ops.gla import fla_chunk_gla as peer
     else:
         from refcheck.model.ops.simple_gla import fla_chunk_simple_gla as peer
-    return {"ours": ours, "fla": peer}, ""
+    return impls | {"fla": peer}, ""
 
 
 def work(op, B, T, H, K, V, lengths, dtype_bytes=2):
@@ -130,14 +139,14 @@ def bench_shape(op, name, roof):
     return rows
 
 
-HEADER = f"{'op':10} {'shape':16} {'mode':8} {'impl':5} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} {'%bw':>5}"
+HEADER = f"{'op':10} {'shape':16} {'mode':8} {'impl':13} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} {'%bw':>5}"
 
 
 def format_row(r) -> str:
     if r["ms"] is None:
-        return f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:5} {r['note']}"
+        return f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:13} {r['note']}"
     ratio = f"{r['ratio_to_fla']:.2f}" if r.get("ratio_to_fla") else "-"
-    return (f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:5} {r['ms']:8.3f} {ratio:>6} "
+    return (f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:13} {r['ms']:8.3f} {ratio:>6} "
             f"{r['tflops']:8.1f} {r['gbps']:7.0f} {r['pct_bw_roof']:5.1f}")
 
 
@@ -169,31 +178,80 @@ def errors(op):
     return out
 
 
+def warm_one(op, name):
+    """One forward+backward of every implementation at one shape: compiles (and autotunes) what timing runs."""
+    x, cu = make_inputs(op, **SHAPES[name])
+    for fn in implementations(op)[0].values():
+        if fn is not None:
+            leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+            o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+            torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+            with torch.no_grad():
+                fn(**x, cu_seqlens=cu, output_final_state=True)
+    torch.cuda.synchronize()
+
+
+def kernel_times(op, name="B8_T4096"):
+    """CUDA time per kernel (``bench_util.kernel_times``) of each implementation's forward and forward+backward."""
+    x, cu = make_inputs(op, **SHAPES[name])
+    steps = {}
+    for impl, fn in implementations(op)[0].items():
+        if fn is None:
+            continue
+        leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+
+        def fwd(fn=fn):
+            with torch.no_grad():
+                fn(**x, cu_seqlens=cu, output_final_state=True)
+
+        def fwd_bwd(fn=fn, leaves=leaves):
+            o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+            torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+        steps |= {f"{op} {impl} fwd": fwd, f"{op} {impl} fwd+bwd": fwd_bwd}
+    return bench_util.kernel_times(steps)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
     ap.add_argument("--quick", action="store_true", help="one shape (B8_T4096)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="warm-up processes")
+    ap.add_argument("--warm-one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if DEVICE != "cuda":
         sys.exit("benchmarks/gla.py needs a CUDA GPU")
+    if args.warm_one:
+        return warm_one(*args.warm_one)
+    shapes = ["B8_T4096"] if args.quick else list(SHAPES)
+    bench_util.warm(__file__, [[op, name] for op in OPS for name in shapes], args.jobs)
     roof = roofline()
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                  triton=__import__("triton").__version__, roofline=roof, rows=[], errors={})
+                  triton=__import__("triton").__version__, roofline=roof, rows=[], errors={}, kernels_ms={})
     print(f"device {result['device']}: bf16 matmul {roof['bf16_tflops']:.0f} TFLOP/s, copy {roof['copy_gbps']:.0f} GB/s")
     print(HEADER)
+
+    def save():  # after every op, so that a run cut short keeps what it measured
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(result, fh, indent=1)
     for op in OPS:
-        for name in (["B8_T4096"] if args.quick else SHAPES):
+        for name in shapes:
             try:
                 result["rows"] += bench_shape(op, name, roof)
             except Exception as err:  # keep the other shapes' results
                 print(f"{op} {name}: failed: {type(err).__name__}: {err}", flush=True)
+        save()
         result["errors"][op] = errs = errors(op)
         for impl, e in errs.items():
             print(f"{op} errors vs float64 ({impl}): " + " ".join(
                 f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()), flush=True)
-        if args.out:
-            with open(args.out, "w") as fh:
-                json.dump(result, fh, indent=1)
+        save()
+    for op in OPS:
+        result["kernels_ms"] |= kernel_times(op)
+        save()
+    print(HEADER)
+    for r in result["rows"]:
+        print(format_row(r))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
+#   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
 #   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick): ours vs FLA chunk_gla / chunk_simple_gla
 #   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
@@ -104,8 +105,12 @@ for step in "$@"; do
       timeout -s INT "${ATTENTION_BENCH_S:-300}" python3 benchmarks/attention.py ${ATTENTION_ARGS:-} --out "$OUT/attention_bench.json" \
         > "$OUT/attention_bench.log" 2>&1
       echo "attention-bench exit $?" >> "$OUT/attention_bench.log" ;;
+    attention-sweep)
+      timeout -s INT "${ATTENTION_SWEEP_S:-300}" python3 benchmarks/attention_sweep.py ${SWEEP_ARGS:-} \
+        --out "$OUT/attention_sweep.json" > "$OUT/attention_sweep.log" 2>&1
+      echo "attention-sweep exit $?" >> "$OUT/attention_sweep.log" ;;
     gla-bench)
-      timeout -s INT "${GLA_BENCH_S:-300}" python3 benchmarks/gla.py ${GLA_ARGS:-} --out "$OUT/gla_bench.json" > "$OUT/gla_bench.log" 2>&1
+      timeout -s INT "${GLA_BENCH_S:-300}" python3 benchmarks/gla.py --jobs "$JOBS" ${GLA_ARGS:-} --out "$OUT/gla_bench.json" > "$OUT/gla_bench.log" 2>&1
       echo "gla-bench exit $?" >> "$OUT/gla_bench.log" ;;
     replay)
       python() { python3 "$@"; }; export -f python      # the reproducers say `python`
@@ -134,6 +139,8 @@ for step in "$@"; do
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
     attention-bench) echo "== attention benchmark =="; tail -30 "$OUT/attention_bench.log" ;;
+    attention-sweep) echo "== attention launch settings =="; grep -E "^==|^  |compiled|exit" "$OUT/attention_sweep.log" \
+                       | awk '/^==/{n=0} {if (n++ < 3) print}' ;;
     gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
     replay) echo "== replayed findings =="; grep -E "^(fails|holds|exit)" "$OUT/replay.log" | cut -c1-160 ;;
   esac

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_util  # noqa: E402
 from bench_util import rel, roofline  # noqa: E402
 
 from refcheck import optimized, references  # noqa: E402
@@ -160,20 +161,8 @@ def warm_one(name, safe):
 
 
 def warm(shapes, jobs):
-    """``warm_one`` for every (shape, safe_gate) in parallel processes: a compile takes 5 to 30 s and
-    one process compiles one kernel at a time; the timing process then finds every kernel compiled."""
-    todo = [(name, safe) for name in [*shapes, "grads"] for safe in safe_options(name)]
-
-    def run(job):
-        p = subprocess.run([sys.executable, __file__, "--warm-one", job[0], str(job[1])], capture_output=True,
-                           text=True)
-        return job, p.returncode, p.stderr[-400:]
-    t = time.perf_counter()
-    with ThreadPoolExecutor(jobs) as pool:
-        for job, rc, err in pool.map(run, todo):
-            if rc:
-                print(f"warm-up {job} failed:\n{err}", flush=True)
-    print(f"warm-up: {len(todo)} configurations compiled in {time.perf_counter() - t:.0f} s", flush=True)
+    """``warm_one`` for every (shape, safe_gate) in parallel processes (``bench_util.warm``)."""
+    bench_util.warm(__file__, [[name, str(safe)] for name in [*shapes, "grads"] for safe in safe_options(name)], jobs)
 
 
 def bench(shapes, out_path, jobs):
@@ -279,31 +268,20 @@ def gradient_errors(fla):
     return out
 
 
-def kernel_times(fla, shape="B8_T4096", top=12):
-    """CUDA time per kernel of one forward+backward (torch.profiler, mean of 3), ours and FLA's,
-    safe_gate off/on: ``{"ours safe=False": {kernel: ms}, ...}``, the ``top`` longest."""
-    from torch.profiler import ProfilerActivity, profile
+def kernel_times(fla, shape="B8_T4096"):
+    """CUDA time per kernel of one forward+backward (``bench_util.kernel_times``), ours and FLA's,
+    safe_gate off/on: ``{"ours safe=False": {kernel: ms}, ...}``."""
     x, cu = shape_inputs(shape)
-    out = {}
+    steps = {}
     for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
         for safe in (False, True) if impl is not None else ():
             leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
 
-            def step():
+            def step(impl=impl, leaves=leaves, safe=safe):
                 o, _ = call(impl, leaves, cu, safe)
                 torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
-            step()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(3):
-                    step()
-                torch.cuda.synchronize()
-            times = sorted(((e.key, e.device_time_total / 3e3) for e in prof.key_averages()), key=lambda r: -r[1])
-            out[f"{impl_name} safe={safe}"] = {key[:60]: round(ms, 3) for key, ms in times[:top]}
-            print(f"kernels {impl_name} safe={safe}: " + ", ".join(f"{k[:28]} {v:.2f}" for k, v in
-                                                                   list(out[f"{impl_name} safe={safe}"].items())[:8]),
-                  flush=True)
-    return out
+            steps[f"{impl_name} safe={safe}"] = step
+    return bench_util.kernel_times(steps)
 
 
 # ------------------------------------------------------------------------------------ correctness

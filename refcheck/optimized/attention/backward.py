@@ -204,9 +204,11 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     store_tile(dv_ptr, dv, ks + n0, Sk - n0, hk, HK, DV, 0, BN, BDV)
 
 
-def backward(q, k, v, o, lse, do, dlse, lay: Layout):
+def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | None = None,
+             dkdv_ladder: list[dict] | None = None):
     """``(dq, dk, dv)`` in the dtypes of q, k, v, from the flattened contiguous inputs, o, the
-    forward's lse, dO (o's shape) and dlse (lse's shape, or None)."""
+    forward's lse, dO (o's shape) and dlse (lse's shape, or None); the ladders override the launch
+    settings of ``dq_kernel`` and ``dkdv_kernel`` (``benchmarks/attention.py --sweep``)."""
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(DV=lay.dv, BATCHED=lay.batched, BDV=lay.bdv)
@@ -218,14 +220,14 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout):
     tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
                  **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
-    grid_q = lay.grid(lay.max_q, DQ_BM, lay.heads)
+    dq_ladder = dq_ladder or [dict(BM=DQ_BM) | step for step in lay.ladder(DQ_BM, DQ_BN, sum(lay.qk_tiles))]
+    grid_q = lay.grid(lay.max_q, dq_ladder[0]["BM"], lay.heads)
     if grid_q:
-        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), dict(BM=DQ_BM, **tiles),
-               lay.ladder(DQ_BM, DQ_BN, sum(lay.qk_tiles)))
+        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), tiles, dq_ladder)
     width = sum(lay.qk_tiles) + lay.bdv
     bn = keys_per_program(width)
-    grid_k = lay.grid(lay.max_k, bn, lay.heads // lay.group)
+    dkdv_ladder = dkdv_ladder or [dict(BN=bn) | step for step in lay.ladder(bn, DKDV_BM, width, inner="BM")]
+    grid_k = lay.grid(lay.max_k, dkdv_ladder[0]["BN"], lay.heads // lay.group)
     if grid_k:
-        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), dict(BN=bn, **tiles),
-               lay.ladder(bn, DKDV_BM, width, inner="BM"))
+        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), tiles, dkdv_ladder)
     return dq, dk, dv

@@ -9,8 +9,8 @@ every helper here reads the K-side tiles of one block only, right before its dot
 The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in the terms
 they need, chosen by constexpr options with KDA's defaults: ``WITH_Y`` (state gradient: KDA's
 ``- Kg^T (beta dY)``), ``SCALAR`` (simple GLA's ``[T, H]`` gate, one decay per token), and the token
-layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` (``Z -= Kg S``,
-``O += Qg S``) is KDA's only: GLA forms its output from the stored states in a parallel kernel.
+layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` forms KDA's ``Z -= Kg S`` and
+the output term ``O += Qg S`` of both ops (``WITH_Z``, ``WITH_O``).
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
 same rows clamped to the last valid one (for G, so that padded rows decay nothing), ``last`` the
@@ -67,14 +67,17 @@ def decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR: tl.constexpr = False)
 
 @triton.jit
 def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb: tl.constexpr,
-               KB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr):
-    """Forward (KDA), block kb: ``Z -= (k e^G) S_b`` and ``O += scale (q e^G) S_b`` (``WITH_O``)."""
+               KB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr, WITH_Z: tl.constexpr = True, T=1,
+               HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
+    """Forward, block kb: ``Z -= (k e^G) S_b`` (``WITH_Z``, KDA's) and ``O += scale (q e^G) S_b``
+    (``WITH_O``)."""
     kk, kmask = block_cols(kb, KB, K)
-    eG = tl.exp(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask))
-    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
-    Z -= tl.dot(k * eG, S, input_precision=PREC)
+    eG = tl.exp(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR))
+    if WITH_Z:
+        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        Z -= tl.dot(k * eG, S, input_precision=PREC)
     if WITH_O:
-        q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask)
+        q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
         O += tl.dot(q * (eG * scale), S, input_precision=PREC)
     return Z, O
 
@@ -150,15 +153,20 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 @triton.jit
 def read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB: tl.constexpr,
-                NKB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr):
+                NKB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr, WITH_Z: tl.constexpr = True, T=1,
+                HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
     """``read_block`` of every block: ``Z -= Kg S``, ``O += Qg S``."""
-    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, WITH_O, PREC)
+    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, WITH_O, PREC, WITH_Z,
+                      T, HEAD_FIRST, SCALAR)
     if NKB > 1:
-        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, WITH_O, PREC)
+        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, WITH_O, PREC,
+                          WITH_Z, T, HEAD_FIRST, SCALAR)
     if NKB > 2:
-        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, WITH_O, PREC)
+        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, WITH_O, PREC,
+                          WITH_Z, T, HEAD_FIRST, SCALAR)
     if NKB > 3:
-        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, WITH_O, PREC)
+        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, WITH_O, PREC,
+                          WITH_Z, T, HEAD_FIRST, SCALAR)
     return Z, O
 
 

@@ -42,6 +42,7 @@ from ..chunk.state import (
     dwrite_blocks,
     launch_serial,
     load_blocks,
+    read_blocks,
     serial_chunk,
     serial_program,
     store_blocks,
@@ -130,17 +131,26 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, 
 
 
 @triton.jit
-def states_kernel(k_ptr, v_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, H, T, K, V, C: tl.constexpr,
-                  KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                  STORE_FINAL: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+def states_kernel(q_ptr, k_ptr, v_ptr, G_ptr, P_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, scale, H, T, K,
+                  V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                  STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr, OUTPUT: tl.constexpr,
+                  HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (chunk c's entry state), ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
+    ``hs[c] = S0`` (chunk c's entry state, ``STORE_STATES``), ``O = P V + scale (q e^G) S0`` (``OUTPUT``;
+    else ``output_kernel`` forms it from hs), ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
+    i = tl.arange(0, C)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        if STORE_STATES:
+            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        if OUTPUT:
+            O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C), v, input_precision=PREC)
+            _, O = read_blocks(S0, S1, S2, S3, O, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB,
+                               NKB, True, PREC, False, T, HEAD_FIRST, SCALAR)
+            store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC, T, HEAD_FIRST, SCALAR)
     if STORE_FINAL:
@@ -332,20 +342,25 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-            precision: str, *, final: bool):
-    """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
-    states fp32: the serial state pass, then the output of every chunk in parallel."""
+            precision: str, *, final: bool, keep_states: bool, fused: bool | None = None):
+    """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V] or None)``,
+    the states fp32 and kept only with ``keep_states`` (the backward reads them). ``fused``: the serial
+    state pass forms o too (default), else ``output_kernel`` forms o of every chunk in parallel from
+    the kept states."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
+    fused = True if fused is None else fused
+    keep_states = keep_states or not fused
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
-    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32) if keep_states else None
     o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
+    spare = o  # a pointer for the arguments a launch does not read
     launch_serial(states_kernel,
-                  (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H, T, K,
-                   V),
-                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, SERIAL)
-    if chunks.num_chunks and H:
+                  (q, k, v, G, P, o, h0 if h0 is not None else spare, ht if final else spare,
+                   hs if keep_states else spare, chunks.cu, chunks.offsets, scale, H, T, K, V),
+                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, STORE_STATES=keep_states, OUTPUT=fused,
+                       HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision), chunks, H, K, V, SERIAL)
+    if not fused and chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
