@@ -28,8 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from attention import DIMS, HEADS, TOKENS, forward_flops, make_inputs  # noqa: E402
 
-FORWARD = [dict(BN=bn, num_warps=w, num_stages=s, LAZY=lazy) for bn, w in ((64, 4), (64, 8), (128, 8))
-           for s in (2, 3, 4) for lazy in (False, True)]
+FORWARD = [dict(BN=bn, num_warps=w, num_stages=s) for bn, w in ((64, 4), (64, 8), (128, 8)) for s in (2, 3, 4)]
 DQ = [dict(BM=bm, BN=bn, num_warps=w, num_stages=s) for bm, bn in ((128, 32), (128, 64), (64, 64))
       for w in (4, 8) for s in (2, 3)]
 DKDV = [dict(BN=bn, BM=bm, num_warps=w, num_stages=s) for bn, bm in ((128, 32), (128, 64), (64, 32), (64, 64))

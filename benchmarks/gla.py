@@ -10,10 +10,11 @@ stored chunk states instead of in the serial state pass); FLA: ``chunk_gla`` / `
 through refcheck's adapters (rows say why when fla is not installed or refuses). Timing:
 ``triton.testing.do_bench`` medians, forward under ``no_grad``, forward+backward through
 ``torch.autograd.grad``. The roofline is measured in the same run (``bench_util.roofline``: bf16 matmul
-TFLOP/s, copy GB/s). Every (op, shape) is first run once in parallel processes (``--jobs``), so that
-Triton's compiles and FLA's autotuning (cached on disk with ``TRITON_CACHE_AUTOTUNING=1``) happen side
-by side and not in the timed process; the CUDA time of each kernel (torch.profiler) of every
-implementation at B=8 T=4096 comes last. Work model per (chunk of C = 64, head):
+TFLOP/s, copy GB/s). Every op is first run at every shape in ``--jobs`` parallel processes, each
+compiling its share of FLA's autotuning configs (``bench_util.autotune_share``; one process alone
+took over 290 s for FLA's gla on an H100), so that the timed process finds every kernel compiled;
+the CUDA time of each kernel (torch.profiler) of every implementation at B=8 T=4096 comes last.
+Work model per (chunk of C = 64, head):
 
     flops = 2 C^2 K (Aqk) + 2 C^2 V (intra-chunk output) + 4 C K V (state update, inter-chunk output);
             forward+backward = 3x forward
@@ -178,16 +179,27 @@ def errors(op):
     return out
 
 
-def warm_one(op, name):
-    """One forward+backward of every implementation at one shape: compiles (and autotunes) what timing runs."""
-    x, cu = make_inputs(op, **SHAPES[name])
-    for fn in implementations(op)[0].values():
-        if fn is not None:
-            leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-            o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
-            torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
-            with torch.no_grad():
-                fn(**x, cu_seqlens=cu, output_final_state=True)
+def warm_one(op, slot, slots, shapes):
+    """Warm-up process ``slot`` of ``slots`` for one op: one forward (``no_grad``) and one forward+backward
+    at each shape, of ours (``ours`` in slot 0, ``ours_parallel`` in slot 1) and of FLA with its autotuned
+    kernels trying their share of configs (``bench_util.autotune_share``)."""
+    impls = implementations(op)[0]
+    mine = {0: ["ours"], 1: ["ours_parallel"]}.get(slot, [])
+    for name in shapes:
+        x, cu = make_inputs(op, **SHAPES[name])
+        for impl in [*mine, "fla"]:
+            fn = impls[impl]
+            if fn is None:
+                continue
+            with bench_util.autotune_share(slot, slots):
+                with torch.no_grad():
+                    fn(**x, cu_seqlens=cu, output_final_state=True)
+                leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+                o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+                try:
+                    torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+                except RuntimeError as err:  # FLA's gated backward refuses Triton < 3.7.1 on Hopper
+                    print(f"{op} {impl} {name} backward: {err}", file=sys.stderr)
     torch.cuda.synchronize()
 
 
@@ -216,14 +228,17 @@ def main():
     ap.add_argument("--out", help="write the JSON results here")
     ap.add_argument("--quick", action="store_true", help="one shape (B8_T4096)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="warm-up processes")
-    ap.add_argument("--warm-one", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--kernels-only", action="store_true", help="only the CUDA time of each kernel (B8_T4096)")
+    ap.add_argument("--warm-one", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if DEVICE != "cuda":
         sys.exit("benchmarks/gla.py needs a CUDA GPU")
     if args.warm_one:
-        return warm_one(*args.warm_one)
-    shapes = ["B8_T4096"] if args.quick else list(SHAPES)
-    bench_util.warm(__file__, [[op, name] for op in OPS for name in shapes], args.jobs)
+        op, slot, slots, *shapes = args.warm_one
+        return warm_one(op, int(slot), int(slots), shapes)
+    shapes = ["B8_T4096"] if args.quick or args.kernels_only else list(SHAPES)
+    slots = max(2, args.jobs // len(OPS))
+    bench_util.warm(__file__, [[op, str(slot), str(slots), *shapes] for op in OPS for slot in range(slots)], args.jobs)
     roof = roofline()
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=__import__("triton").__version__, roofline=roof, rows=[], errors={}, kernels_ms={})
@@ -234,7 +249,7 @@ def main():
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(result, fh, indent=1)
-    for op in OPS:
+    for op in OPS if not args.kernels_only else ():
         for name in shapes:
             try:
                 result["rows"] += bench_shape(op, name, roof)

@@ -38,18 +38,27 @@ from .tiles import (
 
 PREPROCESS_BM = 64
 """Query rows per ``preprocess_kernel`` program."""
-DQ_BM, DQ_BN = 128, 32
-"""Query rows per ``dq_kernel`` program and the key block it walks."""
-DKDV_BM = 32
-"""The query block a ``dkdv_kernel`` program walks (its own key block: ``keys_per_program``)."""
+DQ_BM = 128
+"""Query rows per ``dq_kernel`` program."""
 
 
-def keys_per_program(width: int) -> int:
-    """Keys per ``dkdv_kernel`` program for head-dim tiles of k and v ``width`` wide together: the most
-    whose fp32 dK, dV ``[BN, width]`` compile without spills on sm_90 under Triton 3.6 at eight warps
-    (``kernel_resources.py``): 128 up to width 256 (D = 128), 64 up to 320 (MLA's 128 + 64 + 128),
-    else 32 (not yet timed on a GPU)."""
-    return 128 if width <= 256 else 64 if width <= 320 else 32
+def dq_keys(lay: Layout) -> int:
+    """The key block a ``dq_kernel`` program walks: 64 for 16-bit inputs (on an H100, bf16, B=8 T=2048
+    H=16: 0.15 to 0.2 ms less of the whole backward than 32), 32 for fp32."""
+    return 32 if lay.itemsize > 2 else 64
+
+
+def dkdv_blocks(lay: Layout) -> tuple[int, int]:
+    """``(BN, BM)``: the keys of a ``dkdv_kernel`` program and the query block it walks. 16-bit inputs: 128
+    keys walking 64 queries up to MLA's width (128 + 64 + 128). Measured on an H100 (bf16, B=8 T=2048 H=16,
+    eight warps, three stages; ``benchmarks/attention_sweep.py``, ``results/attention_sweep_h100.json``)
+    against 64 walking 32 for MLA and 128 walking 32 for Dqk = Dv = 128: the whole backward of MLA
+    5.90 -> 2.79 ms (causal 3.21 -> 1.81), of 128/128 2.70 -> 2.48 ms. fp32 and wider tiles: the largest
+    blocks whose fp32 dK, dV ``[BN, width]`` compile without spills on sm_90 under Triton 3.6 at eight
+    warps (``kernel_resources.py``, not timed): 128 up to width 256, 64 up to 320, else 32, walking 32."""
+    if lay.itemsize <= 2 and lay.width <= 320:
+        return 128, 64
+    return (128 if lay.width <= 256 else 64 if lay.width <= 320 else 32), 32
 
 
 @triton.jit
@@ -220,13 +229,12 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
     tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
                  **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
-    dq_ladder = dq_ladder or [dict(BM=DQ_BM) | step for step in lay.ladder(DQ_BM, DQ_BN, sum(lay.qk_tiles))]
+    dq_ladder = dq_ladder or [dict(BM=DQ_BM) | step for step in lay.ladder(DQ_BM, dq_keys(lay), sum(lay.qk_tiles))]
     grid_q = lay.grid(lay.max_q, dq_ladder[0]["BM"], lay.heads)
     if grid_q:
         launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), tiles, dq_ladder)
-    width = sum(lay.qk_tiles) + lay.bdv
-    bn = keys_per_program(width)
-    dkdv_ladder = dkdv_ladder or [dict(BN=bn) | step for step in lay.ladder(bn, DKDV_BM, width, inner="BM")]
+    bn, bm = dkdv_blocks(lay)
+    dkdv_ladder = dkdv_ladder or [dict(BN=bn) | step for step in lay.ladder(bn, bm, lay.width, inner="BM")]
     grid_k = lay.grid(lay.max_k, dkdv_ladder[0]["BN"], lay.heads // lay.group)
     if grid_k:
         launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), tiles, dkdv_ladder)

@@ -41,10 +41,18 @@ from .tiles import (
 )
 
 
+def keys_per_step(lay: Layout) -> int:
+    """Keys per step of the forward's walk (BN): 128, or 64 where the tiles are ``wide``. Measured on an
+    H100, bf16, B=8 T=2048 H=16 (``benchmarks/attention_sweep.py``, ``results/attention_sweep_h100.json``):
+    Dqk = Dv = 128 0.603 ms at 128 against 0.618 at 64; MLA (wide) 0.734 ms at 64, where 128 needs more
+    shared memory than three load stages have."""
+    return 64 if lay.wide else 128
+
+
 @triton.jit
 def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK: tl.constexpr,
            DV: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr,
-           BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, MASKED: tl.constexpr, LAZY: tl.constexpr):
+           BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, MASKED: tl.constexpr):
     """The online-softmax update of ``(acc [BM, BDV], m [BM], l [BM])`` by key block ``j0 .. j0 + BN - 1``;
     MASKED: some query of the block may not see some of these keys (the last or the causal diagonal
     blocks), else all exist and are seen, and the block needs no mask."""
@@ -54,27 +62,12 @@ def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
     s = dot_split(q1, q2, k1, k2, BQ2, PREC)                  # unscaled: c > 0 scales inside the max and exp2
     if MASKED:
         s = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), s, float("-inf"))
-    m_blk = tl.max(s, axis=1) * qk_scale
-    if LAZY:
-        # rescale only when some row's maximum grew by more than 2^LAZY_GROWTH: p <= 2^8 in between
-        if tl.max((m_blk > m + 8.0).to(tl.int32)) > 0:
-            m_new = tl.maximum(m, m_blk)
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m - shift)
-            acc = acc * alpha[:, None]
-            l = l * alpha
-            m = m_new
-        shift = tl.where(m == float("-inf"), 0.0, m)
-        p = tl.exp2(s * qk_scale - shift[:, None])
-        l = l + tl.sum(p, axis=1)
-        m_new = m
-    else:
-        m_new = tl.maximum(m, m_blk)
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows that saw no key yet: p = 0
-        alpha = tl.exp2(m - shift)
-        p = tl.exp2(s * qk_scale - shift[:, None])               # one FMA an element
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
+    m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)     # rows that saw no key yet: p = 0
+    alpha = tl.exp2(m - shift)
+    p = tl.exp2(s * qk_scale - shift[:, None])               # one FMA an element
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]                                # p v accumulates into it: one fp32 tile
     if FP8:
         acc = tl.dot(p.to(tl.bfloat16), v.to(tl.bfloat16), acc)
     else:
@@ -86,7 +79,7 @@ def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
 def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
                    DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
-                   PREC: tl.constexpr, FP8: tl.constexpr, LAZY: tl.constexpr = False):
+                   PREC: tl.constexpr, FP8: tl.constexpr):
     """Query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``: the key
     blocks every query of it sees first, without masks, then the rest (``attend``)."""
     n = tl.program_id(1)
@@ -105,10 +98,10 @@ def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_sca
     full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
     for j0 in range(0, full, BN):
         acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV, CAUSAL,
-                           BN, BQ1, BQ2, BDV, PREC, FP8, False, LAZY)
+                           BN, BQ1, BQ2, BDV, PREC, FP8, False)
     for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
         acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV, CAUSAL,
-                           BN, BQ1, BQ2, BDV, PREC, FP8, True, LAZY)
+                           BN, BQ1, BQ2, BDV, PREC, FP8, True)
     if FP8:
         acc *= v_descale
     seen = l > 0
@@ -133,5 +126,5 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, bloc
                 lay.length),
                dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m,
                     BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
-               ladder or lay.ladder(block_m, 64, lay.bdv))
+               ladder or lay.ladder(block_m, keys_per_step(lay), lay.bdv))
     return o, lse

@@ -18,6 +18,7 @@ class Layout:
                    ``b * T`` and ``b * S``)
     max_q, max_k:  the longest query / key span (the launch grids)
     dqk, dv:       head dims; ``qk_tiles`` and ``bdv`` the tile widths that cover them
+    itemsize:      bytes per element of q, k, v (fp32 4, bf16/fp16 2, fp8 1): the block sizes follow it
     batched:       sequence n is batch row n (no cu_seqlens); else everything is batch row 0
     """
 
@@ -31,6 +32,7 @@ class Layout:
     max_k: int
     dqk: int
     dv: int
+    itemsize: int
     scale: float
     causal: bool
     precision: str
@@ -53,6 +55,17 @@ class Layout:
     @property
     def bdv(self) -> int:
         return padded(self.dv)
+
+    @property
+    def width(self) -> int:
+        """The head-dim tiles of q/k and v together (``sum(qk_tiles) + bdv``): MLA's 128 + 64 + 128 = 320."""
+        return sum(self.qk_tiles) + self.bdv
+
+    @property
+    def wide(self) -> bool:
+        """Whether a row of the tiles takes more than 512 bytes (fp32, or MLA in bf16): the kernels then
+        walk smaller blocks, which the shared memory of a Hopper SM holds in three load stages."""
+        return self.width * self.itemsize > 512
 
     def grid(self, length: int, block: int, heads: int) -> tuple[int, int, int] | None:
         """``(blocks of length, sequences, heads)``, or None when there is nothing to launch."""
@@ -84,5 +97,5 @@ def make_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q,
     else:
         cu_q, cu_k = cu_seqlens_q.to(device=dev, dtype=i32), cu_seqlens_k.to(device=dev, dtype=i32)
         max_q, max_k = (int(c.diff().max()) for c in (cu_q, cu_k))
-    return Layout(B, T, H, H // Hk, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k, Dqk, v.shape[-1], scale,
-                  causal, precision, cu_seqlens_q is None)
+    return Layout(B, T, H, H // Hk, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k, Dqk, v.shape[-1],
+                  q.element_size(), scale, causal, precision, cu_seqlens_q is None)

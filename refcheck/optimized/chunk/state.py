@@ -4,7 +4,9 @@ The serial kernels hold a state ``S [K, BV]`` (or its gradient) in registers for
 Per chunk they need the K-side tiles ``k e^G``, ``q e^G``, ``k e^{G_last - G}`` ``[C, K]``: formed
 for all of K at once they would not fit in registers. So the state lives in up to four blocks
 ``S_b [KB, BV]`` (``KB = min(K, 64)`` padded, ``NKB = KP / KB``), named variables in the kernels, and
-every helper here reads the K-side tiles of one block only, right before its dot.
+every helper here reads the K-side tiles of one block only, right before its dot. The blocks a
+program holds are ``kb0 .. kb0 + NKB - 1``: all of them (``kb0 = 0``), or, where the state's rows are
+independent (GLA), one K-block per program (``launch_serial(split_k=True)``).
 
 The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in the terms
 they need, chosen by constexpr options with KDA's defaults: ``WITH_Y`` (state gradient: KDA's
@@ -26,20 +28,20 @@ from .tiles import load_gate, load_gate_row, load_tile
 
 
 @triton.jit
-def block_cols(kb: tl.constexpr, KB: tl.constexpr, K):
+def block_cols(kb, KB: tl.constexpr, K):
     kk = kb * KB + tl.arange(0, KB)
     return kk, kk < K
 
 
 @triton.jit
-def state_ptrs(ptr, idx, K, V, kb: tl.constexpr, KB: tl.constexpr, vv, vmask):
+def state_ptrs(ptr, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
     """Pointers and mask of block kb of state ``idx`` in a ``[*, K, V]`` fp32 array."""
     kk, kmask = block_cols(kb, KB, K)
     return ptr + (idx.to(tl.int64) * K + kk[:, None]) * V + vv[None, :], kmask[:, None] & vmask[None, :]
 
 
 @triton.jit
-def load_state(ptr, idx, K, V, kb: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr, vv, vmask,
+def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask,
                PRESENT: tl.constexpr):
     """Block kb of state ``idx`` (zeros when not ``PRESENT``)."""
     if PRESENT:
@@ -51,7 +53,7 @@ def load_state(ptr, idx, K, V, kb: tl.constexpr, KB: tl.constexpr, BV: tl.conste
 
 
 @triton.jit
-def store_state(ptr, S, idx, K, V, kb: tl.constexpr, KB: tl.constexpr, vv, vmask):
+def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
     p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
     tl.store(p, S, mask=m)
 
@@ -66,7 +68,7 @@ def decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR: tl.constexpr = False)
 
 
 @triton.jit
-def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb: tl.constexpr,
+def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb,
                KB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr, WITH_Z: tl.constexpr = True, T=1,
                HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
     """Forward, block kb: ``Z -= (k e^G) S_b`` (``WITH_Z``, KDA's) and ``O += scale (q e^G) S_b``
@@ -83,7 +85,7 @@ def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale,
 
 
 @triton.jit
-def write_block(S, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb: tl.constexpr, KB: tl.constexpr,
+def write_block(S, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb, KB: tl.constexpr,
                 PREC: tl.constexpr, T=1, HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
     """Forward, block kb: ``S_b <- e^{G_last} S_b + (k e^{G_last - G})^T U``."""
     kk, kmask = block_cols(kb, KB, K)
@@ -93,7 +95,7 @@ def write_block(S, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb: tl.co
 
 
 @triton.jit
-def dread_block(dS, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb: tl.constexpr, KB: tl.constexpr,
+def dread_block(dS, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb, KB: tl.constexpr,
                 PREC: tl.constexpr):
     """Backward, block kb: ``dU += (k e^{G_last - G}) dS_b``."""
     kk, kmask = block_cols(kb, KB, K)
@@ -103,7 +105,7 @@ def dread_block(dS, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb: tl.
 
 
 @triton.jit
-def dwrite_block(dS, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb: tl.constexpr,
+def dwrite_block(dS, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb,
                  KB: tl.constexpr, PREC: tl.constexpr, WITH_Y: tl.constexpr = True, T=1,
                  HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
     """Backward, block kb: ``dS_b <- e^{G_last} dS_b + scale (q e^G)^T dO - (k e^G)^T (beta dY)`` (the
@@ -125,47 +127,47 @@ def dwrite_block(dS, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, 
 
 @triton.jit
 def load_blocks(ptr, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, vv, vmask,
-                PRESENT: tl.constexpr):
+                PRESENT: tl.constexpr, kb0=0):
     """Blocks 0..3 of state ``idx`` (zeros when not ``PRESENT``, and past ``NKB``)."""
-    S0 = load_state(ptr, idx, K, V, 0, KB, BV, vv, vmask, PRESENT)
+    S0 = load_state(ptr, idx, K, V, kb0 + 0, KB, BV, vv, vmask, PRESENT)
     S1 = tl.zeros((KB, BV), tl.float32)
     S2 = tl.zeros((KB, BV), tl.float32)
     S3 = tl.zeros((KB, BV), tl.float32)
     if NKB > 1:
-        S1 = load_state(ptr, idx, K, V, 1, KB, BV, vv, vmask, PRESENT)
+        S1 = load_state(ptr, idx, K, V, kb0 + 1, KB, BV, vv, vmask, PRESENT)
     if NKB > 2:
-        S2 = load_state(ptr, idx, K, V, 2, KB, BV, vv, vmask, PRESENT)
+        S2 = load_state(ptr, idx, K, V, kb0 + 2, KB, BV, vv, vmask, PRESENT)
     if NKB > 3:
-        S3 = load_state(ptr, idx, K, V, 3, KB, BV, vv, vmask, PRESENT)
+        S3 = load_state(ptr, idx, K, V, kb0 + 3, KB, BV, vv, vmask, PRESENT)
     return S0, S1, S2, S3
 
 
 @triton.jit
-def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, vv, vmask):
-    store_state(ptr, S0, idx, K, V, 0, KB, vv, vmask)
+def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, vv, vmask, kb0=0):
+    store_state(ptr, S0, idx, K, V, kb0 + 0, KB, vv, vmask)
     if NKB > 1:
-        store_state(ptr, S1, idx, K, V, 1, KB, vv, vmask)
+        store_state(ptr, S1, idx, K, V, kb0 + 1, KB, vv, vmask)
     if NKB > 2:
-        store_state(ptr, S2, idx, K, V, 2, KB, vv, vmask)
+        store_state(ptr, S2, idx, K, V, kb0 + 2, KB, vv, vmask)
     if NKB > 3:
-        store_state(ptr, S3, idx, K, V, 3, KB, vv, vmask)
+        store_state(ptr, S3, idx, K, V, kb0 + 3, KB, vv, vmask)
 
 
 @triton.jit
 def read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB: tl.constexpr,
                 NKB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr, WITH_Z: tl.constexpr = True, T=1,
-                HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
+                HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False, kb0=0):
     """``read_block`` of every block: ``Z -= Kg S``, ``O += Qg S``."""
-    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, WITH_O, PREC, WITH_Z,
+    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 0, KB, WITH_O, PREC, WITH_Z,
                       T, HEAD_FIRST, SCALAR)
     if NKB > 1:
-        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, WITH_O, PREC,
+        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 1, KB, WITH_O, PREC,
                           WITH_Z, T, HEAD_FIRST, SCALAR)
     if NKB > 2:
-        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, WITH_O, PREC,
+        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 2, KB, WITH_O, PREC,
                           WITH_Z, T, HEAD_FIRST, SCALAR)
     if NKB > 3:
-        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, WITH_O, PREC,
+        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 3, KB, WITH_O, PREC,
                           WITH_Z, T, HEAD_FIRST, SCALAR)
     return Z, O
 
@@ -173,51 +175,51 @@ def read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h
 @triton.jit
 def write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB: tl.constexpr,
                  NKB: tl.constexpr, PREC: tl.constexpr, T=1, HEAD_FIRST: tl.constexpr = False,
-                 SCALAR: tl.constexpr = False):
+                 SCALAR: tl.constexpr = False, kb0=0):
     """``write_block`` of every block: ``S <- Diag(gamma) S + Kd^T U``."""
-    S0 = write_block(S0, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC, T, HEAD_FIRST,
+    S0 = write_block(S0, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 0, KB, PREC, T, HEAD_FIRST,
                      SCALAR)
     if NKB > 1:
-        S1 = write_block(S1, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC, T, HEAD_FIRST,
+        S1 = write_block(S1, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 1, KB, PREC, T, HEAD_FIRST,
                          SCALAR)
     if NKB > 2:
-        S2 = write_block(S2, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC, T, HEAD_FIRST,
+        S2 = write_block(S2, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 2, KB, PREC, T, HEAD_FIRST,
                          SCALAR)
     if NKB > 3:
-        S3 = write_block(S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC, T, HEAD_FIRST,
+        S3 = write_block(S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 3, KB, PREC, T, HEAD_FIRST,
                          SCALAR)
     return S0, S1, S2, S3
 
 
 @triton.jit
 def dread_blocks(dS0, dS1, dS2, dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB: tl.constexpr,
-                 NKB: tl.constexpr, PREC: tl.constexpr):
+                 NKB: tl.constexpr, PREC: tl.constexpr, kb0=0):
     """``dread_block`` of every block: ``dU += Kd dS``."""
-    dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
+    dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 0, KB, PREC)
     if NKB > 1:
-        dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
+        dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 1, KB, PREC)
     if NKB > 2:
-        dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
+        dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 2, KB, PREC)
     if NKB > 3:
-        dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+        dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 3, KB, PREC)
     return dU
 
 
 @triton.jit
 def dwrite_blocks(dS0, dS1, dS2, dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
                   KB: tl.constexpr, NKB: tl.constexpr, PREC: tl.constexpr, WITH_Y: tl.constexpr = True, T=1,
-                  HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
+                  HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False, kb0=0):
     """``dwrite_block`` of every block: ``dS <- Diag(gamma) dS + Qg^T dO - Kg^T Diag(beta) dY``."""
-    dS0 = dwrite_block(dS0, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 0, KB, PREC,
+    dS0 = dwrite_block(dS0, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 0, KB, PREC,
                        WITH_Y, T, HEAD_FIRST, SCALAR)
     if NKB > 1:
-        dS1 = dwrite_block(dS1, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 1, KB, PREC,
+        dS1 = dwrite_block(dS1, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 1, KB, PREC,
                            WITH_Y, T, HEAD_FIRST, SCALAR)
     if NKB > 2:
-        dS2 = dwrite_block(dS2, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 2, KB, PREC,
+        dS2 = dwrite_block(dS2, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 2, KB, PREC,
                            WITH_Y, T, HEAD_FIRST, SCALAR)
     if NKB > 3:
-        dS3 = dwrite_block(dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, 3, KB, PREC,
+        dS3 = dwrite_block(dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 3, KB, PREC,
                            WITH_Y, T, HEAD_FIRST, SCALAR)
     return dS0, dS1, dS2, dS3
 
@@ -267,13 +269,16 @@ def state_blocks(K: int) -> tuple[int, int]:
 
 
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                  config: dict | None):
+                  config: dict | None, split_k: bool = False):
     """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
-    ``state_blocks(K)``, launch settings from ``serial_launch`` overridden by ``config``."""
+    ``state_blocks(K)``, launch settings from ``serial_launch`` overridden by ``config``. ``split_k``: one
+    program per K-block too (``program_id(2)``, the kernel's ``kb0``; NKB = 1), for a recurrence whose
+    state rows are independent (GLA's diagonal decay, not the delta rule)."""
     N = chunks.num_seqs
     if not (N and H):
         return
-    cfg = serial_launch(V, N * H) | (config or {})
     kb, nkb = state_blocks(K)
-    launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H), args, dict(C=chunks.size, KB=kb, NKB=nkb) | constexprs,
-           single_stage(cfg))
+    splits = nkb if split_k else 1
+    cfg = serial_launch(V, N * H * splits) | (config or {})
+    launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H, splits), args,
+           dict(C=chunks.size, KB=kb, NKB=nkb // splits) | constexprs, single_stage(cfg))

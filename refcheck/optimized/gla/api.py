@@ -125,8 +125,9 @@ KNOBS_DOC = """
       precision:  input precision of every fp32 ``tl.dot`` ("ieee", "tf32", "tf32x3"); default "tf32"
                   (errors ~1e-3 relative, below the bf16/fp16 rounding of the data it mostly serves).
       chunk_size: 64 or 128 tokens per chunk (with precision "ieee" always 64, ``EXACT_CHUNK``).
-      fused_output: the serial state pass forms o as it walks the chunks (True), or a parallel kernel
-                  forms o of every chunk from the stored chunk states (False); None: the default.
+      fused_output: the serial state pass forms o as it walks the chunks, every K-block of the state in
+                  one program (True), or the pass runs a program per K-block and a parallel kernel forms o
+                  of every chunk from the stored chunk states (False, the default; None means the default).
     Returns ``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] fp32 or None)``; differentiable in
     q, k, v, g and initial_state (dg in g's dtype)."""
 

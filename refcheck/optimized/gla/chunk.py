@@ -61,8 +61,9 @@ H100 (Triton 3.6), K = 16 with blocks of 16 at 8 warps and precision "tf32x3" ma
 wrong by up to 0.56 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel`` lose the CUDA context (an
 illegal memory access); with blocks of 32 both are right (``benchmarks/results/gpu_gla_k16_h100.txt``).
 The interpreter computes both right: the compiled code is at fault, found by ``refcheck report`` on the GPU."""
-# the serial kernels (states, dstate) at 8 warps over ``serial_launch``'s 4: no spills on sm_90 for
-# K = V = 128 (4 warps: 488 and 360 B of stack, Triton 3.6)
+# the serial state pass holding every K-block (with the output, ``fused``) at 8 warps over ``serial_launch``'s 4:
+# fewer spills on sm_90 for K = V = 128 (Triton 3.6). Split by K-blocks (``launch_serial(split_k=True)``: GLA's
+# state rows are independent) a program holds one [64, BV] block and takes ``serial_launch``'s settings.
 SERIAL = dict(num_warps=8)
 
 
@@ -139,22 +140,23 @@ def states_kernel(q_ptr, k_ptr, v_ptr, G_ptr, P_ptr, o_ptr, h0_ptr, ht_ptr, hs_p
     ``hs[c] = S0`` (chunk c's entry state, ``STORE_STATES``), ``O = P V + scale (q e^G) S0`` (``OUTPUT``;
     else ``output_kernel`` forms it from hs), ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
-    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
+    kb0 = tl.program_id(2)
+    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0, kb0)
     i = tl.arange(0, C)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         if STORE_STATES:
-            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
         v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         if OUTPUT:
             O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C), v, input_precision=PREC)
             _, O = read_blocks(S0, S1, S2, S3, O, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB,
-                               NKB, True, PREC, False, T, HEAD_FIRST, SCALAR)
+                               NKB, True, PREC, False, T, HEAD_FIRST, SCALAR, kb0)
             store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
-                                      PREC, T, HEAD_FIRST, SCALAR)
+                                      PREC, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_FINAL:
-        store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
+        store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask, kb0)
 
 
 @triton.jit
@@ -200,17 +202,18 @@ def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_pt
     """One value block, sequence and head: the state gradient, last chunk first; ``dh[c]`` is the
     gradient of chunk c's exit state."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
-    dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT)
+    kb0 = tl.program_id(2)
+    dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT, kb0)
     num = tl.cdiv(eos - bos, C)
     for back in range(num):
         it = num - 1 - back
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, do, q_ptr, q_ptr, G_ptr, rows, rmask, grows, last,
-                                           h, H, K, scale, KB, NKB, PREC, False, T, HEAD_FIRST, SCALAR)
+                                           h, H, K, scale, KB, NKB, PREC, False, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_DH0:
-        store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask)
+        store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask, kb0)
 
 
 @triton.jit
@@ -345,11 +348,11 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
             precision: str, *, final: bool, keep_states: bool, fused: bool | None = None):
     """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V] or None)``,
     the states fp32 and kept only with ``keep_states`` (the backward reads them). ``fused``: the serial
-    state pass forms o too (default), else ``output_kernel`` forms o of every chunk in parallel from
-    the kept states."""
+    state pass forms o too, holding every K-block of the state; else (default) the pass runs one program
+    per K-block and ``output_kernel`` forms o of every chunk in parallel from the kept states."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
-    fused = True if fused is None else fused
+    fused = bool(fused)
     keep_states = keep_states or not fused
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32) if keep_states else None
@@ -359,7 +362,8 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
                   (q, k, v, G, P, o, h0 if h0 is not None else spare, ht if final else spare,
                    hs if keep_states else spare, chunks.cu, chunks.offsets, scale, H, T, K, V),
                   dict(HAS_H0=h0 is not None, STORE_FINAL=final, STORE_STATES=keep_states, OUTPUT=fused,
-                       HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision), chunks, H, K, V, SERIAL)
+                       HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision), chunks, H, K, V,
+                  SERIAL if fused else None, split_k=not fused)
     if not fused and chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
@@ -379,7 +383,7 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                   (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets,
                    scale, H, T, K, V),
                   dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, SERIAL)
+                       PREC=precision), chunks, H, K, V, None, split_k=True)
     return dh, dh0
 
 
