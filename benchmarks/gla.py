@@ -5,10 +5,8 @@
 
 Shapes (bf16, H = 16, K = V = 128): B=8 T=4096; one sequence of 32768; a varlen batch of 8 packed
 sequences (32768 tokens). Ours: ``optimized.gla`` / ``optimized.simple_gla`` (default knobs: tf32 dots,
-chunk 64), and as ``ours_parallel`` with ``fused_output=False`` (o formed by a parallel kernel from the
-stored chunk states instead of in the serial state pass); FLA: ``chunk_gla`` / ``chunk_simple_gla``
-through refcheck's adapters (rows say why when fla is not installed or refuses). Timing:
-``triton.testing.do_bench`` medians, forward under ``no_grad``, forward+backward through
+chunk 64); FLA: ``chunk_gla`` / ``chunk_simple_gla`` through refcheck's adapters (rows say why when
+fla is not installed or refuses). Timing: ``triton.testing.do_bench`` medians, forward under ``no_grad``, forward+backward through
 ``torch.autograd.grad``. The roofline is measured in the same run (``bench_util.roofline``: bf16 matmul
 TFLOP/s, copy GB/s). Every op is first run at every shape in ``--jobs`` parallel processes, each
 compiling its share of FLA's autotuning configs (``bench_util.autotune_share``; one process alone
@@ -27,7 +25,6 @@ shape (B=2, T=1024, H=4): o, the final state and every gradient, ours and FLA's.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -67,19 +64,17 @@ def make_inputs(op, B, T, H, K, V, lengths, dtype=torch.bfloat16, seed=0, device
 
 
 def implementations(op):
-    """``{"ours": fn, "ours_parallel": fn, "fla": fn or None}`` and why FLA is missing ("" when present);
-    ``ours_parallel`` forms o in a parallel kernel from the stored chunk states (``fused_output=False``)."""
+    """``{"ours": fn, "fla": fn or None}`` and why FLA is missing ("" when present)."""
     ours = optimized.gla if op == "gla" else optimized.simple_gla
-    impls = {"ours": ours, "ours_parallel": functools.partial(ours, fused_output=False), "fla": None}
     try:
         import fla  # noqa: F401
     except ImportError:
-        return impls, "fla not installed"
+        return {"ours": ours, "fla": None}, "fla not installed"
     if op == "gla":
         from refcheck.model.ops.gla import fla_chunk_gla as peer
     else:
         from refcheck.model.ops.simple_gla import fla_chunk_simple_gla as peer
-    return impls | {"fla": peer}, ""
+    return {"ours": ours, "fla": peer}, ""
 
 
 def work(op, B, T, H, K, V, lengths, dtype_bytes=2):
@@ -140,14 +135,14 @@ def bench_shape(op, name, roof):
     return rows
 
 
-HEADER = f"{'op':10} {'shape':16} {'mode':8} {'impl':13} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} {'%bw':>5}"
+HEADER = f"{'op':10} {'shape':16} {'mode':8} {'impl':5} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} {'%bw':>5}"
 
 
 def format_row(r) -> str:
     if r["ms"] is None:
-        return f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:13} {r['note']}"
+        return f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:5} {r['note']}"
     ratio = f"{r['ratio_to_fla']:.2f}" if r.get("ratio_to_fla") else "-"
-    return (f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:13} {r['ms']:8.3f} {ratio:>6} "
+    return (f"{r['op']:10} {r['shape']:16} {r['mode']:8} {r['impl']:5} {r['ms']:8.3f} {ratio:>6} "
             f"{r['tflops']:8.1f} {r['gbps']:7.0f} {r['pct_bw_roof']:5.1f}")
 
 
@@ -181,10 +176,10 @@ def errors(op):
 
 def warm_one(op, slot, slots, shapes):
     """Warm-up process ``slot`` of ``slots`` for one op: one forward (``no_grad``) and one forward+backward
-    at each shape, of ours (``ours`` in slot 0, ``ours_parallel`` in slot 1) and of FLA with its autotuned
-    kernels trying their share of configs (``bench_util.autotune_share``)."""
+    at each shape, of ours (in slot 0) and of FLA with its autotuned kernels trying their share of configs
+    (``bench_util.autotune_share``)."""
     impls = implementations(op)[0]
-    mine = {0: ["ours"], 1: ["ours_parallel"]}.get(slot, [])
+    mine = ["ours"] if slot == 0 else []
     for name in shapes:
         x, cu = make_inputs(op, **SHAPES[name])
         for impl in [*mine, "fla"]:

@@ -126,3 +126,33 @@ def test_a_shared_example_database_serves_every_profile_that_keeps_examples(monk
         monkeypatch.delenv(profiles.EXAMPLE_DB_ENV)
         profiles.register()
     assert str(getattr(settings.get_profile("dev").database, "path", "")) != str(tmp_path)
+
+
+def test_a_lost_context_names_the_kernel_whose_launch_raised(monkeypatch):
+    """Which Triton kernel a CUDA fault surfaced at, read from the launching frame (also through an
+    exception raised from it); it is the kernel at fault only with synchronous launches."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from refcheck.runtime import interpreter, workers
+
+    interpreter.interpret_new_kernels()
+
+    @triton.jit
+    def raises_at_launch(x_ptr, n):
+        tl.static_assert(n < 0, "a launch that raises")
+
+    with pytest.raises(Exception) as launched:
+        raises_at_launch[(1,)](torch.zeros(4), 3)
+    try:
+        raise RuntimeError("the law's own error") from launched.value
+    except RuntimeError as err:
+        wrapped = err
+    name = f"{__name__}.raises_at_launch"
+    assert workers.failed_launch(wrapped) == name
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    assert f"surfaced at the launch of {name}" in workers.crash_site(wrapped)
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    assert workers.crash_site(wrapped) == f" in {name}"
+    assert workers.failed_launch(RuntimeError("no launch")) is None

@@ -764,7 +764,7 @@ def check(law_: Law | str, impl: registry.Implementation, example: Example, *, d
         if workers.context_lost(device):   # this example crashed the GPU: it is the finding
             lines = str(err).splitlines() or [type(err).__name__]
             why = next((line.strip() for line in lines if "CUDA error" in line), lines[0])
-            message = trial.message(f"the CUDA context was lost: {why}")
+            message = trial.message(f"the CUDA context was lost{workers.crash_site(err)}: {why}")
             if workers.in_worker_process():         # the run replaces the worker and goes on
                 workers.end_lost_process(message)
             raise LawViolation(message + "\n  (this process can no longer use the GPU)") from err

@@ -150,6 +150,37 @@ def context_lost(device: str) -> bool:
     return False
 
 
+def failed_launch(err: BaseException) -> str | None:
+    """The Triton kernel whose launch raised ``err`` (or an exception it was raised from): its name,
+    read from the launching frame of ``triton.runtime.jit``; None when no launch is in the traceback.
+    CUDA reports a kernel's fault at a later call unless launches are synchronous
+    (``CUDA_LAUNCH_BLOCKING=1``), so the name is the faulty kernel's only then."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        name = None
+        for frame, _ in traceback.walk_tb(err.__traceback__):
+            kernel = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
+            fn = getattr(kernel, "fn", None)
+            if "triton" in frame.f_code.co_filename and callable(fn):
+                name = f"{fn.__module__}.{fn.__name__}"
+        if name:
+            return name
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def crash_site(err: BaseException) -> str:
+    """A phrase for a failure message naming the kernel a lost CUDA context surfaced at
+    (``failed_launch``), and whether it is certainly the one at fault: '' when no launch is known."""
+    name = failed_launch(err)
+    if name is None:
+        return ""
+    if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1":
+        return f" in {name}"
+    return f" (surfaced at the launch of {name}; CUDA_LAUNCH_BLOCKING=1 names the kernel at fault)"
+
+
 FAILURE_DIR_ENV = "REFCHECK_FAILURE_DIR"
 """A folder where each failure is written the moment it happens (a run a time limit cuts short
 keeps what it found): pytest's failed tests, and the examples that lost a worker's CUDA context."""

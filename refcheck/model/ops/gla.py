@@ -13,9 +13,8 @@ from ..implementation import Implementation
 from .card import Inputs
 from .linear import linear_card, linear_tensors
 
-# knobs of our Triton kernels (gla and simple_gla): fp32 dot precision, tokens per chunk, where o is formed
-# (in the serial state pass, or by a parallel kernel from the stored chunk states)
-TRITON_KNOBS = {"precision": PRECISION_MODES, "chunk_size": (64, 128), "fused_output": (True, False)}
+# knobs of our Triton kernels (gla and simple_gla): fp32 dot precision, tokens per chunk
+TRITON_KNOBS = {"precision": PRECISION_MODES, "chunk_size": (64, 128)}
 
 
 def make_inputs(case, device) -> Inputs:

@@ -39,7 +39,8 @@ from .tiles import (
 PREPROCESS_BM = 64
 """Query rows per ``preprocess_kernel`` program."""
 DQ_BM = 128
-"""Query rows per ``dq_kernel`` program."""
+"""Query rows per ``dq_kernel`` program, halved where the GPU's shared memory does not hold them (fp32 MLA
+with precision "ieee" needed 344 KB at every launch setting of 128 rows on an H100)."""
 
 
 def dq_keys(lay: Layout) -> int:
@@ -229,10 +230,11 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
     tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
                  **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
-    dq_ladder = dq_ladder or [dict(BM=DQ_BM) | step for step in lay.ladder(DQ_BM, dq_keys(lay), sum(lay.qk_tiles))]
-    grid_q = lay.grid(lay.max_q, dq_ladder[0]["BM"], lay.heads)
-    if grid_q:
-        launch(dq_kernel, grid_q, (q, k, v, do, lse, delta, dq, *common), tiles, dq_ladder)
+    dq_ladder = dq_ladder or [dict(BM=bm) | step for bm in (DQ_BM, DQ_BM // 2)
+                              for step in lay.ladder(bm, dq_keys(lay), sum(lay.qk_tiles))]
+    if lay.grid(lay.max_q, DQ_BM, lay.heads):
+        launch(dq_kernel, lambda meta: lay.grid(lay.max_q, meta["BM"], lay.heads),
+               (q, k, v, do, lse, delta, dq, *common), tiles, dq_ladder)
     bn, bm = dkdv_blocks(lay)
     dkdv_ladder = dkdv_ladder or [dict(BN=bn) | step for step in lay.ladder(bn, bm, lay.width, inner="BM")]
     grid_k = lay.grid(lay.max_k, dkdv_ladder[0]["BN"], lay.heads // lay.group)

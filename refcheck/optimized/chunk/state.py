@@ -11,8 +11,8 @@ independent (GLA), one K-block per program (``launch_serial(split_k=True)``).
 The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in the terms
 they need, chosen by constexpr options with KDA's defaults: ``WITH_Y`` (state gradient: KDA's
 ``- Kg^T (beta dY)``), ``SCALAR`` (simple GLA's ``[T, H]`` gate, one decay per token), and the token
-layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` forms KDA's ``Z -= Kg S`` and
-the output term ``O += Qg S`` of both ops (``WITH_Z``, ``WITH_O``).
+layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` (``Z -= Kg S``,
+``O += Qg S``) is KDA's only: GLA forms its output from the stored states in a parallel kernel.
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
 same rows clamped to the last valid one (for G, so that padded rows decay nothing), ``last`` the
@@ -68,18 +68,15 @@ def decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR: tl.constexpr = False)
 
 
 @triton.jit
-def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb,
-               KB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr, WITH_Z: tl.constexpr = True, T=1,
-               HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
-    """Forward, block kb: ``Z -= (k e^G) S_b`` (``WITH_Z``, KDA's) and ``O += scale (q e^G) S_b``
-    (``WITH_O``)."""
+def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb, KB: tl.constexpr,
+               WITH_O: tl.constexpr, PREC: tl.constexpr):
+    """Forward (KDA), block kb: ``Z -= (k e^G) S_b`` and ``O += scale (q e^G) S_b`` (``WITH_O``)."""
     kk, kmask = block_cols(kb, KB, K)
-    eG = tl.exp(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR))
-    if WITH_Z:
-        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        Z -= tl.dot(k * eG, S, input_precision=PREC)
+    eG = tl.exp(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask))
+    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
+    Z -= tl.dot(k * eG, S, input_precision=PREC)
     if WITH_O:
-        q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask)
         O += tl.dot(q * (eG * scale), S, input_precision=PREC)
     return Z, O
 
@@ -155,20 +152,15 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 @triton.jit
 def read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB: tl.constexpr,
-                NKB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr, WITH_Z: tl.constexpr = True, T=1,
-                HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False, kb0=0):
+                NKB: tl.constexpr, WITH_O: tl.constexpr, PREC: tl.constexpr):
     """``read_block`` of every block: ``Z -= Kg S``, ``O += Qg S``."""
-    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 0, KB, WITH_O, PREC, WITH_Z,
-                      T, HEAD_FIRST, SCALAR)
+    Z, O = read_block(S0, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 0, KB, WITH_O, PREC)
     if NKB > 1:
-        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 1, KB, WITH_O, PREC,
-                          WITH_Z, T, HEAD_FIRST, SCALAR)
+        Z, O = read_block(S1, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 1, KB, WITH_O, PREC)
     if NKB > 2:
-        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 2, KB, WITH_O, PREC,
-                          WITH_Z, T, HEAD_FIRST, SCALAR)
+        Z, O = read_block(S2, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 2, KB, WITH_O, PREC)
     if NKB > 3:
-        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, kb0 + 3, KB, WITH_O, PREC,
-                          WITH_Z, T, HEAD_FIRST, SCALAR)
+        Z, O = read_block(S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, 3, KB, WITH_O, PREC)
     return Z, O
 
 
@@ -193,15 +185,15 @@ def write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H
 
 @triton.jit
 def dread_blocks(dS0, dS1, dS2, dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB: tl.constexpr,
-                 NKB: tl.constexpr, PREC: tl.constexpr, kb0=0):
+                 NKB: tl.constexpr, PREC: tl.constexpr):
     """``dread_block`` of every block: ``dU += Kd dS``."""
-    dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 0, KB, PREC)
+    dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
     if NKB > 1:
-        dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 1, KB, PREC)
+        dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
     if NKB > 2:
-        dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 2, KB, PREC)
+        dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
     if NKB > 3:
-        dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb0 + 3, KB, PREC)
+        dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
     return dU
 
 
@@ -262,22 +254,22 @@ def single_stage(cfg: dict) -> list[dict]:
     return [cfg, cfg | dict(num_stages=1)]
 
 
-def state_blocks(K: int) -> tuple[int, int]:
-    """``(KB, NKB)``: the state's K-blocks (at most 64 rows each, at most four)."""
-    kb = min(padded(K), 64)
-    return kb, padded(K) // kb
+def state_blocks(K: int, minimum: int = 16) -> tuple[int, int]:
+    """``(KB, NKB)``: the state's K-blocks (at most 64 rows each, at least ``minimum``, at most four)."""
+    kb = min(padded(K, minimum), 64)
+    return kb, padded(K, minimum) // kb
 
 
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                  config: dict | None, split_k: bool = False):
+                  config: dict | None, split_k: bool = False, min_block: int = 16):
     """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
-    ``state_blocks(K)``, launch settings from ``serial_launch`` overridden by ``config``. ``split_k``: one
-    program per K-block too (``program_id(2)``, the kernel's ``kb0``; NKB = 1), for a recurrence whose
-    state rows are independent (GLA's diagonal decay, not the delta rule)."""
+    ``state_blocks(K, min_block)``, launch settings from ``serial_launch`` overridden by ``config``.
+    ``split_k``: one program per K-block too (``program_id(2)``, the kernel's ``kb0``; NKB = 1), for a
+    recurrence whose state rows are independent (GLA's diagonal decay, not the delta rule)."""
     N = chunks.num_seqs
     if not (N and H):
         return
-    kb, nkb = state_blocks(K)
+    kb, nkb = state_blocks(K, min_block)
     splits = nkb if split_k else 1
     cfg = serial_launch(V, N * H * splits) | (config or {})
     launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H, splits), args,

@@ -38,7 +38,6 @@ class GlaConfig:
     T: int              # tokens per batch row (the head-first layout's stride unit)
     precision: str
     final: bool
-    fused: bool | None  # the serial pass forms o (None: the default of ``chunk.forward``)
 
 
 class ChunkGlaFunction(torch.autograd.Function):
@@ -52,10 +51,9 @@ class ChunkGlaFunction(torch.autograd.Function):
         chunk_cumsum(g, G, ch, H, cfg.T, GK, parts=1, x_head_first=cfg.head_first, out_head_first=False,
                      reverse=False)
         P = intra(q, k, G, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision)
-        grad = any(ctx.needs_input_grad)
         o, ht, hs = forward(q, k, v, G, P, h0, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision,
-                            final=cfg.final, keep_states=grad, fused=cfg.fused)
-        if grad:
+                            final=cfg.final)
+        if any(ctx.needs_input_grad):
             ctx.save_for_backward(q, k, v, g, G, P, h0, hs)
         ctx.cfg = cfg
         return o, ht
@@ -78,11 +76,9 @@ class ChunkGlaFunction(torch.autograd.Function):
 
 
 def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_state, cu_seqlens, head_first,
-                   precision, chunk_size, fused_output):
+                   precision, chunk_size):
     """Validate everything (a ValueError naming the argument, before any launch) and run."""
     check_flag("head_first", head_first)
-    if fused_output is not None:
-        check_flag("fused_output", fused_output)
     check_flag("output_final_state", output_final_state)
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
         check_tensor(name, x, 3 if name == "g" and scalar else 4, KERNEL_DTYPES)
@@ -112,7 +108,7 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
     initial_state = kernel_state(initial_state, N, H, K, V, q.device)
     size = EXACT_CHUNK if precision == "ieee" else chunk_size
     cfg = GlaConfig(make_chunks(B, T, cu_seqlens, size, q.device), scale, scalar, head_first, T, precision,
-                    output_final_state, fused_output)
+                    output_final_state)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     return ChunkGlaFunction.apply(q, k, v, g, initial_state, cfg)
 
@@ -125,30 +121,27 @@ KNOBS_DOC = """
       precision:  input precision of every fp32 ``tl.dot`` ("ieee", "tf32", "tf32x3"); default "tf32"
                   (errors ~1e-3 relative, below the bf16/fp16 rounding of the data it mostly serves).
       chunk_size: 64 or 128 tokens per chunk (with precision "ieee" always 64, ``EXACT_CHUNK``).
-      fused_output: the serial state pass forms o as it walks the chunks, every K-block of the state in
-                  one program (True), or the pass runs a program per K-block and a parallel kernel forms o
-                  of every chunk from the stored chunk states (False, the default; None means the default).
     Returns ``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] fp32 or None)``; differentiable in
     q, k, v, g and initial_state (dg in g's dtype)."""
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        head_first=False, precision=DEFAULT_PRECISION, chunk_size=64, fused_output=None):
+        head_first=False, precision=DEFAULT_PRECISION, chunk_size=64):
     """Chunked GLA (``chunk.py``), the contract of ``references.gla``: ``g [B, T, H, K]`` log-decays
     (fp32, bf16 or fp16, converted in the kernel), ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T``,
     ``o_t = scale S_t^T q_t``."""
     return _check_and_run(q, k, v, g, scalar=False, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, head_first=head_first,
-                          precision=precision, chunk_size=chunk_size, fused_output=fused_output)
+                          precision=precision, chunk_size=chunk_size)
 
 
 def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-               head_first=False, precision=DEFAULT_PRECISION, chunk_size=64, fused_output=None):
+               head_first=False, precision=DEFAULT_PRECISION, chunk_size=64):
     """Chunked simple GLA, the contract of ``references.simple_gla``: one log-decay per head and
     token, ``g [B, T, H]``, ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t``."""
     return _check_and_run(q, k, v, g, scalar=True, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, head_first=head_first,
-                          precision=precision, chunk_size=chunk_size, fused_output=fused_output)
+                          precision=precision, chunk_size=chunk_size)
 
 
 gla.__doc__ = (gla.__doc__ or "") + KNOBS_DOC

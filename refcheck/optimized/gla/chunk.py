@@ -10,10 +10,10 @@ Per sequence and head the state ``S [K, V]`` follows ``S_t = Diag(exp(g_t)) S_{t
     S1   = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V             [K, V]
 
 Forward: ``chunk_cumsum`` (G), ``intra`` (P of every chunk, in parallel), ``states`` (one program per
-value block, sequence and head walks the chunks with S in registers and writes the entry state
-``h [NC, H, K, V]`` of every chunk and the final state; the update is KDA's ``chunk.state`` with the
-written values ``U = V``), then ``output`` (O of every chunk from P, V and h, in parallel: the serial
-pass carries only the state update).
+value block, K-block, sequence and head walks the chunks with its rows of S in registers and writes the
+entry state ``h [NC, H, K, V]`` of every chunk and the final state; the update is KDA's ``chunk.state``
+with the written values ``U = V``, its rows independent under GLA's diagonal decay), then ``output``
+(O of every chunk from P, V and h, in parallel: the serial pass carries only the state update).
 
 Backward, with ``dS1`` the gradient of a chunk's exit state (``dh``) and ``dP = lower(dO V^T)``:
 
@@ -42,7 +42,6 @@ from ..chunk.state import (
     dwrite_blocks,
     launch_serial,
     load_blocks,
-    read_blocks,
     serial_chunk,
     serial_program,
     store_blocks,
@@ -56,15 +55,17 @@ from .pairs import colform, gram, rowform
 SUB = 16
 CHUNK_SIZES = (64, 128)
 MIN_BLOCK = 32
-"""The narrowest channel or value block of the parallel kernels' dots (``padded(n, MIN_BLOCK)``). On an
-H100 (Triton 3.6), K = 16 with blocks of 16 at 8 warps and precision "tf32x3" made ``output_kernel``'s o
-wrong by up to 0.56 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel`` lose the CUDA context (an
-illegal memory access); with blocks of 32 both are right (``benchmarks/results/gpu_gla_k16_h100.txt``).
-The interpreter computes both right: the compiled code is at fault, found by ``refcheck report`` on the GPU."""
-# the serial state pass holding every K-block (with the output, ``fused``) at 8 warps over ``serial_launch``'s 4:
-# fewer spills on sm_90 for K = V = 128 (Triton 3.6). Split by K-blocks (``launch_serial(split_k=True)``: GLA's
-# state rows are independent) a program holds one [64, BV] block and takes ``serial_launch``'s settings.
-SERIAL = dict(num_warps=8)
+"""The narrowest channel or value block of the 8-warp kernels and of the serial kernels' state blocks
+(``padded(n, MIN_BLOCK)``). On an H100 (Triton 3.6), K = 16 with blocks of 16 at 8 warps and precision
+"tf32x3" made ``output_kernel``'s o wrong by up to 0.56 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel``
+lose the CUDA context (an illegal memory access); with blocks of 32 both are right
+(``benchmarks/results/gpu_gla_k16_h100.txt``). The interpreter computes both right: the compiled code is at
+fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 found the same at K = 13 in a
+variant of the serial state pass at 8 warps with state blocks of 16 ("Invalid __shared__ read", since
+dropped); whether the 4-warp serial kernels share the fault is untested, so their blocks are 32 wide too."""
+# The serial kernels (states, dstate) run one program per K-block of 64 rows (``launch_serial(split_k=True)``:
+# GLA's state rows are independent), at ``serial_launch``'s settings: 4 warps, no spills on sm_90 for K = V = 128
+# (Triton 3.6; holding both K-blocks of K = 128 in one program took 8 warps to stay clear of spills).
 
 
 @triton.jit
@@ -132,27 +133,19 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, 
 
 
 @triton.jit
-def states_kernel(q_ptr, k_ptr, v_ptr, G_ptr, P_ptr, o_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, scale, H, T, K,
-                  V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                  STORE_FINAL: tl.constexpr, STORE_STATES: tl.constexpr, OUTPUT: tl.constexpr,
-                  HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (chunk c's entry state, ``STORE_STATES``), ``O = P V + scale (q e^G) S0`` (``OUTPUT``;
-    else ``output_kernel`` forms it from hs), ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
+def states_kernel(k_ptr, v_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, H, T, K, V, C: tl.constexpr,
+                  KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                  STORE_FINAL: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence, head and K-block ``kb0``: walk the chunks, the state's rows
+    ``kb0 * KB ..`` in registers; ``hs[c] = S0`` (chunk c's entry state),
+    ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     kb0 = tl.program_id(2)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0, kb0)
-    i = tl.arange(0, C)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        if STORE_STATES:
-            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
+        store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
         v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-        if OUTPUT:
-            O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C), v, input_precision=PREC)
-            _, O = read_blocks(S0, S1, S2, S3, O, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB,
-                               NKB, True, PREC, False, T, HEAD_FIRST, SCALAR, kb0)
-            store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_FINAL:
@@ -199,8 +192,8 @@ def output_kernel(q_ptr, v_ptr, G_ptr, P_ptr, hs_ptr, o_ptr, cu_ptr, seq_ptr, st
 def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, T, K, V,
                   C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                   STORE_DH0: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One value block, sequence and head: the state gradient, last chunk first; ``dh[c]`` is the
-    gradient of chunk c's exit state."""
+    """One value block, sequence, head and K-block ``kb0``: the state gradient's rows ``kb0 * KB ..``,
+    last chunk first; ``dh[c]`` is the gradient of chunk c's exit state."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     kb0 = tl.program_id(2)
     dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT, kb0)
@@ -345,26 +338,20 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-            precision: str, *, final: bool, keep_states: bool, fused: bool | None = None):
-    """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V] or None)``,
-    the states fp32 and kept only with ``keep_states`` (the backward reads them). ``fused``: the serial
-    state pass forms o too, holding every K-block of the state; else (default) the pass runs one program
-    per K-block and ``output_kernel`` forms o of every chunk in parallel from the kept states."""
+            precision: str, *, final: bool):
+    """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
+    states fp32: the serial state pass, then the output of every chunk in parallel."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
-    fused = bool(fused)
-    keep_states = keep_states or not fused
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
-    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32) if keep_states else None
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
     o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
-    spare = o  # a pointer for the arguments a launch does not read
     launch_serial(states_kernel,
-                  (q, k, v, G, P, o, h0 if h0 is not None else spare, ht if final else spare,
-                   hs if keep_states else spare, chunks.cu, chunks.offsets, scale, H, T, K, V),
-                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, STORE_STATES=keep_states, OUTPUT=fused,
-                       HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision), chunks, H, K, V,
-                  SERIAL if fused else None, split_k=not fused)
-    if not fused and chunks.num_chunks and H:
+                  (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H, T, K,
+                   V),
+                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
+                       PREC=precision), chunks, H, K, V, None, split_k=True, min_block=MIN_BLOCK)
+    if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
@@ -383,7 +370,7 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                   (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets,
                    scale, H, T, K, V),
                   dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None, split_k=True)
+                       PREC=precision), chunks, H, K, V, None, split_k=True, min_block=MIN_BLOCK)
     return dh, dh0
 
 
