@@ -152,3 +152,19 @@ def test_gla_bad_input_names_the_argument(change, name):
 ])
 def test_simple_gla_bad_input_names_the_argument(change, name):
     assert name in _bad("simple_gla", **change)
+
+
+def test_precision_modes_hold_where_fp32_gates_limit_every_mode():
+    """The GPU law run's false alarm of 2026-11-25, replayed: fp32 simple GLA with gate spikes of -1000
+    (cumulative log-decays whose fp32 differences lose ~1e-4) leaves ieee and tf32x3 at ~2.5e-4 and tf32 at
+    ~1.5e-3, 5-6x worse: the kernel honours its modes, and law 8 says so (``laws.TF32_MIN_EXCESS``)."""
+    from refcheck.engine.examples import Example
+    from refcheck.engine.laws import check
+    from refcheck.model import registry
+    from refcheck.model.case import Case
+    case = Case.make("simple_gla", {"B": 1, "H": 5, "K": 4, "T": 66, "V": 4}, "fp32", 0, seqlens=[66],
+                     options={"output_final_state": False, "scale": None},
+                     draw={"cu_dtype": "int64", "gate_dtype": "fp32", "initial_state": False, "mask_p": 0.0,
+                           "normalizer": 10.0, "spike": 1000.0, "spike_p": 0.5})
+    check("precision_modes", registry.get("simple_gla", "triton"),
+          Example(case, "ieee", {"chunk_size": 128}, {}))

@@ -454,13 +454,20 @@ TF32_GAIN = 8.0
 """tf32 must be at least this many times worse than ieee and tf32x3 (its operands keep 10 of 23
 mantissa bits: ~1000x in practice) ..."""
 TF32_MIN_ERROR = 1e-5
-"""... and at least this bad (2^-11 operand rounding shows as >= 1e-4 on random data)."""
+"""... and at least this bad (2^-11 operand rounding shows as >= 1e-4 on random data) ..."""
+TF32_MIN_EXCESS = 5e-4
+"""... or, where the fp32 computation itself is poorly conditioned, worse than both by at least this
+much (about one 2^-11 operand rounding). On an H100, simple GLA in fp32 with gates of spikes of -1000
+(cumulative log-decays near -1000, whose fp32 differences lose ~1e-4) measured ieee 2.89e-4, tf32x3
+2.91e-4, tf32 1.53e-3 on o: tf32 5.3x worse, excess 1.24e-3, where ``TF32_GAIN`` alone failed a kernel
+that honours its modes. A kernel that ignores its mode computes the same in every mode: excess 0."""
 
 
 def precision_modes(t: Trial) -> None:
     """Law 8: on fp32 inputs the precision modes are honoured: per output, error(ieee) <=
     error(tf32x3) <= error(tf32) up to ``PRECISION_SLACK`` and ``PRECISION_NOISE``, and on some
-    output tf32 is measurably worse than both ieee and tf32x3 (``TF32_GAIN``, ``TF32_MIN_ERROR``;
+    output tf32 is measurably worse than both ieee and tf32x3 (``TF32_MIN_ERROR``, and ``TF32_GAIN`` or
+    ``TF32_MIN_EXCESS``;
     an output dominated by something else, dg stored in bf16, cannot show it): a kernel that ignores
     its mode, or runs tf32 where tf32x3 was asked, fails."""
     errors = {}
@@ -476,10 +483,12 @@ def precision_modes(t: Trial) -> None:
                 e["tf32x3"] > PRECISION_SLACK * e["tf32"] + PRECISION_NOISE:
             t.fail(f"{name}: errors not ordered ieee <= tf32x3 <= tf32 (slack {PRECISION_SLACK}x + "
                    f"{PRECISION_NOISE:g})\n{table}")
-    if not any(errors["tf32"][n] >= max(TF32_MIN_ERROR, TF32_GAIN * max(errors["ieee"][n], errors["tf32x3"][n]))
-               for n in errors["tf32"]):
-        t.fail(f"tf32 is not measurably worse than ieee and tf32x3 on any output (needs >= {TF32_GAIN}x "
-               f"and >= {TF32_MIN_ERROR:g}): the precision mode is not honoured\n{table}")
+    def worse(n):
+        tf32, best = errors["tf32"][n], max(errors["ieee"][n], errors["tf32x3"][n])
+        return tf32 >= TF32_MIN_ERROR and (tf32 >= TF32_GAIN * best or tf32 - best >= TF32_MIN_EXCESS)
+    if not any(worse(n) for n in errors["tf32"]):
+        t.fail(f"tf32 is not measurably worse than ieee and tf32x3 on any output (needs >= {TF32_MIN_ERROR:g} "
+               f"and >= {TF32_GAIN}x or >= {TF32_MIN_EXCESS:g} more): the precision mode is not honoured\n{table}")
 
 
 def fp16_gates(t: Trial) -> None:
