@@ -50,8 +50,8 @@ def autotune_share(slot: int, slots: int):
         yield
 
 
-def warm(script: str, jobs_args: list[list[str]], jobs: int):
-    """Run ``python script --warm-one *args`` for every entry of ``jobs_args``, ``jobs`` at a time: each
+def warm(script: str, jobs_args: list[list[str]], jobs: int, flag: str = "--warm-one"):
+    """Run ``python script FLAG *args`` for every entry of ``jobs_args``, ``jobs`` at a time: each
     compiles (into Triton's on-disk cache, and FLA's autotuning results with ``TRITON_CACHE_AUTOTUNING=1``)
     what timing its configuration runs. A compile takes 5 to 30 s and a process compiles one kernel at a
     time, so the timing process then finds every kernel compiled."""
@@ -61,7 +61,7 @@ def warm(script: str, jobs_args: list[list[str]], jobs: int):
     from concurrent.futures import ThreadPoolExecutor
 
     def run(args):
-        p = subprocess.run([sys.executable, script, "--warm-one", *args], capture_output=True, text=True)
+        p = subprocess.run([sys.executable, script, flag, *args], capture_output=True, text=True)
         return args, p.returncode, p.stderr[-400:]
     t = time.perf_counter()
     with ThreadPoolExecutor(jobs) as pool:

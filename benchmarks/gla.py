@@ -2,6 +2,7 @@
 
     python benchmarks/gla.py --out gla.json     time every shape, both ops, forward and forward+backward
     python benchmarks/gla.py --quick            one shape (B8_T4096)
+    python benchmarks/gla.py --profile          the serial state passes under several launches (chunk.SERIAL)
 
 Shapes (bf16, H = 16, K = V = 128): B=8 T=4096; one sequence of 32768; a varlen batch of 8 packed
 sequences (32768 tokens). Ours: ``optimized.gla`` / ``optimized.simple_gla`` (default knobs: tf32 dots,
@@ -218,19 +219,84 @@ def kernel_times(op, name="B8_T4096"):
     return bench_util.kernel_times(steps)
 
 
+# ---------------------------------------------------------------------------------------------- profile
+
+SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(split_k=True, BV=32, num_stages=2),
+                   dict(split_k=False, num_warps=8), dict(split_k=False), dict(split_k=False, BV=32, num_warps=8))
+"""Launches of the serial state passes (``chunk.SERIAL`` overridden), the default first."""
+PROFILE = [(op, stage, cfg) for op in OPS for stage in ("states", "dstate") for cfg in SERIAL_VARIANTS]
+PROFILE_SHAPES = ("B8_T4096", "B1_T32768")
+
+
+def profile_data(op, name):
+    """The inputs of each state pass at one shape (bf16, the tf32 default): G, P, dO and the chunk table."""
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.gla import chunk
+    s = SHAPES[name]
+    x, cu = make_inputs(op, **s)
+    B, T, H, K = s["B"], s["T"], s["H"], s["K"]
+    ch = make_chunks(B, T, cu, CHUNK, x["q"].device)
+    GK = K if op == "gla" else 1
+    G = chunk.chunk_cumsum(x["g"], torch.empty(B * T, H, GK, device=DEVICE), ch, H, T, GK, parts=1,
+                           x_head_first=False, out_head_first=False, reverse=False)
+    P = chunk.intra(x["q"], x["k"], G, ch, H, T, K ** -0.5, False, op != "gla", "tf32")
+    return dict(x=x, ch=ch, G=G, P=P, H=H, T=T, scalar=op != "gla", do=torch.randn_like(x["v"]))
+
+
+def profile_stage(d, stage, cfg):
+    """A no-argument call of one state pass (``states``: with the output kernel, which no variant changes)."""
+    from refcheck.optimized.gla import chunk
+    x, scale = d["x"], d["x"]["q"].shape[-1] ** -0.5
+    if stage == "states":
+        return lambda: chunk.forward(x["q"], x["k"], x["v"], d["G"], d["P"], None, d["ch"], d["H"], d["T"], scale,
+                                     False, d["scalar"], "tf32", final=True, serial=cfg)
+    return lambda: chunk.dstate(x["q"], d["G"], d["do"], None, d["ch"], d["H"], d["T"], x["v"].shape[-1], scale, False,
+                                d["scalar"], "tf32", False, serial=cfg)
+
+
+def profile(jobs) -> list[dict]:
+    """Compile every (op, stage, launch) of ``PROFILE`` in parallel processes, then time each at every
+    ``PROFILE_SHAPES`` shape: rows of ms."""
+    from triton.testing import do_bench
+    bench_util.warm(__file__, [[str(i)] for i in range(len(PROFILE))], jobs, flag="--profile-one")
+    rows = []
+    for name in PROFILE_SHAPES:
+        for op in OPS:
+            d = profile_data(op, name)
+            for o, stage, cfg in PROFILE:
+                if o == op:
+                    ms = do_bench(profile_stage(d, stage, cfg), return_mode="median")
+                    rows.append(dict(shape=name, op=op, stage=stage, cfg=cfg, ms=ms))
+                    print(f"{name:16} {op:10} {stage:7} {str(cfg):55} {ms:8.3f} ms", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
     ap.add_argument("--quick", action="store_true", help="one shape (B8_T4096)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="warm-up processes")
     ap.add_argument("--kernels-only", action="store_true", help="only the CUDA time of each kernel (B8_T4096)")
+    ap.add_argument("--profile", action="store_true", help="time the state passes under several launches")
     ap.add_argument("--warm-one", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if DEVICE != "cuda":
         sys.exit("benchmarks/gla.py needs a CUDA GPU")
     if args.warm_one:
         op, slot, slots, *shapes = args.warm_one
         return warm_one(op, int(slot), int(slots), shapes)
+    if args.profile_one is not None:
+        op, stage, cfg = PROFILE[args.profile_one]
+        for name in PROFILE_SHAPES:
+            profile_stage(profile_data(op, name), stage, cfg)()
+        return torch.cuda.synchronize()
+    if args.profile:
+        rows = profile(args.jobs)
+        if args.out:
+            with open(args.out, "w") as fh:
+                json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), fh, indent=1)
+        return
     shapes = ["B8_T4096"] if args.quick or args.kernels_only else list(SHAPES)
     slots = max(2, args.jobs // len(OPS))
     bench_util.warm(__file__, [[op, str(slot), str(slots), *shapes] for op in OPS for slot in range(slots)], args.jobs)

@@ -11,7 +11,8 @@
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
-#   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick): ours vs FLA chunk_gla / chunk_simple_gla
+#   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick or --kernels-only): ours vs FLA chunk_gla / chunk_simple_gla
+#   gla-profile benchmarks/gla.py --profile: GLA's serial state passes under several launches
 #   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
 #               saying whether its failure is still there
@@ -105,6 +106,10 @@ for step in "$@"; do
       timeout -s INT "${ATTENTION_BENCH_S:-300}" python3 benchmarks/attention.py ${ATTENTION_ARGS:-} --out "$OUT/attention_bench.json" \
         > "$OUT/attention_bench.log" 2>&1
       echo "attention-bench exit $?" >> "$OUT/attention_bench.log" ;;
+    gla-profile)
+      timeout -s INT "${GLA_PROFILE_S:-300}" python3 benchmarks/gla.py --profile --jobs "$JOBS" --out "$OUT/gla_profile.json" \
+        > "$OUT/gla_profile.log" 2>&1
+      echo "gla-profile exit $?" >> "$OUT/gla_profile.log" ;;
     attention-sweep)
       timeout -s INT "${ATTENTION_SWEEP_S:-300}" python3 benchmarks/attention_sweep.py ${SWEEP_ARGS:-} \
         --out "$OUT/attention_sweep.json" > "$OUT/attention_sweep.log" 2>&1
@@ -142,6 +147,7 @@ for step in "$@"; do
     attention-sweep) echo "== attention launch settings =="; grep -E "^==|^  |compiled|exit" "$OUT/attention_sweep.log" \
                        | awk '/^==/{n=0} {if (n++ < 3) print}' ;;
     gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
+    gla-profile) echo "== gla state passes =="; grep -E " ms$|compiled|exit" "$OUT/gla_profile.log" ;;
     replay) echo "== replayed findings =="; grep -E "^(fails|holds|exit)" "$OUT/replay.log" | cut -c1-160 ;;
   esac
 done

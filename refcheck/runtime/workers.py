@@ -156,17 +156,18 @@ def failed_launch(err: BaseException) -> str | None:
     CUDA reports a kernel's fault at a later call unless launches are synchronous
     (``CUDA_LAUNCH_BLOCKING=1``), so the name is the faulty kernel's only then."""
     seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
         name = None
-        for frame, _ in traceback.walk_tb(err.__traceback__):
+        for frame, _ in traceback.walk_tb(current.__traceback__):
             kernel = frame.f_locals.get("self") if frame.f_code.co_name == "run" else None
             fn = getattr(kernel, "fn", None)
             if "triton" in frame.f_code.co_filename and callable(fn):
                 name = f"{fn.__module__}.{fn.__name__}"
         if name:
             return name
-        err = err.__cause__ or err.__context__
+        current = current.__cause__ or current.__context__
     return None
 
 

@@ -63,9 +63,12 @@ lose the CUDA context (an illegal memory access); with blocks of 32 both are rig
 fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 found the same at K = 13 in a
 variant of the serial state pass at 8 warps with state blocks of 16 ("Invalid __shared__ read", since
 dropped); whether the 4-warp serial kernels share the fault is untested, so their blocks are 32 wide too."""
-# The serial kernels (states, dstate) run one program per K-block of 64 rows (``launch_serial(split_k=True)``:
-# GLA's state rows are independent), at ``serial_launch``'s settings: 4 warps, no spills on sm_90 for K = V = 128
-# (Triton 3.6; holding both K-blocks of K = 128 in one program took 8 warps to stay clear of spills).
+SERIAL = dict(split_k=True)
+"""The serial kernels' launch (``serial_launch``'s settings overridden, and ``split_k``): one program per K-block of
+64 rows (GLA's state rows are independent), 4 warps, no spills on sm_90 for K = V = 128 (Triton 3.6). On an H100
+at B=8 T=4096 (``docs/performance.md``) this made GLA's forward state pass faster than both K-blocks in one program
+at 8 warps (0.74 against 0.93 ms) and its reverse pass and simple GLA's slower (0.90 against 0.75, 0.59 against
+0.54, 0.63 against 0.40 ms); ``benchmarks/gla.py --profile`` times the alternatives."""
 
 
 @triton.jit
@@ -337,8 +340,17 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     return P
 
 
+def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
+                      serial: dict | None):
+    """``launch_serial`` of a GLA state pass under ``SERIAL`` (or ``serial``: launch settings and ``split_k``),
+    state blocks at least ``MIN_BLOCK`` wide."""
+    cfg = dict(serial or SERIAL)
+    split = cfg.pop("split_k", False)
+    launch_serial(kernel, args, constexprs, chunks, H, K, V, cfg or None, split_k=split, min_block=MIN_BLOCK)
+
+
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-            precision: str, *, final: bool):
+            precision: str, *, final: bool, serial: dict | None = None):
     """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
     states fp32: the serial state pass, then the output of every chunk in parallel."""
     K, V = q.shape[-1], v.shape[-1]
@@ -346,11 +358,11 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
     o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
-    launch_serial(states_kernel,
-                  (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H, T, K,
-                   V),
-                  dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None, split_k=True, min_block=MIN_BLOCK)
+    launch_state_pass(states_kernel,
+                      (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H,
+                       T, K, V),
+                      dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
+                           PREC=precision), chunks, H, K, V, serial)
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
@@ -360,17 +372,17 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
 
 
 def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
-           precision: str, want_dh0: bool):
+           precision: str, want_dh0: bool, serial: dict | None = None):
     """``(dh [NC, H, K, V], dh0 [N, H, K, V] or None)``, fp32."""
     K = q.shape[-1]
     f32 = torch.float32
     dh = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
     dh0 = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if want_dh0 else None
-    launch_serial(dstate_kernel,
-                  (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets,
-                   scale, H, T, K, V),
-                  dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                       PREC=precision), chunks, H, K, V, None, split_k=True, min_block=MIN_BLOCK)
+    launch_state_pass(dstate_kernel,
+                      (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu,
+                       chunks.offsets, scale, H, T, K, V),
+                      dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
+                           PREC=precision), chunks, H, K, V, serial)
     return dh, dh0
 
 
