@@ -2,7 +2,7 @@
 
     python benchmarks/gla.py --out gla.json     time every shape, both ops, forward and forward+backward
     python benchmarks/gla.py --quick            one shape (B8_T4096)
-    python benchmarks/gla.py --profile          the serial state passes under several launches (chunk.SERIAL)
+    python benchmarks/gla.py --profile          the state passes and the output kernel under several launches
 
 Shapes (bf16, H = 16, K = V = 128): B=8 T=4096; one sequence of 32768; a varlen batch of 8 packed
 sequences (32768 tokens). Ours: ``optimized.gla`` / ``optimized.simple_gla`` (default knobs: tf32 dots,
@@ -224,7 +224,12 @@ def kernel_times(op, name="B8_T4096"):
 SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(split_k=True, BV=32, num_stages=2),
                    dict(split_k=False, num_warps=8), dict(split_k=False), dict(split_k=False, BV=32, num_warps=8))
 """Launches of the serial state passes (``chunk.SERIAL`` overridden), the default first."""
-PROFILE = [(op, stage, cfg) for op in OPS for stage in ("states", "dstate") for cfg in SERIAL_VARIANTS]
+OUTPUT_VARIANTS = (dict(), dict(BK=64, BV=128, num_warps=8, num_stages=1), dict(BK=32, BV=128, num_warps=8, num_stages=2),
+                   dict(BK=64, BV=64, num_warps=4, num_stages=2))
+"""Launches of ``output_kernel`` (its ``state_term_ladder`` replaced), the default first: all of V in one program
+reads q and G once instead of once per value block."""
+PROFILE = ([(op, stage, cfg) for op in OPS for stage in ("states", "dstate") for cfg in SERIAL_VARIANTS]
+           + [(op, "output", cfg) for op in OPS for cfg in OUTPUT_VARIANTS])
 PROFILE_SHAPES = ("B8_T4096", "B1_T32768")
 
 
@@ -244,12 +249,14 @@ def profile_data(op, name):
 
 
 def profile_stage(d, stage, cfg):
-    """A no-argument call of one state pass (``states``: with the output kernel, which no variant changes)."""
+    """A no-argument call of one stage: ``states`` and ``output`` time the forward's two launches together
+    (the variant changes one of them), ``dstate`` the reverse state pass."""
     from refcheck.optimized.gla import chunk
     x, scale = d["x"], d["x"]["q"].shape[-1] ** -0.5
-    if stage == "states":
+    if stage in ("states", "output"):
+        launches = {"serial" if stage == "states" else "output": cfg or None}
         return lambda: chunk.forward(x["q"], x["k"], x["v"], d["G"], d["P"], None, d["ch"], d["H"], d["T"], scale,
-                                     False, d["scalar"], "tf32", final=True, serial=cfg)
+                                     False, d["scalar"], "tf32", final=True, **launches)
     return lambda: chunk.dstate(x["q"], d["G"], d["do"], None, d["ch"], d["H"], d["T"], x["v"].shape[-1], scale, False,
                                 d["scalar"], "tf32", False, serial=cfg)
 
@@ -277,7 +284,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one shape (B8_T4096)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="warm-up processes")
     ap.add_argument("--kernels-only", action="store_true", help="only the CUDA time of each kernel (B8_T4096)")
-    ap.add_argument("--profile", action="store_true", help="time the state passes under several launches")
+    ap.add_argument("--profile", action="store_true", help="time the state passes and the output under several launches")
     ap.add_argument("--warm-one", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -12,7 +12,7 @@
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
 #   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick or --kernels-only): ours vs FLA chunk_gla / chunk_simple_gla
-#   gla-profile benchmarks/gla.py --profile: GLA's serial state passes under several launches
+#   gla-profile benchmarks/gla.py --profile: GLA's state passes and output kernel under several launches
 #   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
 #               saying whether its failure is still there

@@ -350,9 +350,10 @@ def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: 
 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-            precision: str, *, final: bool, serial: dict | None = None):
+            precision: str, *, final: bool, serial: dict | None = None, output: dict | None = None):
     """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
-    states fp32: the serial state pass, then the output of every chunk in parallel."""
+    states fp32: the serial state pass, then the output of every chunk in parallel. ``serial`` and
+    ``output`` replace the two launches' settings (``benchmarks/gla.py --profile``)."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
@@ -367,7 +368,7 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
-               state_term_ladder(K, V, chunks.size))
+               [output] if output else state_term_ladder(K, V, chunks.size))
     return o, ht, hs
 
 
