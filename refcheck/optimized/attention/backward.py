@@ -218,7 +218,7 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
              dkdv_ladder: list[dict] | None = None):
     """``(dq, dk, dv)`` in the dtypes of q, k, v, from the flattened contiguous inputs, o, the
     forward's lse, dO (o's shape) and dlse (lse's shape, or None); the ladders override the launch
-    settings of ``dq_kernel`` and ``dkdv_kernel`` (``benchmarks/attention.py --sweep``)."""
+    settings of ``dq_kernel`` and ``dkdv_kernel`` (``benchmarks/attention_sweep.py``)."""
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(DV=lay.dv, BATCHED=lay.batched, BDV=lay.bdv)
