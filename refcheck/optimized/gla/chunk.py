@@ -60,9 +60,10 @@ MIN_BLOCK = 32
 "tf32x3" made ``output_kernel``'s o wrong by up to 0.56 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel``
 lose the CUDA context (an illegal memory access); with blocks of 32 both are right
 (``benchmarks/results/gpu_gla_k16_h100.txt``). The interpreter computes both right: the compiled code is at
-fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 found the same at K = 13 in a
-variant of the serial state pass at 8 warps with state blocks of 16 ("Invalid __shared__ read", since
-dropped); whether the 4-warp serial kernels share the fault is untested, so their blocks are 32 wide too."""
+fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lost the CUDA context at K = 13
+("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
+with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
+their blocks are 32 wide too."""
 SERIAL = dict(split_k=True)
 """The serial kernels' launch (``serial_launch``'s settings overridden, and ``split_k``): one program per K-block of
 64 rows (GLA's state rows are independent), 4 warps, no spills on sm_90 for K = V = 128 (Triton 3.6). On an H100
