@@ -2,10 +2,16 @@
 # refcheck on a kernel author's own package, outside this checkout, as a new user gets it: refcheck
 # built as a wheel and installed (not editable) into a fresh virtual environment, the example package
 # copied to a folder of its own, and every command run from there (examples/my_simple_gla/prove.py
-# says what is checked). Usage: bash examples/out_of_tree.sh [WORKDIR]   (default: a new temp folder)
+# says what is checked). Usage: bash examples/out_of_tree.sh [WORKDIR]   (default: a new temp folder,
+# removed at the end: its venv takes about 2 GB)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-work="${1:-$(mktemp -d)}"
+if [ $# -ge 1 ]; then
+  work="$1"
+else
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+fi
 mkdir -p "$work"
 echo "out-of-tree check in $work"
 python3 -m pip wheel -q --no-deps -w "$work/dist" "$repo"
