@@ -91,22 +91,26 @@ def work(op, B, T, H, K, V, lengths, dtype_bytes=2):
     return flops, fwd_bytes, bwd_bytes
 
 
+def calls(fn, x, cu, do=None):
+    """``(forward, forward+backward)``: no-argument calls of ``fn`` on the inputs ``x`` (the forward under
+    ``no_grad``; the backward through ``torch.autograd.grad`` of o for the cotangent ``do``, ones if None)."""
+    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+
+    def fwd():
+        with torch.no_grad():
+            fn(**x, cu_seqlens=cu, output_final_state=True)
+
+    def fwd_bwd():
+        o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+        torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o) if do is None else do)
+    return fwd, fwd_bwd
+
+
 def time_ms(fn, x, cu, backward):
     """Median ms of one forward (``no_grad``) or forward+backward."""
     from triton.testing import do_bench
-    if not backward:
-        def fwd():
-            with torch.no_grad():
-                fn(**x, cu_seqlens=cu, output_final_state=True)
-        return do_bench(fwd, return_mode="median")
-    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-    o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
-    do = torch.randn_like(o)
-
-    def fwd_bwd():
-        out, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
-        torch.autograd.grad(out, list(leaves.values()), do)
-    return do_bench(fwd_bwd, return_mode="median")
+    fwd, fwd_bwd = calls(fn, x, cu, torch.randn_like(x["v"]))
+    return do_bench(fwd_bwd if backward else fwd, return_mode="median")
 
 
 def bench_shape(op, name, roof):
@@ -187,13 +191,11 @@ def warm_one(op, slot, slots, shapes):
             fn = impls[impl]
             if fn is None:
                 continue
+            fwd, fwd_bwd = calls(fn, x, cu)
             with bench_util.autotune_share(slot, slots):
-                with torch.no_grad():
-                    fn(**x, cu_seqlens=cu, output_final_state=True)
-                leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-                o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
+                fwd()
                 try:
-                    torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+                    fwd_bwd()
                 except RuntimeError as err:  # FLA's gated backward refuses Triton < 3.7.1 on Hopper
                     print(f"{op} {impl} {name} backward: {err}", file=sys.stderr)
     torch.cuda.synchronize()
@@ -204,18 +206,9 @@ def kernel_times(op, name="B8_T4096"):
     x, cu = make_inputs(op, **SHAPES[name])
     steps = {}
     for impl, fn in implementations(op)[0].items():
-        if fn is None:
-            continue
-        leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-
-        def fwd(fn=fn):
-            with torch.no_grad():
-                fn(**x, cu_seqlens=cu, output_final_state=True)
-
-        def fwd_bwd(fn=fn, leaves=leaves):
-            o, _ = fn(**leaves, cu_seqlens=cu, output_final_state=True)
-            torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
-        steps |= {f"{op} {impl} fwd": fwd, f"{op} {impl} fwd+bwd": fwd_bwd}
+        if fn is not None:
+            fwd, fwd_bwd = calls(fn, x, cu)
+            steps |= {f"{op} {impl} fwd": fwd, f"{op} {impl} fwd+bwd": fwd_bwd}
     return bench_util.kernel_times(steps)
 
 

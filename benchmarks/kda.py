@@ -427,14 +427,7 @@ def profile(names, jobs, stages=None):
     """Compile every variant (of ``stages``, default all) in parallel processes, then time each here."""
     todo = [i for i, v in enumerate(PROFILE_VARIANTS) if stages is None or v[0] in stages]
     data = profile_data(names[0])  # compiles the default launches once, before the parallel compiles
-
-    def compile_one(idx):
-        p = subprocess.run([sys.executable, __file__, "--profile-one", str(idx)], capture_output=True, text=True)
-        return idx, p.returncode, p.stderr[-600:]
-    with ThreadPoolExecutor(jobs) as pool:
-        for idx, rc, err in pool.map(compile_one, todo):
-            if rc:
-                print(f"variant {PROFILE_VARIANTS[idx]} failed:\n{err}", flush=True)
+    bench_util.warm(__file__, [[str(i)] for i in todo], jobs, flag="--profile-one")
     from triton.testing import do_bench
     for name in names:
         d = data if name == names[0] else profile_data(name)
