@@ -13,6 +13,8 @@
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
 #   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick or --kernels-only): ours vs FLA chunk_gla / chunk_simple_gla
 #   gla-profile benchmarks/gla.py --profile: GLA's state passes and output kernel under several launches
+#   multi-gpu   issue 18 on a host of several GPUs: the same law run (fixed seeds) on GPU 0, then on every GPU,
+#               nvidia-smi sampling each GPU; then refcheck fuzz --gpus all over a planted illegal-address kernel and ours
 #   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
 #               saying whether its failure is still there
@@ -53,19 +55,57 @@ replay_crashes() {  # rerun the reproducer of each example that lost its worker'
   done
 }
 
+law_run() {         # FAILURE_DIR LOG SECONDS: the property laws (gpu profile) over IMPLS on OPS, pytest -n auto
+  REFCHECK_FAILURE_DIR=$1 timeout -k 20 -s INT "$3" \
+    python3 -m pytest refcheck/properties -p refcheck.commands.pytest_plugin -n auto -p no:cacheprovider \
+    ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
+    $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
+    -o addopts="" -rfEs -v --durations=0 --hypothesis-show-statistics > "$2" 2>&1
+}
+
 for step in "$@"; do
   [ "${COLD:-1}" = 1 ] && export TRITON_CACHE_DIR=/tmp/triton-cache-$step && rm -rf "$TRITON_CACHE_DIR"
   began=$(date +%s)
   case $step in
     properties)
       FAILED=/tmp/failures-properties; rm -rf $FAILED
-      REFCHECK_FAILURE_DIR=$FAILED timeout -k 20 -s INT "${PROPERTIES_S:-500}" \
-        python3 -m pytest refcheck/properties -p refcheck.commands.pytest_plugin -n auto -p no:cacheprovider \
-        ${PROPERTIES_K:+-k "$PROPERTIES_K"} --device cuda --hypothesis-profile gpu ${PROPERTIES_ARGS:-} \
-        $(printf -- "--op %s " ${OPS:-kda kda_gate gla simple_gla}) $(printf -- "--impl %s " ${IMPLS:-triton fla}) \
-        -o addopts="" -rfEs -v --durations=0 --hypothesis-show-statistics > "$OUT/gpu_properties.log" 2>&1
+      law_run "$FAILED" "$OUT/gpu_properties.log" "${PROPERTIES_S:-500}"
       echo "properties exit $?" >> "$OUT/gpu_properties.log"
       replay_crashes $FAILED "$OUT/crashes.log"; keep_failures $FAILED "$OUT/failures.tgz" ;;
+    multi-gpu)
+      # issue 18: the same law run (compile buckets and Hypothesis examples from fixed seeds, each run
+      # with a cold Triton cache and an empty example database of its own) on GPU 0 alone, then on every
+      # GPU of the host, -n auto (8 workers a GPU); then one fuzz campaign over every GPU (--gpus all),
+      # a planted illegal-address kernel (tests.mutants:gate_crashes_on_odd_lengths) and then ours.
+      # nvidia-smi samples each GPU every 500 ms throughout; benchmarks/gpu_busy.py sums it up per phase.
+      phase() { echo "$1 $(date '+%Y/%m/%d %H:%M:%S.%N') $2" >> "$OUT/multi_gpu_phases.txt"; }
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -lms 500 \
+        > "$OUT/multi_gpu_smi.csv" 2>&1 & smi=$!
+      all=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
+      seeds="--bucket-seed ${MULTI_SEED:-18} --hypothesis-seed ${MULTI_SEED:-18}"
+      for gpus in 0 "$all"; do
+        name="laws-on-gpus-${gpus//,/+}"
+        export TRITON_CACHE_DIR=/tmp/triton-cache-$name REFCHECK_EXAMPLE_DB=/tmp/examples-$name
+        rm -rf "$TRITON_CACHE_DIR" "$REFCHECK_EXAMPLE_DB" /tmp/failures-$name
+        phase START "$name"
+        CUDA_VISIBLE_DEVICES=$gpus PROPERTIES_ARGS="$seeds ${PROPERTIES_ARGS:-}" \
+          law_run /tmp/failures-$name "$OUT/multi_gpu_$name.log" "${PROPERTIES_S:-500}"
+        echo "exit $?" >> "$OUT/multi_gpu_$name.log"
+        phase END "$name"
+      done
+      unset REFCHECK_EXAMPLE_DB; export TRITON_CACHE_DIR=/tmp/triton-cache-multi-gpu-fuzz
+      for impl in tests.mutants:gate_crashes_on_odd_lengths triton; do
+        phase START "fuzz-kda_gate-$impl"
+        timeout -k 20 -s INT "${FUZZ_LIMIT_S:-240}" python3 -m refcheck fuzz kda_gate --impl "$impl" --device cuda \
+          --gpus all --seconds "${MULTI_FUZZ_SECONDS:-30}" --seed "${MULTI_SEED:-18}" --out-dir /tmp/fuzz-multi-gpu \
+          >> "$OUT/multi_gpu_fuzz.log" 2>&1
+        echo "fuzz $impl exit $?" >> "$OUT/multi_gpu_fuzz.log"
+        phase END "fuzz-kda_gate-$impl"
+      done
+      ls /tmp/fuzz-multi-gpu >> "$OUT/multi_gpu_fuzz.log" 2>&1
+      kill $smi
+      python3 benchmarks/gpu_busy.py "$OUT/multi_gpu_smi.csv" "$OUT/multi_gpu_phases.txt" \
+        --json "$OUT/multi_gpu_busy.json" > "$OUT/multi_gpu_busy.txt" 2>&1 ;;
     crash-isolation)
       # a kernel that makes an illegal memory access at odd T beside a correct one, both Triton kda_gate
       # kernels (tests/mutant_kernels.py): each law test of the first fails with its example written down
@@ -135,6 +175,12 @@ for step in "$@"; do
     properties) echo "== properties (gpu profile) =="; grep -E "^(FAILED|ERROR)|passed|failed|crashed|properties exit" \
                   "$OUT/gpu_properties.log" | tail -12; ls /tmp/failures-properties 2>/dev/null | head
                 [ -f "$OUT/crashes.log" ] && grep -E "^==|Error|error|Invalid|SUMMARY" "$OUT/crashes.log" | head -20 ;;
+    multi-gpu) echo "== several GPUs =="
+               for f in "$OUT"/multi_gpu_laws-*.log; do echo "-- $(basename "$f")"
+                 grep -E "warmed up|passed|failed|^exit" "$f" | cut -c1-200 | tail -4; done
+               echo "-- fuzz"; grep -E "^[0-9]+ of [0-9]+ laws|no counterexample|exit|cuda-context-lost" \
+                 "$OUT/multi_gpu_fuzz.log" | cut -c1-160 | tail -8
+               cat "$OUT/multi_gpu_busy.txt" ;;
     crash-isolation) echo "== crash isolation =="; grep -E "crashed|replacing|passed|failed|PASS|FAIL|exit" \
                        "$OUT/crash_isolation.log" | cut -c1-200 | tail -24 ;;
     report) echo "== report${REPORT_TAG:-} =="; grep -E "PASS|FAIL|report exit|not run|wall seconds" "$OUT/gpu_report${REPORT_TAG:-}.log" | tail -20 ;;
