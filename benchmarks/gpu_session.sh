@@ -94,6 +94,7 @@ for step in "$@"; do
         phase END "$name"
       done
       unset REFCHECK_EXAMPLE_DB; export TRITON_CACHE_DIR=/tmp/triton-cache-multi-gpu-fuzz
+      rm -rf /tmp/fuzz-multi-gpu; mkdir -p /tmp/fuzz-multi-gpu
       for impl in tests.mutants:gate_crashes_on_odd_lengths triton; do
         phase START "fuzz-kda_gate-$impl"
         timeout -k 20 -s INT "${FUZZ_LIMIT_S:-240}" python3 -m refcheck fuzz kda_gate --impl "$impl" --device cuda \
@@ -102,7 +103,7 @@ for step in "$@"; do
         echo "fuzz $impl exit $?" >> "$OUT/multi_gpu_fuzz.log"
         phase END "fuzz-kda_gate-$impl"
       done
-      ls /tmp/fuzz-multi-gpu >> "$OUT/multi_gpu_fuzz.log" 2>&1
+      ls /tmp/fuzz-multi-gpu >> "$OUT/multi_gpu_fuzz.log" 2>&1; keep_failures /tmp/fuzz-multi-gpu "$OUT/multi_gpu_fuzz_found.tgz"
       kill $smi
       python3 benchmarks/gpu_busy.py "$OUT/multi_gpu_smi.csv" "$OUT/multi_gpu_phases.txt" \
         --json "$OUT/multi_gpu_busy.json" > "$OUT/multi_gpu_busy.txt" 2>&1 ;;

@@ -160,3 +160,20 @@ def _fp8(**change):
 ])
 def test_fp8_bad_input_names_the_argument(change, name):
     assert name in _bad(**change)
+
+
+def test_precision_modes_give_no_verdict_where_no_query_sees_a_key():
+    """The H100 law run's false alarm of 2026-11-25, replayed: fp32 attention whose only query row has
+    an empty key span (and whose only keys have no query) computes o = 0, lse = -inf and zero gradients
+    exactly in every precision mode. Law 8 has nothing to judge there: the example is rejected in a
+    search, and here, run alone, it holds vacuously with a note (``Trial.vacuous``)."""
+    from refcheck.engine.examples import Example
+    from refcheck.engine.laws import check
+    from refcheck.model import registry
+    from refcheck.model.case import Case
+    case = Case.make("attention", {"B": 1, "Dqk": 32, "Dv": 16, "H": 24, "Hk": 8, "S": 1, "T": 1}, "fp32", 0,
+                     seqlens=[0, 1], seqlens_k=[1, 0], options={"causal": False, "scale": 0.1},
+                     draw={"cu_dtype": "int64"})
+    notes = check("precision_modes", registry.get("attention", "triton"),
+                  Example(case, "tf32x3", {"block_m": 128}, {})).notes
+    assert len(notes) == 1 and "no verdict" in notes[0], notes
