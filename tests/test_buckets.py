@@ -88,3 +88,50 @@ def test_run_seed_is_inherited_through_the_environment(monkeypatch):
     first = buckets.run_seed()
     assert buckets.run_seed() == first            # a later process reads the same seed
     assert buckets.run_seed(42) == 42 and buckets.run_seed() == 42
+
+
+def test_warm_up_reports_what_its_examples_find():
+    """A warm-up is a law's check on a drawn example: a law it breaks, or a process it kills, is a
+    finding (``failed``), which ``refcheck fuzz`` and the pytest plugin report even where the law's
+    own search never meets the example again (on the H100 a 25 s fuzz campaign spent its time in the
+    warm-up, whose examples all crashed, and printed "no counterexample")."""
+    from tests.mutants import gate_kills_its_process, gate_sigmoid_unscaled
+
+    planned = buckets.plan(gate_sigmoid_unscaled, LARGE, seed=5)
+    jobs = [j for j in buckets.warm_ups(gate_sigmoid_unscaled, planned, seed=5) if j.law in ("gate_bounds", "determinism")]
+    took = buckets.warm_up(jobs, "cpu", 1, Console(quiet=True))
+    failed = took["failed"]
+    assert set(failed) == {("gate_bounds", "kda_gate", gate_sigmoid_unscaled.name)}
+    assert "law gate_bounds (10) violated" in failed["gate_bounds", "kda_gate", gate_sigmoid_unscaled.name]
+
+    holds = next(j for j in jobs if j.law == "determinism")
+    odd = [j for j in buckets.warm_ups(gate_kills_its_process, planned, seed=5)
+           if j.law == "agreement" and j.example.case.dim["T"] % 2]
+    assert odd, "no warm-up at an odd length"
+    took = buckets.warm_up([odd[0], holds], "cpu", 2, Console(quiet=True))   # in 2 worker processes
+    [(key, what)] = took["failed"].items()
+    assert key == ("agreement", "kda_gate", gate_kills_its_process.name)
+    assert what.startswith("crashed: ") and "exit status 70" in what
+
+
+def test_a_warm_up_finding_fails_the_pytest_run(tmp_path):
+    """Through the pytest plugin: the warm-up (``--warm-up`` on the CPU) runs every law once per bucket,
+    gate_bounds among them, which the mutant breaks; the only test selected (determinism) passes,
+    and the run still fails, listing the warm-up's finding and writing it to REFCHECK_FAILURE_DIR."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "pytest", str(root / "refcheck" / "properties"), "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "-q", "-o", "addopts=", "--hypothesis-profile", "gpu", "--warm-up",
+                           "--bucket-seed", "5", "--op", "kda_gate", "--impl", "tests.mutants:gate_sigmoid_unscaled",
+                           "-k", "determinism"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "REFCHECK_FAILURE_DIR": str(tmp_path)})
+    out = done.stdout + done.stderr
+    assert "1 passed" in out and done.returncode == 1, out
+    assert "warm-up examples that broke their law" in out and "law gate_bounds (10) violated" in out, out
+    written = {p.name for p in tmp_path.iterdir()}
+    assert "warm-up-gate_bounds-kda_gate-tests.mutants_gate_sigmoid_unscaled.txt" in written, written
+    assert "warm-up-determinism-kda_gate-tests.mutants_gate_sigmoid_unscaled.txt" not in written, written

@@ -199,3 +199,23 @@ def test_a_search_that_kills_its_worker_is_a_crash_and_the_campaign_goes_on(tmp_
     [naive] = registry.resolve("naive", "kda_gate")
     held = search_in_workers(naive, chosen, **common)
     assert [r.status for r in held] == ["holds", "holds"] and all(r.examples >= 3 for r in held)
+
+
+def test_a_law_broken_in_the_warm_up_is_a_finding():
+    """What a compile warm-up's example found stands when the law's search missed it (or had no time)."""
+    from refcheck.commands.fuzz import LawResult
+    from refcheck.engine import laws
+
+    missed = LawResult(laws.law("agreement"), warm_up="law agreement (1) violated: ...")
+    crashed = LawResult(laws.law("agreement"), warm_up="crashed: the worker process running it died (exit status 70)")
+    assert missed.found and missed.status == "FALSIFIED in warm-up"
+    assert crashed.found and crashed.status == "CRASHED in warm-up"
+    assert not LawResult(laws.law("agreement"), examples=3).found
+
+
+def test_a_campaign_that_tests_nothing_is_never_green(workdir, capsys):
+    """Seconds too few for any example: exit status 3 (NOTHING_TESTED), not 0."""
+    from refcheck.commands.fuzz import NOTHING_TESTED
+    code, out, _ = fuzz(capsys, "kda_gate", "--impl", "naive", "--seconds", "1e-9", "--law", "gate_bounds")
+    assert code == NOTHING_TESTED, out
+    assert "not run for lack of time" in out and "tested nothing" in out

@@ -12,7 +12,8 @@ a Hypothesis example database (``.hypothesis/refcheck-fuzz``) and replayed first
 The callable must have the op's contract signature: that of its float64 reference
 (``ops.card(OP).reference``), whose required arguments are passed by position and the rest by
 keyword; a ``precision`` keyword, if it takes one, makes the precision mode a drawn knob.
-Exit status: 0 nothing falsified, 1 a law falsified, 2 usage error.
+Exit status: 0 nothing falsified, 1 a law falsified, 2 usage error, 3 some law ran no example in
+``--seconds`` (nothing was tested there: never a green run).
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 
 DATABASE = Path(".hypothesis") / "refcheck-fuzz"
 """Where failing examples are kept (relative to the working directory unless ``--database``)."""
+
+NOTHING_TESTED = 3
+"""Exit status of a campaign in which some law ran no example (``--seconds`` spent, on a GPU often in compiling)."""
 
 MIN_SHRINK_SECONDS = 30.0
 """With ``--seconds``, shrinking a counterexample found in time may take this long at least."""
@@ -76,6 +80,7 @@ class LawResult:
     search_seconds: float = 0.0   # until the first failure (the rest is shrinking)
     compiling_seconds: float = 0.0  # in examples during which Triton's cache grew (they compiled)
     crash: str | None = None      # the search's worker process died (a GPU kernel lost its CUDA context)
+    warm_up: str | None = None    # what the law raised on a compile warm-up's example (GPU), or how it crashed
 
     def count_notes(self, outcome) -> None:
         """Count the bitwise notes of an example where the law held, one key per distinct check."""
@@ -85,13 +90,16 @@ class LawResult:
 
     @property
     def found(self) -> bool:
-        """A counterexample, or a crash of the process searching (its example written down there)."""
-        return self.failure is not None or self.crash is not None
+        """A counterexample, a crash of the process searching (its example written down there), or a
+        failure on a compile warm-up's example."""
+        return self.failure is not None or self.crash is not None or self.warm_up is not None
 
     @property
     def status(self) -> str:
         if self.crash is not None:
             return "CRASHED"
+        if self.failure is None and self.warm_up is not None:
+            return "CRASHED in warm-up" if self.warm_up.startswith("crashed:") else "FALSIFIED in warm-up"
         if self.failure is not None:
             return "FALSIFIED" + (" (flaky: passed on replay)" if self.flaky else "")
         if not self.examples:
@@ -515,6 +523,8 @@ def run(args) -> int:
         out.print(f"  not searched: {law.name}: {escape(why)}")
 
     started = time.monotonic()
+    if device != "cpu":
+        os.environ.setdefault(FAILURE_DIR_ENV, str(args.out_dir))     # where a crash's example goes
     buckets, took = compile_buckets(impl, device, seed=args.seed, mode=args.precision, out=out)
     if device != "cpu":
         from ..runtime import autotune
@@ -524,11 +534,12 @@ def run(args) -> int:
         results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
                              strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)
     else:
-        os.environ.setdefault(FAILURE_DIR_ENV, str(args.out_dir))     # where a crash's example goes
         results = search_in_workers(impl, to_search, max_examples=settings.max_examples, database=database,
                                     device=device, mode=args.precision, seconds=seconds, strict=strict,
                                     seed=args.seed, buckets=buckets, jobs=gpu_workers(args.gpus),
                                     console=Console(stderr=True))
+    for r in results:       # a warm-up is a drawn example too: what it found stands if the search missed it
+        r.warm_up = took.get("failed", {}).get((r.law.name, impl.op, impl.name)) if not r.found else None
     print_summary(out, impl, results)
     if took:
         examples_s = sum(r.seconds for r in results)
@@ -542,9 +553,15 @@ def run(args) -> int:
         if r.crash is not None:
             out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) crashed its worker:[/] {escape(r.crash)}; the "
                       f"example and its reproducer: {escape(os.environ.get(FAILURE_DIR_ENV, '.'))}/cuda-context-lost-*.txt")
+        elif r.warm_up is not None:
+            out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) failed on a compile warm-up's example[/] "
+                      "(its search met no failure again, or had no time left):")
+            out.print(r.warm_up.removeprefix("crashed: ") + ("" if not r.warm_up.startswith("crashed:") else
+                      f"; the example and its reproducer: {os.environ.get(FAILURE_DIR_ENV, '.')}/cuda-context-lost-*.txt"),
+                      markup=False)
     falsified = [r for r in results if r.found]
     for r in falsified:
-        if r.failure is None:           # a crash, printed above
+        if r.failure is None:           # a crash or a warm-up's failure, printed above
             continue
         path = args.out_dir / reproducer_name(impl.op, r.law.name)
         path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args)))
@@ -562,4 +579,9 @@ def run(args) -> int:
     not_run = [r.law.name for r in results if not r.examples]
     out.print(f"\nno counterexample in {total} ({_count(len(results), 'law')}, {elapsed:.0f} s)"
               + (f"; not run for lack of time: {', '.join(not_run)}" if not_run else ""))
+    if not_run:
+        spent = f" (compiling took {took['seconds']:.0f} s of them)" if took else ""
+        out.print(f"[bold red]incomplete:[/] {_count(len(not_run), 'law')} tested nothing"
+                  + (f" in {args.seconds:g} s{spent}; give --seconds more time" if args.seconds else ""))
+        return NOTHING_TESTED
     return 0

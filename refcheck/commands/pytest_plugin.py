@@ -83,6 +83,8 @@ class RefcheckConfig:
 
 
 CONFIG = pytest.StashKey[RefcheckConfig]()
+WARM_UP_FAILED = pytest.StashKey[dict]()
+"""What the compile warm-up's examples found (``refcheck.engine.buckets.warm_up``'s ``failed``)."""
 
 
 def pytest_configure(config):
@@ -230,6 +232,21 @@ def pytest_sessionstart(session):
             f"{took['seconds']:.0f} s ({processes} processes, {took['compiled']} new Triton cache entries)")
     if reporter is not None:
         reporter.write_line(line)
+    config.stash[WARM_UP_FAILED] = failed = took["failed"]
+    if failed and reporter is not None:
+        reporter.write_line(f"refcheck: {len(failed)} warm-up example(s) broke their law: listed at the end; the run fails "
+                            "even where the law's own test does not meet the example again", red=True)
+    folder = os.environ.get(FAILURE_DIR_ENV)
+    for (law, op, name), what in failed.items() if folder else ():
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"warm-up-{law}-{op}-{name}.txt".replace(":", "_")), "w") as fh:
+            fh.write(f"the compile warm-up's example of law {law} on {op}/{name}\n\n{what}\n")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A warm-up example that broke its law fails the run (a drawn example like any other)."""
+    if session.config.stash.get(WARM_UP_FAILED, None) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_generate_tests(metafunc):
@@ -304,8 +321,13 @@ _TIMES: dict[str, tuple[float, float, int]] = {}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """On a GPU, where the law tests' time went: compiling (what the warm-up did not cover) or the
-    examples, the slowest tests first."""
+    """What the warm-up's examples found; on a GPU, where the law tests' time went: compiling (what
+    the warm-up did not cover) or the examples, the slowest tests first."""
+    failed = config.stash.get(WARM_UP_FAILED, {})
+    if failed:
+        terminalreporter.section("refcheck: warm-up examples that broke their law", red=True)
+        for (law, op, name), what in failed.items():
+            terminalreporter.write_line(f"{law} on {op}/{name}:\n{what}\n")
     cfg = config.stash.get(CONFIG, None)
     if cfg is None or cfg.device == "cpu" or not _TIMES:
         return

@@ -162,36 +162,48 @@ def warm_ups(impl, buckets: tuple, *, seed: int) -> list[WarmUp]:
 
 
 def run_warm_up(job: WarmUp, device: str) -> tuple[str, float]:
-    """Run one warm-up (in a worker process): ``("ok" | what it raised, seconds)``. A law that fails
-    or a kernel that raises here is not reported: the law's own run meets the same and reports it."""
-    from .laws import check
+    """Run one warm-up (in a worker process): ``("ok" | what it raised, seconds)``. A warm-up is a
+    law's check on a drawn example like any other: what it raises is a finding (``warm_up``'s
+    ``failed``), which a run that never meets the example again must still report."""
+    from .laws import LawViolation, check
 
     started = time.perf_counter()
     try:
         check(job.law, job.impl, job.example, device=device, strict=False)
         status = "ok"
-    except Exception as err:  # reported by the run proper, with its shrunk example
-        status = f"{type(err).__name__}"
+    except LawViolation as err:
+        status = str(err)
+    except Exception as err:
+        status = f"{type(err).__name__}: {err}"
     return status, time.perf_counter() - started
 
 
 def warm_up(jobs: list[WarmUp], device: str, processes: int, console) -> dict:
     """Run the warm-ups in ``processes`` worker processes (``refcheck.runtime.workers``: a process a kernel
     kills is replaced), phase by phase; returns what it took: ``{"runs", "seconds", "phases"
-    (seconds each), "raised", "processes", "compiled"}`` (``compiled``: new entries in Triton's
-    cache, one per kernel specialization or autotuning result)."""
+    (seconds each), "raised", "failed", "processes", "compiled"}`` (``failed``: ``(law, op,
+    implementation name)`` -> what the first of its warm-ups that failed raised, or how its process
+    died; ``compiled``: new entries in
+    Triton's cache, one per kernel specialization or autotuning result)."""
     from ..runtime.workers import Unit, execute
 
     started, entries = time.perf_counter(), triton_cache_entries()
-    outcomes, phases = [], []
+    outcomes: list[tuple[WarmUp, str]] = []
+    phases = []
     for phase in sorted({j.phase for j in jobs}):
         began = time.perf_counter()
+        mine = [j for j in jobs if j.phase == phase]
         units = [Unit(j.name, run_warm_up, (j,), 1.0, lambda result: [result],
-                      crashed=lambda message: ("crashed", 0.0)) for j in jobs if j.phase == phase]
-        outcomes += execute(units, device, min(processes, len(units)), console, f"compiling buckets ({phase + 1}/2)")
+                      crashed=lambda message: (f"crashed: {message}", 0.0)) for j in mine]
+        results = execute(units, device, min(processes, len(units)), console, f"compiling buckets ({phase + 1}/2)")
+        outcomes += [(j, status) for j, (status, _) in zip(mine, results)]
         phases.append(round(time.perf_counter() - began, 1))
+    failed: dict[tuple[str, str, str], str] = {}
+    for job, status in outcomes:
+        if status != "ok":
+            failed.setdefault((job.law, job.impl.op, job.impl.name), status)
     return {"runs": len(outcomes), "seconds": round(time.perf_counter() - started, 1), "phases": phases,
-            "raised": sum(1 for status, _ in outcomes if status != "ok"), "processes": processes,
+            "raised": sum(1 for _, status in outcomes if status != "ok"), "failed": failed, "processes": processes,
             "compiled": triton_cache_entries() - entries}
 
 
