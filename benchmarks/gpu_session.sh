@@ -15,6 +15,7 @@
 #   gla-profile benchmarks/gla.py --profile: GLA's state passes and output kernel under several launches
 #   multi-gpu   issue 18 on a host of several GPUs: the same law run (fixed seeds) on GPU 0, then on every GPU,
 #               nvidia-smi sampling each GPU; then refcheck fuzz --gpus all over a planted illegal-address kernel and ours
+#               (MULTI_PARTS: "laws fuzz", or either; MULTI_SEED, MULTI_FUZZ_SECONDS, MULTI_FUZZ_IMPLS)
 #   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
 #               saying whether its failure is still there
@@ -83,7 +84,7 @@ for step in "$@"; do
         > "$OUT/multi_gpu_smi.csv" 2>&1 & smi=$!
       all=$(python3 -c "import torch; print(','.join(map(str, range(torch.cuda.device_count()))))")
       seeds="--bucket-seed ${MULTI_SEED:-18} --hypothesis-seed ${MULTI_SEED:-18}"
-      for gpus in 0 "$all"; do
+      for gpus in $( [[ " ${MULTI_PARTS:-laws fuzz} " == *" laws "* ]] && echo 0 "$all"); do
         name="laws-on-gpus-${gpus//,/+}"
         export TRITON_CACHE_DIR=/tmp/triton-cache-$name REFCHECK_EXAMPLE_DB=/tmp/examples-$name
         rm -rf "$TRITON_CACHE_DIR" "$REFCHECK_EXAMPLE_DB" /tmp/failures-$name
@@ -95,7 +96,7 @@ for step in "$@"; do
       done
       unset REFCHECK_EXAMPLE_DB; export TRITON_CACHE_DIR=/tmp/triton-cache-multi-gpu-fuzz
       rm -rf /tmp/fuzz-multi-gpu; mkdir -p /tmp/fuzz-multi-gpu
-      for impl in tests.mutants:gate_crashes_on_odd_lengths triton; do
+      for impl in $( [[ " ${MULTI_PARTS:-laws fuzz} " == *" fuzz "* ]] && echo "${MULTI_FUZZ_IMPLS:-tests.mutants:gate_crashes_on_odd_lengths triton}"); do
         phase START "fuzz-kda_gate-$impl"
         timeout -k 20 -s INT "${FUZZ_LIMIT_S:-240}" python3 -m refcheck fuzz kda_gate --impl "$impl" --device cuda \
           --gpus all --seconds "${MULTI_FUZZ_SECONDS:-30}" --seed "${MULTI_SEED:-18}" --out-dir /tmp/fuzz-multi-gpu \
@@ -179,8 +180,8 @@ for step in "$@"; do
     multi-gpu) echo "== several GPUs =="
                for f in "$OUT"/multi_gpu_laws-*.log; do echo "-- $(basename "$f")"
                  grep -E "warmed up|passed|failed|^exit" "$f" | cut -c1-200 | tail -4; done
-               echo "-- fuzz"; grep -E "^[0-9]+ of [0-9]+ laws|no counterexample|exit|cuda-context-lost" \
-                 "$OUT/multi_gpu_fuzz.log" | cut -c1-160 | tail -8
+               echo "-- fuzz"; grep -E "^fuzzing|^[0-9]+ of [0-9]+ laws|no counterexample|incomplete|exit|^cuda-context-lost|^time:" \
+                 "$OUT/multi_gpu_fuzz.log" | cut -c1-200 | tail -12
                cat "$OUT/multi_gpu_busy.txt" ;;
     crash-isolation) echo "== crash isolation =="; grep -E "crashed|replacing|passed|failed|PASS|FAIL|exit" \
                        "$OUT/crash_isolation.log" | cut -c1-200 | tail -24 ;;
