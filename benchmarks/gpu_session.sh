@@ -180,8 +180,9 @@ for step in "$@"; do
     multi-gpu) echo "== several GPUs =="
                for f in "$OUT"/multi_gpu_laws-*.log; do echo "-- $(basename "$f")"
                  grep -E "warmed up|passed|failed|^exit" "$f" | cut -c1-200 | tail -4; done
-               echo "-- fuzz"; grep -E "^fuzzing|^[0-9]+ of [0-9]+ laws|no counterexample|incomplete|exit|^cuda-context-lost|^time:" \
+               echo "-- fuzz"; grep -E "^fuzzing|^[0-9]+ of [0-9]+ laws|no counterexample|incomplete|exit|^time:" \
                  "$OUT/multi_gpu_fuzz.log" | cut -c1-200 | tail -12
+               echo "crash files written: $(grep -c '^cuda-context-lost' "$OUT/multi_gpu_fuzz.log")"
                cat "$OUT/multi_gpu_busy.txt" ;;
     crash-isolation) echo "== crash isolation =="; grep -E "crashed|replacing|passed|failed|PASS|FAIL|exit" \
                        "$OUT/crash_isolation.log" | cut -c1-200 | tail -24 ;;
