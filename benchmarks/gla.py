@@ -216,7 +216,8 @@ def kernel_times(op, name="B8_T4096"):
 
 SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(split_k=True, BV=32, num_stages=2),
                    dict(split_k=False, num_warps=8), dict(split_k=False), dict(split_k=False, BV=32, num_warps=8))
-"""Launches of the serial state passes (``chunk.SERIAL`` overridden), the default first."""
+"""Launches of the serial state passes (settings and ``split_k`` overridden; the default, ``chunk.split_by_k_block``,
+picks split at B=1 T=32768 and unsplit at B=8 T=4096 from the first of these and the fifth)."""
 OUTPUT_VARIANTS = (dict(), dict(BK=64, BV=128, num_warps=8, num_stages=1), dict(BK=32, BV=128, num_warps=8, num_stages=2),
                    dict(BK=64, BV=64, num_warps=4, num_stages=2))
 """Launches of ``output_kernel`` (its ``state_term_ladder`` replaced), the default first: all of V in one program

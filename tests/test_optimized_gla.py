@@ -71,6 +71,9 @@ CASES = {
     "fp32 tf32 K=100 V=24": (dict(T=66, K=100, V=24), dict(precision="tf32")),
     "bf16 B=2 H=2 fp32 gate": (dict(B=2, T=40, H=2, K=16, V=16, dtype="bf16", gate_dtype="fp32", h0=True), dict()),
     "fp16 fp16 gate": (dict(T=67, dtype="fp16"), dict()),
+    "fp32 ieee K=100 varlen h0 unsplit": (dict(T=90, K=100, lengths=[41, 0, 49], h0=True),
+                                          dict(precision="ieee", split_k=False)),
+    "bf16 B=2 H=2 split": (dict(B=2, T=70, H=2, K=96, V=40, dtype="bf16", h0=True), dict(split_k=True)),
 }
 
 
@@ -139,6 +142,7 @@ def _bad(op, **change):
     (dict(precision="fp64"), "precision"),
     (dict(chunk_size=32), "chunk_size"),
     (dict(head_first=1), "head_first"),
+    (dict(split_k="auto"), "split_k"),
     (dict(scale=-1.0), "scale"),
 ])
 def test_gla_bad_input_names_the_argument(change, name):
@@ -168,3 +172,13 @@ def test_precision_modes_hold_where_fp32_gates_limit_every_mode():
                            "normalizer": 10.0, "spike": 1000.0, "spike_p": 0.5})
     check("precision_modes", registry.get("simple_gla", "triton"),
           Example(case, "ieee", {"chunk_size": 128}, {}))
+
+
+def test_state_passes_split_by_k_block_only_where_the_grid_leaves_sms_idle():
+    """The default (``split_k=None``) follows the H100 profile: unsplit at B=8 H=16 V=128 (256 programs),
+    split at B=1 (64 programs of 32 values); an explicit choice is kept."""
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.gla.chunk import split_by_k_block
+    eight, one = make_chunks(8, 4096, None, 64, "cpu"), make_chunks(1, 32768, None, 64, "cpu")
+    assert not split_by_k_block(None, eight, 16, 128) and split_by_k_block(None, one, 16, 128)
+    assert split_by_k_block(True, eight, 16, 128) and not split_by_k_block(False, one, 16, 128)

@@ -13,8 +13,9 @@ from ..implementation import Implementation
 from .card import Inputs
 from .linear import linear_card, linear_tensors
 
-# knobs of our Triton kernels (gla and simple_gla): fp32 dot precision, tokens per chunk
-TRITON_KNOBS = {"precision": PRECISION_MODES, "chunk_size": (64, 128)}
+# knobs of our Triton kernels (gla and simple_gla): fp32 dot precision, tokens per chunk, state passes split
+# by K-block or not (their default, None, picks by the grid: split at the sizes the laws draw, so both are named)
+TRITON_KNOBS = {"precision": PRECISION_MODES, "chunk_size": (64, 128), "split_k": (True, False)}
 
 
 def make_inputs(case, device) -> Inputs:

@@ -239,12 +239,22 @@ def serial_chunk(bos, eos, it, C: tl.constexpr):
 # ------------------------------------------------------------------------------------- launching
 
 
+SMS = 132
+"""Streaming multiprocessors of an H100 or H200 (SXM): a launch of fewer programs leaves some idle."""
+
+
+def fills_gpu(V: int, programs: int) -> bool:
+    """Whether ``programs`` (sequence, head) pairs, each split into value blocks of 64, give every SM
+    of an H100/H200 a program."""
+    return programs * triton.cdiv(V, 64) >= SMS
+
+
 def serial_launch(V: int, programs: int) -> dict:
     """Launch of a serial (chunk-by-chunk) kernel for ``programs`` (sequence, head) pairs: value blocks
-    of 64 when that gives every SM of an H100/H200 a program, else 32 with loads double-buffered
-    (measured on an H200, B=8/T=4096/H=16 and B=1/T=32768/H=16, K=V=128: 1.23 vs 1.95 ms and 5.7 vs
-    7.8 ms for the forward recurrence)."""
-    if padded(V) >= 64 and programs * triton.cdiv(V, 64) >= 132:
+    of 64 when that gives every SM of an H100/H200 a program (``fills_gpu``), else 32 with loads
+    double-buffered (measured on an H200, B=8/T=4096/H=16 and B=1/T=32768/H=16, K=V=128: 1.23 vs 1.95 ms
+    and 5.7 vs 7.8 ms for the forward recurrence)."""
+    if padded(V) >= 64 and fills_gpu(V, programs):
         return dict(BV=64, num_warps=4, num_stages=1)
     return dict(BV=min(padded(V), 32), num_warps=4, num_stages=2)
 

@@ -38,6 +38,7 @@ class GlaConfig:
     T: int              # tokens per batch row (the head-first layout's stride unit)
     precision: str
     final: bool
+    split_k: bool | None    # state passes split by K-block (None: where the grid leaves SMs idle)
 
 
 class ChunkGlaFunction(torch.autograd.Function):
@@ -52,7 +53,7 @@ class ChunkGlaFunction(torch.autograd.Function):
                      reverse=False)
         P = intra(q, k, G, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision)
         o, ht, hs = forward(q, k, v, G, P, h0, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision,
-                            final=cfg.final)
+                            final=cfg.final, split_k=cfg.split_k)
         if any(ctx.needs_input_grad):
             ctx.save_for_backward(q, k, v, g, G, P, h0, hs)
         ctx.cfg = cfg
@@ -67,7 +68,7 @@ class ChunkGlaFunction(torch.autograd.Function):
         ch = cfg.chunks
         do = do.contiguous()
         dh, dh0 = dstate(q, G, do, None if dht is None else dht.contiguous(), ch, H, cfg.T, V, cfg.scale,
-                         cfg.head_first, cfg.scalar, cfg.precision, want_dh0=h0 is not None)
+                         cfg.head_first, cfg.scalar, cfg.precision, want_dh0=h0 is not None, split_k=cfg.split_k)
         dq, dk, dv, dG = grads(q, k, v, G, P, hs, dh, do, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar,
                                cfg.precision)
         dg = chunk_cumsum(dG, torch.empty_like(g), ch, H, cfg.T, GK, parts=dG.shape[0], x_head_first=False,
@@ -76,10 +77,12 @@ class ChunkGlaFunction(torch.autograd.Function):
 
 
 def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_state, cu_seqlens, head_first,
-                   precision, chunk_size):
+                   precision, chunk_size, split_k):
     """Validate everything (a ValueError naming the argument, before any launch) and run."""
     check_flag("head_first", head_first)
     check_flag("output_final_state", output_final_state)
+    if split_k is not None:
+        check_flag("split_k", split_k)
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g)):
         check_tensor(name, x, 3 if name == "g" and scalar else 4, KERNEL_DTYPES)
     if head_first:
@@ -108,7 +111,7 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
     initial_state = kernel_state(initial_state, N, H, K, V, q.device)
     size = EXACT_CHUNK if precision == "ieee" else chunk_size
     cfg = GlaConfig(make_chunks(B, T, cu_seqlens, size, q.device), scale, scalar, head_first, T, precision,
-                    output_final_state)
+                    output_final_state, split_k)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     return ChunkGlaFunction.apply(q, k, v, g, initial_state, cfg)
 
@@ -121,27 +124,30 @@ KNOBS_DOC = """
       precision:  input precision of every fp32 ``tl.dot`` ("ieee", "tf32", "tf32x3"); default "tf32"
                   (errors ~1e-3 relative, below the bf16/fp16 rounding of the data it mostly serves).
       chunk_size: 64 or 128 tokens per chunk (with precision "ieee" always 64, ``EXACT_CHUNK``).
+      split_k:    the serial state passes run one program per 64-row block of the state's K rows
+                  (True) or one per value block, sequence and head (False); None (default): split
+                  only where the unsplit launch would leave SMs idle (``chunk.split_by_k_block``).
     Returns ``(o [B, T, H, V] in q.dtype, final_state [N, H, K, V] fp32 or None)``; differentiable in
     q, k, v, g and initial_state (dg in g's dtype)."""
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-        head_first=False, precision=DEFAULT_PRECISION, chunk_size=64):
+        head_first=False, precision=DEFAULT_PRECISION, chunk_size=64, split_k=None):
     """Chunked GLA (``chunk.py``), the contract of ``references.gla``: ``g [B, T, H, K]`` log-decays
     (fp32, bf16 or fp16, converted in the kernel), ``S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T``,
     ``o_t = scale S_t^T q_t``."""
     return _check_and_run(q, k, v, g, scalar=False, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, head_first=head_first,
-                          precision=precision, chunk_size=chunk_size)
+                          precision=precision, chunk_size=chunk_size, split_k=split_k)
 
 
 def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-               head_first=False, precision=DEFAULT_PRECISION, chunk_size=64):
+               head_first=False, precision=DEFAULT_PRECISION, chunk_size=64, split_k=None):
     """Chunked simple GLA, the contract of ``references.simple_gla``: one log-decay per head and
     token, ``g [B, T, H]``, ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t``."""
     return _check_and_run(q, k, v, g, scalar=True, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, head_first=head_first,
-                          precision=precision, chunk_size=chunk_size)
+                          precision=precision, chunk_size=chunk_size, split_k=split_k)
 
 
 gla.__doc__ = (gla.__doc__ or "") + KNOBS_DOC

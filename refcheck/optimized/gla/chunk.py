@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ..chunk.state import (
     dwrite_blocks,
+    fills_gpu,
     launch_serial,
     load_blocks,
     serial_chunk,
@@ -64,12 +65,16 @@ fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lo
 ("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
 with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
 their blocks are 32 wide too."""
-SERIAL = dict(split_k=True)
-"""The serial kernels' launch (``serial_launch``'s settings overridden, and ``split_k``): one program per K-block of
-64 rows (GLA's state rows are independent), 4 warps, no spills on sm_90 for K = V = 128 (Triton 3.6). On an H100
-at B=8 T=4096 (``docs/performance.md``) this made GLA's forward state pass faster than both K-blocks in one program
-at 8 warps (0.74 against 0.93 ms) and its reverse pass and simple GLA's slower (0.90 against 0.75, 0.59 against
-0.54, 0.63 against 0.40 ms); ``benchmarks/gla.py --profile`` times the alternatives."""
+def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bool:
+    """Whether a state pass runs one program per 64-row K-block of the state (GLA's state rows evolve
+    independently: its decay is diagonal) as well as per value block, sequence and head: ``split_k``, or
+    where it is None, only when the unsplit launch would leave SMs idle (``fills_gpu``). Measured on an
+    H100 (``benchmarks/results/gla_profile_h100.json``, bf16, H=16, K=V=128, ms): at B=8 T=4096 (256
+    unsplit programs) unsplit is faster, GLA's forward state pass with the output 1.33 vs 1.49 and its
+    reverse pass 0.55 vs 0.82, simple GLA's 1.07 vs 1.22 and 0.43 vs 0.60; at B=1 T=32768 (64 unsplit
+    programs of 32 values) split is, GLA 2.49 vs 3.45 and 1.38 vs 2.05, simple GLA 1.58 vs 1.79 and
+    0.91 vs 1.14."""
+    return split_k if split_k is not None else not fills_gpu(V, chunks.num_seqs * H)
 
 
 @triton.jit
@@ -342,16 +347,17 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
 
 
 def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                      serial: dict | None):
-    """``launch_serial`` of a GLA state pass under ``SERIAL`` (or ``serial``: launch settings and ``split_k``),
-    state blocks at least ``MIN_BLOCK`` wide."""
-    cfg = dict(serial or SERIAL)
-    split = cfg.pop("split_k", False)
+                      split_k: bool | None, serial: dict | None):
+    """``launch_serial`` of a GLA state pass, split by K-block as ``split_by_k_block`` says, state blocks
+    at least ``MIN_BLOCK`` wide; ``serial`` overrides the launch settings (and ``split_k``)."""
+    cfg = dict(serial or {})
+    split = split_by_k_block(cfg.pop("split_k", split_k), chunks, H, V)
     launch_serial(kernel, args, constexprs, chunks, H, K, V, cfg or None, split_k=split, min_block=MIN_BLOCK)
 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-            precision: str, *, final: bool, serial: dict | None = None, output: dict | None = None):
+            precision: str, *, final: bool, split_k: bool | None = None, serial: dict | None = None,
+            output: dict | None = None):
     """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
     states fp32: the serial state pass, then the output of every chunk in parallel. ``serial`` and
     ``output`` replace the two launches' settings (``benchmarks/gla.py --profile``)."""
@@ -364,7 +370,7 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
                       (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H,
                        T, K, V),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision), chunks, H, K, V, serial)
+                           PREC=precision), chunks, H, K, V, split_k, serial)
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
@@ -374,7 +380,7 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
 
 
 def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
-           precision: str, want_dh0: bool, serial: dict | None = None):
+           precision: str, want_dh0: bool, split_k: bool | None = None, serial: dict | None = None):
     """``(dh [NC, H, K, V], dh0 [N, H, K, V] or None)``, fp32."""
     K = q.shape[-1]
     f32 = torch.float32
@@ -384,7 +390,7 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                       (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu,
                        chunks.offsets, scale, H, T, K, V),
                       dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision), chunks, H, K, V, serial)
+                           PREC=precision), chunks, H, K, V, split_k, serial)
     return dh, dh0
 
 
