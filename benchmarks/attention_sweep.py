@@ -29,9 +29,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from attention import DIMS, HEADS, TOKENS, forward_flops, make_inputs  # noqa: E402
 
 FORWARD = ([dict(BN=bn, num_warps=w, num_stages=s) for bn, w in ((64, 4), (64, 8), (128, 8)) for s in (2, 3, 4)]
-           + [dict(BM=64, BN=bn, num_warps=4, num_stages=s) for bn in (64, 128) for s in (2, 3)])
+           + [dict(BM=64, BN=bn, num_warps=4, num_stages=s) for bn in (64, 128) for s in (2, 3)]
+           + [dict(schedule="persistent", BN=bn, num_warps=8, num_stages=3) for bn in (64, 128)])
 """Forward launches: 128 query rows (``block_m``) unless BM says otherwise; 64 rows at 4 warps leave room for
-two programs an SM, whose softmax and matmuls can overlap."""
+two programs an SM, whose softmax and matmuls can overlap; ``schedule`` "persistent": one program an SM
+looping over the tiles (``forward.SCHEDULES``)."""
 DQ = [dict(BM=bm, BN=bn, num_warps=w, num_stages=s) for bm, bn in ((128, 32), (128, 64), (64, 64))
       for w in (4, 8) for s in (2, 3)]
 DKDV = [dict(BN=bn, BM=bm, num_warps=w, num_stages=s) for bn, bm in ((128, 32), (128, 64), (64, 32), (64, 64))
@@ -59,8 +61,9 @@ def runner(kind: str, T: int, causal: bool, part: str, cfg: dict):
     from refcheck.optimized.attention.forward import forward
     q, k, v, o, lse, do, lay = shape_inputs(kind, T, causal)
     if part == "fwd":
-        rows = cfg.get("BM", 128)
-        return lambda: forward(q, k, v, lay, rows, ladder=[{n: x for n, x in cfg.items() if n != "BM"}])
+        rows, schedule = cfg.get("BM", 128), cfg.get("schedule", "grid")
+        return lambda: forward(q, k, v, lay, rows, ladder=[{n: x for n, x in cfg.items() if n not in ("BM", "schedule")}],
+                               schedule=schedule)
     ladders = {"dq_ladder": [cfg]} if part == "dq" else {"dkdv_ladder": [cfg]}
     return lambda: backward(q, k, v, o, lse, do, None, lay, **ladders)
 

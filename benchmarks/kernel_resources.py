@@ -1,6 +1,7 @@
 """Registers, spills and shared memory of every kernel of ours on Hopper, without a GPU.
 
     python benchmarks/kernel_resources.py [--op kda|gla|simple_gla|attention] [--shape B8_T4096] [--arch 90] [--safe]
+        [--dims 192,128] [--causal] [--schedule grid|persistent]
 
 Runs one of our ops (``optimized.kda`` by default) forward and backward on small CPU tensors with every Triton launch captured
 instead of run (``JITFunction.run`` is replaced), then compiles each captured launch for
@@ -127,15 +128,15 @@ def linear_launches(op: str, shape: dict, dtype=torch.bfloat16, **knobs):
     return capture(fwd_bwd)
 
 
-def attention_launches(causal: bool, dims: tuple[int, int]):
+def attention_launches(causal: bool, dims: tuple[int, int], schedule: str = "grid"):
     """Every launch of one forward + backward of ``optimized.attention`` (bf16, H = 16) at head dims
-    ``dims = (Dqk, Dv)``."""
+    ``dims = (Dqk, Dv)``, the forward under ``schedule``."""
     from refcheck import optimized
     dqk, dv = dims
 
     def fwd_bwd():
         q, k, v = _grad_inputs((1, 128, 16, dqk), (1, 128, 16, dqk), (1, 128, 16, dv))
-        o, lse = optimized.attention(q, k, v, causal=causal)
+        o, lse = optimized.attention(q, k, v, causal=causal, schedule=schedule)
         o.float().sum().backward()
     return capture(fwd_bwd)
 
@@ -148,6 +149,7 @@ def main():
     ap.add_argument("--shape", default="B8_T4096", choices=list(SHAPES), help="kda, gla, simple_gla: head dims and batch")
     ap.add_argument("--dims", default="192,128", help="attention: Dqk,Dv")
     ap.add_argument("--causal", action="store_true", help="attention: causal")
+    ap.add_argument("--schedule", default="grid", choices=("grid", "persistent"), help="attention: the forward's schedule")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--safe", action="store_true", help="kda: safe_gate with lower_bound -5")
     ap.add_argument("--keep", action="store_true", help="kda: disable_recompute")
@@ -161,7 +163,7 @@ def main():
         launches = kda_launches(SHAPES[args.shape], args.safe, args.keep)
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
-        launches = attention_launches(args.causal, (dqk, dv))
+        launches = attention_launches(args.causal, (dqk, dv), args.schedule)
     else:
         shape = dict(SHAPES[args.shape])
         if args.kv:

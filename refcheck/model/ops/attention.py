@@ -43,8 +43,9 @@ MLA_DIMS = (192, 128)
 GQA_GROUPS = (1, 2, 4, 3)
 """Query heads per key head."""
 
-TRITON_KNOBS = {"precision": PRECISION_MODES, "block_m": (128, 64)}
-"""Our kernel's knobs (``optimized.attention``): fp32 dot precision, query rows per forward program."""
+TRITON_KNOBS = {"precision": PRECISION_MODES, "block_m": (128, 64), "schedule": ("grid", "persistent")}
+"""Our kernel's knobs (``optimized.attention``): fp32 dot precision, query rows per forward program, the
+forward's schedule (a program per tile, or persistent programs looping over tiles)."""
 
 
 def make_inputs(case: Case, device) -> Inputs:

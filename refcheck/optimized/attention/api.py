@@ -18,7 +18,7 @@ from refcheck.references.contract import check_scale, check_tensor
 
 from ..common import check_flag, check_precision
 from .backward import backward
-from .forward import forward
+from .forward import SCHEDULES, forward
 from .layout import Layout, make_layout
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -36,10 +36,10 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
 
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, lay: Layout, block_m: int):
+    def forward(ctx, q, k, v, lay: Layout, block_m: int, schedule: str):
         B, T, H, _ = q.shape
         q, k, v = (_tokens(x) for x in (q, k, v))
-        o, lse = forward(q, k, v, lay, block_m)
+        o, lse = forward(q, k, v, lay, block_m, schedule=schedule)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.lay = lay
         ctx.shape = (B, T, H)
@@ -52,7 +52,7 @@ class AttentionFunction(torch.autograd.Function):
         do = torch.zeros_like(o) if do is None else do.reshape(o.shape).contiguous()
         dq, dk, dv = backward(q, k, v, o, lse, do, None if dlse is None else dlse.contiguous(), ctx.lay)
         B, T, H = ctx.shape
-        return dq.view(B, T, H, -1), dk.view(B, -1, *k.shape[1:]), dv.view(B, -1, *v.shape[1:]), None, None
+        return dq.view(B, T, H, -1), dk.view(B, -1, *k.shape[1:]), dv.view(B, -1, *v.shape[1:]), None, None, None
 
 
 def _shape_only(x):
@@ -85,7 +85,8 @@ def _check_fp8(q, k, v, descales: dict) -> tuple[float, float, float] | None:
 
 
 def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              q_descale=None, k_descale=None, v_descale=None, precision=DEFAULT_PRECISION, block_m=BLOCK_M[0]):
+              q_descale=None, k_descale=None, v_descale=None, precision=DEFAULT_PRECISION, block_m=BLOCK_M[0],
+              schedule=SCHEDULES[0]):
     """Softmax attention (``references.attention``): ``(o [B, T, H, Dv] in q.dtype, lse fp32 [B, H, T])``.
 
     For each sequence, query head h and key head ``h // (H // Hk)``:
@@ -103,6 +104,8 @@ def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlen
       precision: input precision of the fp32 ``tl.dot`` calls ("ieee", "tf32", "tf32x3"; fp32 inputs
                  only, bf16/fp16 dots are exact products with fp32 sums). Default "tf32" as kda's.
       block_m:   query rows per forward program (128 or 64).
+      schedule:  the forward's programs: "grid", one per (query block, sequence, head) tile, or
+                 "persistent", one per SM, each looping over tiles (longest causal blocks first).
     """
     check_attention_inputs(*(_shape_only(x) for x in (q, k, v)), cu_seqlens_q, cu_seqlens_k)
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -116,10 +119,12 @@ def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlen
     check_flag("causal", causal)
     if block_m not in BLOCK_M:
         raise ValueError(f"block_m: expected one of {BLOCK_M}, got {block_m!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     descale = _check_fp8(q, k, v, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale})
     lay = make_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, scale=scale, causal=causal,
                       precision=check_precision(precision))
     if descale is not None:
-        o, lse = forward(*(_tokens(x) for x in (q, k, v)), lay, block_m, descale)
+        o, lse = forward(*(_tokens(x) for x in (q, k, v)), lay, block_m, descale, schedule=schedule)
         return o.view(*q.shape[:3], -1), lse
-    return AttentionFunction.apply(q, k, v, lay, block_m)
+    return AttentionFunction.apply(q, k, v, lay, block_m, schedule)

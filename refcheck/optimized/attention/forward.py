@@ -28,12 +28,12 @@ from .layout import Layout
 from .tiles import (
     KERNEL_LOG2E,
     LOG2E,
+    block_row,
     causal_key_end,
     dot_split,
     full_key_end,
     load_split,
     load_tile,
-    query_block,
     row_offset,
     sequence,
     store_tile,
@@ -76,54 +76,96 @@ def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
 
 
 @triton.jit
+def forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T, b, NB, n, h,
+                 DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
+                 BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
+                 FP8: tl.constexpr):
+    """Query block ``b`` of ``NB`` (``block_row``) of sequence n, query head h: the key blocks every query
+    of it sees first, without masks, then the rest (``attend``); o and lse stored."""
+    qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
+    m0 = block_row(b, NB, BM, CAUSAL)
+    if m0 < Tq:
+        hk = h // G
+        HK = H // G
+        i = m0 + tl.arange(0, BM)
+        q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2)
+        m = tl.full((BM,), float("-inf"), tl.float32)
+        l = tl.zeros((BM,), tl.float32)
+        acc = tl.zeros((BM, BDV), tl.float32)
+        full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
+        for j0 in range(0, full, BN):
+            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV,
+                               CAUSAL, BN, BQ1, BQ2, BDV, PREC, FP8, False)
+        for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
+            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV,
+                               CAUSAL, BN, BQ1, BQ2, BDV, PREC, FP8, True)
+        if FP8:
+            acc *= v_descale
+        seen = l > 0
+        o = acc / tl.where(seen, l, 1.0)[:, None]
+        store_tile(o_ptr, o, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
+        lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) / KERNEL_LOG2E, float("-inf"))
+        tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=i < Tq)
+
+
+@triton.jit
 def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
                    DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
                    PREC: tl.constexpr, FP8: tl.constexpr):
-    """Query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``: the key
-    blocks every query of it sees first, without masks, then the rest (``attend``)."""
-    n = tl.program_id(1)
-    h = tl.program_id(2)
-    qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
-    m0 = query_block(BM, CAUSAL)
-    if m0 >= Tq:
-        return
-    hk = h // G
-    HK = H // G
-    i = m0 + tl.arange(0, BM)
-    q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2)
-    m = tl.full((BM,), float("-inf"), tl.float32)
-    l = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((BM, BDV), tl.float32)
-    full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
-    for j0 in range(0, full, BN):
-        acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV, CAUSAL,
-                           BN, BQ1, BQ2, BDV, PREC, FP8, False)
-    for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
-        acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV, CAUSAL,
-                           BN, BQ1, BQ2, BDV, PREC, FP8, True)
-    if FP8:
-        acc *= v_descale
-    seen = l > 0
-    o = acc / tl.where(seen, l, 1.0)[:, None]
-    store_tile(o_ptr, o, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
-    lse = tl.where(seen, (m + tl.log2(tl.where(seen, l, 1.0))) / KERNEL_LOG2E, float("-inf"))
-    tl.store(lse_ptr + row_offset(n, h, H, T, qs, BATCHED) + i, lse, mask=i < Tq)
+    """One program per tile: query block ``program_id(0)`` of sequence ``program_id(1)``, head ``program_id(2)``."""
+    forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
+                 tl.program_id(0), tl.num_programs(0), tl.program_id(1), tl.program_id(2),
+                 DQK, DV, BATCHED, CAUSAL, BM, BN, BQ1, BQ2, BDV, PREC, FP8)
+
+
+@triton.jit
+def forward_persistent_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
+                              NB, N, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr,
+                              CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr,
+                              BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr):
+    """A fixed grid of programs, each taking tiles ``program_id(0)``, ``+ num_programs(0)``, ... of the
+    ``NB * N * H`` (query block, sequence, head) tiles, query block outermost: every sequence and head
+    gets its causal-longest blocks first, as the one-program-per-tile launch orders them."""
+    for t in range(tl.program_id(0), NB * N * H, tl.num_programs(0)):
+        b = t // (N * H)
+        n = t % (N * H) // H
+        forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
+                     b, NB, n, t % H, DQK, DV, BATCHED, CAUSAL, BM, BN, BQ1, BQ2, BDV, PREC, FP8)
+
+
+SCHEDULES = ("grid", "persistent")
+"""The forward's schedules: one program per tile, or ``persistent_programs`` programs looping over the tiles."""
+
+
+def persistent_programs(device: torch.device, tiles: int) -> int:
+    """Programs of the persistent forward: one per SM of the GPU (the tiles hold 8 warps and most of an
+    SM's shared memory: one fits), at most one per tile; in the CPU interpreter two, so that a program
+    loops over several tiles there too."""
+    if device.type == "cuda":
+        return min(tiles, torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(tiles, 2)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, block_m: int,
-            descale: tuple[float, float, float] | None = None, ladder: list[dict] | None = None):
+            descale: tuple[float, float, float] | None = None, ladder: list[dict] | None = None,
+            schedule: str = "grid"):
     """``(o [tokens, H, Dv] in q's dtype (fp8: bf16), lse fp32 [B, H, T])`` of flattened contiguous q
     ``[tokens, H, Dqk]``, k ``[keys, Hk, Dqk]``, v ``[keys, Hk, Dv]``; fp8 inputs with their
-    ``descale = (descale_q, descale_k, descale_v)``."""
+    ``descale = (descale_q, descale_k, descale_v)``; ``schedule`` one of ``SCHEDULES``."""
     dsq, dsk, dsv = descale or (1.0, 1.0, 1.0)
     o = torch.empty(*q.shape[:2], v.shape[-1], device=q.device, dtype=q.dtype if descale is None else torch.bfloat16)
     lse = torch.empty(lay.batch, lay.heads, lay.length, device=q.device, dtype=torch.float32)
-    grid = lay.grid(lay.max_q, block_m, lay.heads)
-    if grid:
-        launch(forward_kernel, grid,
-               (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads, lay.group,
-                lay.length),
+    tiles = lay.grid(lay.max_q, block_m, lay.heads)
+    grid: tuple[int, ...] | None = tiles
+    if tiles:
+        args: tuple = (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads, lay.group,
+                       lay.length)
+        kernel = forward_kernel
+        if schedule == "persistent":
+            kernel, args = forward_persistent_kernel, (*args, tiles[0], tiles[1])
+            grid = (persistent_programs(q.device, tiles[0] * tiles[1] * tiles[2]),)
+        launch(kernel, grid, args,
                dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m,
                     BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
                ladder or lay.ladder(block_m, keys_per_step(lay), lay.bdv))

@@ -96,12 +96,17 @@ def dot_split(a1, a2, b1, b2, B2: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def query_block(BM: tl.constexpr, CAUSAL: tl.constexpr):
-    """The first query row of this program's block ``program_id(0)`` of BM rows. Causal, the blocks run
-    last first: later queries see more keys, so the longest programs start first and the short ones
-    fill the tail of the launch (a query-block program past a sequence's end returns either way)."""
-    b = tl.program_id(0)
+    """The first query row of this program's block ``program_id(0)`` of BM rows (``block_row``)."""
+    return block_row(tl.program_id(0), tl.num_programs(0), BM, CAUSAL)
+
+
+@triton.jit
+def block_row(b, NB, BM: tl.constexpr, CAUSAL: tl.constexpr):
+    """The first query row of the ``b``-th of ``NB`` blocks of BM rows in launch order. Causal, the
+    blocks run last first: later queries see more keys, so the longest programs start first and the
+    short ones fill the tail of the launch (a query block past a sequence's end does nothing either way)."""
     if CAUSAL:
-        b = tl.num_programs(0) - 1 - b
+        b = NB - 1 - b
     return b * BM
 
 
