@@ -490,6 +490,13 @@ def gate_exits_on_odd_lengths(g, A_log, dt_bias=None, lower_bound=None):
     return naive.kda_gate(g, A_log, dt_bias, lower_bound)
 
 
+def gate_wrong_at_some_lengths(g, A_log, dt_bias=None, lower_bound=None):
+    """The naive kda_gate, negated where T % 3 == 2: Hypothesis's first, simplest example (T = 1) passes,
+    so a campaign that fails on its first example replayed it (``tests/test_fuzz.py``)."""
+    gate = naive.kda_gate(g, A_log, dt_bias, lower_bound)
+    return -gate if g.shape[1] % 3 == 2 else gate
+
+
 gate_kills_its_process = Implementation(
     "kda_gate", f"{__name__}:gate_kills_its_process", f"{__name__}:gate_exits_on_odd_lengths", backward=False,
     description="Ends its process at odd T, as a kernel that loses the CUDA context ends a GPU worker.")

@@ -74,13 +74,27 @@ def test_a_mutant_is_caught_with_a_reproducer_that_fails_alone(workdir, capsys, 
     assert "LawViolation" in done.stderr and f"law {law}" in done.stderr, done.stderr[-2000:]
 
 
+def saved(folder) -> bool:
+    """Whether an example database folder holds any entry."""
+    return folder.is_dir() and any(folder.iterdir())
+
+
+RARE = ("kda_gate", "--impl", "tests.mutants:gate_wrong_at_some_lengths", "--law", "gate_bounds", "--max-examples", "50")
+"""A campaign whose kernel passes Hypothesis's first example and fails a third of the others."""
+
+
 def test_a_failure_is_replayed_first_by_the_next_run(workdir, capsys):
-    args = ("kda_gate", "--impl", "tests.mutants:gate_sigmoid_unscaled", "--law", "gate_bounds",
-            "--max-examples", "10")
-    assert fuzz(capsys, *args)[0] == 1
-    assert (workdir / ".hypothesis" / "refcheck-fuzz").is_dir()
-    code, out, _ = fuzz(capsys, *args)
-    assert code == 1 and "falsified after 1 example " in out, out
+    code, out, _ = fuzz(capsys, *RARE)
+    assert code == 1 and "falsified after 1 example " not in out, out     # found by searching
+    assert saved(workdir / ".hypothesis" / "refcheck-fuzz")
+    code, out, _ = fuzz(capsys, *RARE)
+    assert code == 1 and "falsified after 1 example " in out, out         # replayed from the database
+
+
+def test_a_seeded_campaign_keeps_no_example_database(workdir, capsys):
+    """``--seed`` repeats a search exactly: as Hypothesis' ``@seed``, it neither replays nor saves examples."""
+    assert fuzz(capsys, *RARE, "--seed", "3")[0] == 1
+    assert not saved(workdir / ".hypothesis" / "refcheck-fuzz")
 
 
 def test_the_budget_and_the_measured_error_are_printed(workdir, capsys):
@@ -219,3 +233,22 @@ def test_a_campaign_that_tests_nothing_is_never_green(workdir, capsys):
     code, out, _ = fuzz(capsys, "kda_gate", "--impl", "naive", "--seconds", "1e-9", "--law", "gate_bounds")
     assert code == NOTHING_TESTED, out
     assert "not run for lack of time" in out and "tested nothing" in out
+
+
+def test_a_shared_example_database_replays_a_failure_found_on_another_host(tmp_path, monkeypatch, capsys):
+    """Issue 18: two campaigns in different working directories ("hosts") that name one
+    ``REFCHECK_EXAMPLE_DB``: what the first found by searching, the second replays first, and neither
+    keeps a database of its own."""
+    from refcheck.strategies.profiles import EXAMPLE_DB_ENV
+    shared, hosts = tmp_path / "shared", [tmp_path / "host-a", tmp_path / "host-b"]
+    for folder in (shared, *hosts):
+        folder.mkdir()
+    monkeypatch.setenv(EXAMPLE_DB_ENV, str(shared))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(hosts[0])
+    code, out, _ = fuzz(capsys, *RARE)
+    assert code == 1 and "falsified after 1 example " not in out, out
+    monkeypatch.chdir(hosts[1])
+    code, out, _ = fuzz(capsys, *RARE)
+    assert code == 1 and "falsified after 1 example " in out, out
+    assert saved(shared) and not any(saved(h / ".hypothesis" / "refcheck-fuzz") for h in hosts)

@@ -278,7 +278,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"), help="only this precision mode")
     p.add_argument("--strict-bitwise", action="store_true",
                    help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
-    p.add_argument("--seed", type=int, default=None, help="seed of the search (default: random)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the search (default: random); a seeded search, as Hypothesis' @seed, neither replays "
+                        "nor saves examples in the database")
     p.add_argument("--out-dir", type=Path, default=Path("."), help="where reproducers are written (default: .)")
     p.add_argument("--gpus", default="1", metavar="N|all",
                    help="on a GPU: search the laws in N worker processes at once (all: one per GPU of the host), "
