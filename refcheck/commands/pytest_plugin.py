@@ -239,7 +239,7 @@ def pytest_sessionstart(session):
     folder = os.environ.get(FAILURE_DIR_ENV)
     for (law, op, name), what in failed.items() if folder else ():
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"warm-up-{law}-{op}-{name}.txt".replace(":", "_")), "w") as fh:
+        with open(os.path.join(folder, f"{file_name(f'warm-up-{law}-{op}-{name}')}.txt"), "w") as fh:
             fh.write(f"the compile warm-up's example of law {law} on {op}/{name}\n\n{what}\n")
 
 
@@ -340,6 +340,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"{seconds:7.1f} s  {compile_s:7.1f} s compiling ({compiles:3d})  {nodeid}")
 
 
+def file_name(text: str) -> str:
+    """``text`` (a test id, a law and implementation) as a file name: characters other than letters,
+    digits and ``-_.[]`` become ``_``."""
+    return "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in text)
+
+
 def pytest_runtest_logreport(report):
     """With ``REFCHECK_FAILURE_DIR`` set, write each failure's report to its own file there the moment
     the test fails: a run cut short by a time limit (a lent GPU) keeps what it found, which pytest's
@@ -350,6 +356,5 @@ def pytest_runtest_logreport(report):
     folder = os.environ.get(FAILURE_DIR_ENV)
     if folder and report.failed:
         os.makedirs(folder, exist_ok=True)
-        name = "".join(c if c.isalnum() or c in "-_.[]" else "_" for c in report.nodeid)
-        with open(os.path.join(folder, f"{name}.{report.when}.txt"), "w") as fh:
+        with open(os.path.join(folder, f"{file_name(report.nodeid)}.{report.when}.txt"), "w") as fh:
             fh.write(f"{report.nodeid} ({report.when}, {report.duration:.1f} s)\n\n{report.longreprtext}\n")
