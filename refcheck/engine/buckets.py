@@ -183,8 +183,8 @@ def warm_up(jobs: list[WarmUp], device: str, processes: int, console) -> dict:
     kills is replaced), phase by phase; returns what it took: ``{"runs", "seconds", "phases"
     (seconds each), "raised", "failed", "processes", "compiled"}`` (``failed``: ``(law, op,
     implementation name)`` -> what the first of its warm-ups that failed raised, or how its process
-    died; ``compiled``: new entries in
-    Triton's cache, one per kernel specialization or autotuning result)."""
+    died; ``compiled``: new entries in Triton's cache, one per kernel specialization or autotuning
+    result)."""
     from ..runtime.workers import Unit, execute
 
     started, entries = time.perf_counter(), triton_cache_entries()
