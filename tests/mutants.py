@@ -34,28 +34,28 @@ MUTANTS: dict[str, Mutant] = {}
 CONTROLS: dict[str, Implementation] = {}
 
 
-def _record(op: str, fn, knobs) -> Implementation:
+def _record(op: str, fn, knobs, head_first: bool = False) -> Implementation:
     """The record of ``fn``: named ``tests.mutants:NAME`` (the module attribute holding the record,
     which a law's reproducer resolves), calling the function kept as ``_NAME_fn``."""
     globals()[f"_{fn.__name__}_fn"] = fn
     return Implementation(op, f"{__name__}:{fn.__name__}", f"{__name__}:_{fn.__name__}_fn",
-                          knobs=dict(knobs or {}), description=(fn.__doc__ or "").strip())
+                          knobs=dict(knobs or {}), head_first=head_first, description=(fn.__doc__ or "").strip())
 
 
-def mutant(op: str, *kills: str, knobs=None):
+def mutant(op: str, *kills: str, knobs=None, head_first: bool = False):
     """Decorator: ``fn`` is a mutant of ``op`` that the laws ``kills`` must catch; the module
     attribute becomes its record."""
     def register(fn) -> Implementation:
-        impl = _record(op, fn, knobs)
+        impl = _record(op, fn, knobs, head_first)
         MUTANTS[fn.__name__] = Mutant(impl, kills, impl.description)
         return impl
     return register
 
 
-def control(op: str, knobs=None):
+def control(op: str, knobs=None, head_first: bool = False):
     """Decorator: ``fn`` is a correct implementation of ``op`` that no law may fail."""
     def register(fn) -> Implementation:
-        CONTROLS[fn.__name__] = impl = _record(op, fn, knobs)
+        CONTROLS[fn.__name__] = impl = _record(op, fn, knobs, head_first)
         return impl
     return register
 
@@ -468,6 +468,39 @@ MUTANTS["gate_autotune_config_drops_tail"] = Mutant(gate_autotune_config_drops_t
 gate_autotuned = CONTROLS["gate_autotuned"] = Implementation(
     "kda_gate", f"{__name__}:gate_autotuned", "tests.mutant_kernels:kda_gate", backward=False, triton=True,
     description="Correct: the same Triton gate kernel with two correct autotune configs.")
+
+
+# --- law 13: the head-first layout --------------------------------------------------------------
+
+def _seq_first(x, head_first: bool):
+    """``[B, H, T, ...]`` as ``[B, T, H, ...]`` (a view) when ``head_first``."""
+    return x.transpose(1, 2) if head_first else x
+
+
+@control("gla", head_first=True)
+def gla_head_first(q, k, v, g, *, head_first=False, **options):
+    """Correct: a head-first call transposes its token-axis inputs and o, nothing else."""
+    o, state = naive.gla(*(_seq_first(x, head_first) for x in (q, k, v, g)), **options)
+    return _seq_first(o, head_first), state
+
+
+@mutant("gla", "head_first", head_first=True)
+def gla_head_first_reshaped(q, k, v, g, *, head_first=False, **options):
+    """Head-first inputs reshaped to ``[B, T, H, D]`` instead of transposed: the tokens and heads mix."""
+    if head_first:
+        q, k, v, g = (x.reshape(x.shape[0], x.shape[2], x.shape[1], *x.shape[3:]) for x in (q, k, v, g))
+    o, state = naive.gla(q, k, v, g, **options)
+    return _seq_first(o, head_first), state
+
+
+@mutant("simple_gla", "head_first", head_first=True)
+def simple_gla_head_first_gate_reshaped(q, k, v, g, *, head_first=False, **options):
+    """q, k, v and o transposed right, the gate ``[B, H, T]`` reshaped to ``[B, T, H]``."""
+    if head_first:
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        g = g.reshape(g.shape[0], g.shape[2], g.shape[1])
+    o, state = naive.simple_gla(q, k, v, g, **options)
+    return _seq_first(o, head_first), state
 
 
 # --- a kernel that crashes its process on a GPU (issue 13, item 5) -------------------------------

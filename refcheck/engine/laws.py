@@ -506,6 +506,41 @@ def precision_modes(t: Trial) -> None:
                f"and >= {TF32_GAIN}x or >= {TF32_MIN_EXCESS:g} more): the precision mode is not honoured\n{table}")
 
 
+def head_first(t: Trial) -> None:
+    """Law 13: the head-first layout computes the same bits. Given every input with a token axis
+    transposed to ``[B, H, T, ...]`` (contiguous) and ``head_first=True``, an implementation that
+    offers it (``Implementation.head_first``) returns, transposed back, bit for bit its sequence-first
+    outputs (token-axis outputs: ``OpCard.join_dims`` 1) and gradients; the rest (final states, their
+    gradients) bit for bit as they are."""
+    inputs = t.inputs()
+    base = t.evaluate(inputs)
+    moved = {n for n in inputs.tensors if n in t.op.token_axes}
+    flipped = {n for n, dim in t.op.join_dims.items() if dim == 1} | {t.op.grad_name(n) for n in moved}
+
+    def flip(name: str, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).contiguous() if name in moved or name in flipped else x
+
+    turned = Inputs({n: flip(n, x) for n, x in inputs.tensors.items()}, inputs.positional,
+                    {**inputs.options, "head_first": True})
+    cotangents = {n: flip(n, c) for n, c in t.cotangents(base).items()}
+    got = {n: flip(n, x) for n, x in t.evaluate(turned, cotangents).items()}
+    def difference(n: str) -> str | None:
+        if n not in got:
+            return "not returned"
+        if got[n].shape != base[n].shape:
+            return f"shape {list(got[n].shape)}, not {list(base[n].shape)}"
+        return None if same_bits(got[n], base[n]) else f"max abs diff {max_abs_diff(got[n], base[n]):.3e}"
+
+    found = {n: d for n in base if (d := difference(n))}
+    if found:
+        t.fail("head_first=True on the transposed inputs is not bitwise the sequence-first result, transposed:\n"
+               + "\n".join(f"  {n:<12} {d}" for n, d in found.items()))
+
+
+def _offers_head_first(impl: registry.Implementation) -> str | None:
+    return None if impl.head_first else "offers no head_first layout"
+
+
 def fp16_gates(t: Trial) -> None:
     """Law 9: given fp16 gates, the implementation computes what it computes on ``g.float()`` of the
     same values (the gradient dg compared after rounding the fp32 run's to fp16)."""
@@ -742,6 +777,7 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("key_permutation", "11", key_permutation, requires={"causal": False, "min_keys": 2}, cost=2),
     Law("rows_without_keys", "11", rows_without_keys, requires={"rows_without_keys": True}),
     Law("reads_past_input", "12", reads_past_input, cost=2),
+    Law("head_first", "13", head_first, requires={"varlen": False}, applies=_offers_head_first, cost=2),
 )}
 
 

@@ -45,6 +45,8 @@ class Implementation:
     min_dims: by head dim name (K, V, Dqk, Dv), the smallest it runs at: a peer's limit that it
               neither states nor checks, found by refcheck and reported (the comment where it is set
               says where); cases for it are drawn at or above it, so that runs go on testing the rest
+    head_first: it also takes ``head_first=True``: every input and output with a token axis laid out
+              ``[B, H, T, ...]`` instead of ``[B, T, H, ...]`` (not packed); law ``head_first`` checks it
     """
 
     op: str
@@ -63,6 +65,7 @@ class Implementation:
     min_dims: Mapping[str, int] = field(default_factory=dict)
     backward_refusal: str | None = None
     forward_only_because: str | None = None
+    head_first: bool = False
     description: str = ""
 
     def __post_init__(self):

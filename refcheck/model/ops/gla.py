@@ -44,7 +44,7 @@ CARD = linear_card(
     "gla", reference=references.gla, chunked_reference=references.gla_chunked,
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
     implementations=(
-        Implementation("gla", "triton", "refcheck.optimized:gla", knobs=TRITON_KNOBS, triton=True,
+        Implementation("gla", "triton", "refcheck.optimized:gla", knobs=TRITON_KNOBS, triton=True, head_first=True,
                        description="our chunked Triton GLA (chunk 64 or 128)"),
         # V >= 16: its backward's chunk_gla_bwd_kernel_dA takes a dot over BV = next_power_of_2(V) values,
         # which the compiler refuses below 16 (CompilationError "... K >= 16" on an H100, triton 3.6; the

@@ -42,7 +42,7 @@ CARD = linear_card(
     "simple_gla", reference=references.simple_gla, chunked_reference=references.simple_gla_chunked,
     differentiable=("q", "k", "v", "g", "initial_state"), make_inputs=make_inputs,
     implementations=(
-        Implementation("simple_gla", "triton", "refcheck.optimized:simple_gla", knobs=TRITON_KNOBS, triton=True,
+        Implementation("simple_gla", "triton", "refcheck.optimized:simple_gla", knobs=TRITON_KNOBS, triton=True, head_first=True,
                        description="our chunked Triton simple GLA (chunk 64 or 128)"),
         # its backward asserts even K and V in 16-bit ("Triton miscompiles masked K-tail iterations", fla-core 0.6.0)
         Implementation("simple_gla", "fla_chunk", "refcheck.model.ops.simple_gla:fla_chunk_simple_gla", triton=True,
