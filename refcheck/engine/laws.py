@@ -481,7 +481,7 @@ def precision_modes(t: Trial) -> None:
     its mode, or runs tf32 where tf32x3 was asked, fails. An example whose float64 truth has no
     finite nonzero value (attention where no query row sees a key) rounds nothing in any mode: no
     verdict there (``Trial.vacuous``)."""
-    truth = verify.truth(t.case, t.grads)
+    truth = verify.truth(t.case, t.grads, verify.cotangent_names(t.op, registry.provides(t.impl)))  # verify's, cached
     if not any(bool((torch.isfinite(x) & (x != 0)).any()) for x in truth.values()):
         t.vacuous("its float64 truth has no finite nonzero value, so no precision mode rounds anything")
         return
