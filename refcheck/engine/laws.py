@@ -524,6 +524,7 @@ def head_first(t: Trial) -> None:
                     {**inputs.options, "head_first": True})
     cotangents = {n: flip(n, c) for n, c in t.cotangents(base).items()}
     got = {n: flip(n, x) for n, x in t.evaluate(turned, cotangents).items()}
+
     def difference(n: str) -> str | None:
         if n not in got:
             return "not returned"
