@@ -28,16 +28,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from attention import DIMS, HEADS, TOKENS, forward_flops, make_inputs  # noqa: E402
 
-FORWARD = ([dict(BN=bn, num_warps=w, num_stages=s) for bn, w in ((64, 4), (64, 8), (128, 8)) for s in (2, 3, 4)]
+FORWARD = ([dict(TMA=tma, BN=bn, num_warps=w, num_stages=s) for tma in (True, False)
+            for bn, w in ((64, 4), (64, 8), (128, 8)) for s in (2, 3)]
            + [dict(BM=64, BN=bn, num_warps=4, num_stages=s) for bn in (64, 128) for s in (2, 3)]
            + [dict(schedule="persistent", BN=bn, num_warps=8, num_stages=3) for bn in (64, 128)])
-"""Forward launches: 128 query rows (``block_m``) unless BM says otherwise; 64 rows at 4 warps leave room for
-two programs an SM, whose softmax and matmuls can overlap; ``schedule`` "persistent": one program an SM
-looping over the tiles (``forward.SCHEDULES``)."""
-DQ = [dict(BM=bm, BN=bn, num_warps=w, num_stages=s) for bm, bn in ((128, 32), (128, 64), (64, 64))
-      for w in (4, 8) for s in (2, 3)]
-DKDV = [dict(BN=bn, BM=bm, num_warps=w, num_stages=s) for bn, bm in ((128, 32), (128, 64), (64, 32), (64, 64))
-        for w in (4, 8) for s in (2, 3)]
+"""Forward launches: 128 query rows (``block_m``) unless BM says otherwise; ``TMA``: key and value blocks loaded
+through TMA descriptors or through pointers (default: TMA, the shapes here allowing it); 64 rows at 4 warps
+leave room for two programs an SM, whose softmax and matmuls can overlap; ``schedule`` "persistent": one
+program an SM looping over the tiles (``forward.SCHEDULES``)."""
+DQ = ([dict(BM=bm, BN=bn, num_warps=w, num_stages=s) for bm, bn in ((128, 32), (128, 64), (64, 64))
+       for w in (4, 8) for s in (2, 3)] + [dict(TMA=False, BM=128, BN=64, num_warps=8, num_stages=s) for s in (2, 3)])
+DKDV = ([dict(BN=bn, BM=bm, num_warps=w, num_stages=s) for bn, bm in ((128, 32), (128, 64), (64, 32), (64, 64))
+         for w in (4, 8) for s in (2, 3)] + [dict(TMA=False, BN=128, BM=64, num_warps=8, num_stages=s) for s in (2, 3)])
+"""Backward launches of ``dq_kernel`` and ``dkdv_kernel``: the walked blocks through TMA descriptors (the default
+where the shapes allow), and through pointers at the defaults (``TMA=False``)."""
 PARTS = {"fwd": FORWARD, "dq": DQ, "dkdv": DKDV}
 
 

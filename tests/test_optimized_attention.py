@@ -16,6 +16,7 @@ import triton.language as tl  # noqa: E402
 
 from refcheck import optimized, references  # noqa: E402
 from refcheck.optimized.attention import forward as forward_module  # noqa: E402
+from refcheck.optimized.attention import tiles  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # relative RMS error allowed, by (input dtype, precision): fp32 with fp32-accurate dots sits near 3e-7;
@@ -94,6 +95,39 @@ def test_persistent_forward_is_bitwise_the_grid_forward(causal):
     grid = optimized.attention(**x, causal=causal)
     persistent = optimized.attention(**x, causal=causal, schedule="persistent")
     assert all(torch.equal(a, b) for a, b in zip(grid, persistent))
+
+
+@pytest.mark.parametrize("dtype, dims, causal", [("bf16", (64, 32), True), ("fp16", (192, 128), False),
+                                                  ("fp32", (24, 8), True)])
+def test_tma_loads_give_the_bits_of_pointer_loads(dtype, dims, causal):
+    """Blocks loaded through TMA descriptors hold the next sequence's rows where pointer loads read zeros
+    (packed sequences, GQA, MLA's split head dim): masked to p = 0 and dS = 0, they change no bit of o,
+    lse, dq, dk or dv."""
+    from refcheck.optimized.attention.api import _tokens
+    from refcheck.optimized.attention.backward import backward
+    from refcheck.optimized.attention.layout import make_layout
+    x = attention_case(T=300, S=260, H=4, Hk=2, Dqk=dims[0], Dv=dims[1], dtype=dtype, lengths=((170, 130), (100, 160)))
+    lay = make_layout(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale=dims[0] ** -0.5,
+                      causal=causal, precision="tf32")
+    q, k, v = (_tokens(x[n]) for n in "qkv")
+    do = torch.randn(q.shape[0], 4, dims[1], generator=torch.Generator().manual_seed(3)).to(q.dtype)
+    assert tiles.tma_aligned(q, k, v, do)
+    results = []
+    for tma in (False, True):
+        o, lse = forward_module.forward(q, k, v, lay, 64, ladder=[dict(BN=32, num_warps=4, num_stages=2, TMA=tma)])
+        grads = backward(q, k, v, o, lse, do, None, lay, dq_ladder=[dict(BM=64, BN=32, TMA=tma)],
+                         dkdv_ladder=[dict(BN=64, BM=32, TMA=tma)])
+        results.append((o, lse, *grads))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_tma_only_where_descriptors_can_address_the_tensors():
+    """TMA needs 16-byte rows: bf16 head dims that are multiples of 8, and no empty tensor."""
+    aligned = tiles.tma_aligned
+    assert aligned(torch.zeros(5, 2, 8, dtype=torch.bfloat16))
+    assert not aligned(torch.zeros(5, 2, 12, dtype=torch.bfloat16))
+    assert not aligned(torch.zeros(0, 2, 8, dtype=torch.bfloat16))
+    assert not aligned(torch.zeros(5 * 2 * 8 + 1, dtype=torch.bfloat16)[1:].view(5, 2, 8))
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -87,14 +87,15 @@ def make_chunks(batch: int, length: int, cu_seqlens: torch.Tensor | None, size: 
     return Chunks(cu.to(i32), seq.to(i32), start.to(i32), offsets.to(i32), size)
 
 
-def launch(kernel, grid, args: tuple, constexprs: dict, ladder: list[dict]):
+def launch(kernel, grid, args, constexprs: dict, ladder: list[dict]):
     """Launch ``kernel[grid](*args, **constexprs, **step)`` with the first step of ``ladder`` (launch
     settings and block sizes, preferred first) that fits the GPU: a step whose shared memory exceeds
-    the device's raises ``OutOfResources`` at launch, and the next one is tried."""
+    the device's raises ``OutOfResources`` at launch, and the next one is tried. ``args``: a tuple, or
+    a function of the step giving it (arguments that depend on block sizes, such as TMA descriptors)."""
     from triton.runtime.errors import OutOfResources
     for n, step in enumerate(ladder):
         try:
-            return kernel[grid](*args, **constexprs, **step)
+            return kernel[grid](*(args(step) if callable(args) else args), **constexprs, **step)
         except OutOfResources:
             if n == len(ladder) - 1:
                 raise

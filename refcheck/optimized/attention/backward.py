@@ -23,15 +23,18 @@ from .layout import Layout
 from .tiles import (
     KERNEL_LOG2E,
     LOG2E,
+    block_descriptors,
     causal_key_end,
     dot_split,
     full_key_end,
+    load_block,
     load_split,
     load_tile,
     query_block,
     row_offset,
     sequence,
     store_tile,
+    tma_aligned,
     visible,
     zeros_split,
 )
@@ -95,14 +98,14 @@ def load_rows(lse_ptr, delta_ptr, rows, rmask):
 
 
 @triton.jit
-def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
              DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr,
-             BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr):
+             BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
     """``dQ += dS K`` (unscaled) over key block ``j0 .. j0 + BN - 1``, dQ as its two column tiles; MASKED
-    as in the forward's ``attend``."""
+    and TMA as in the forward's ``attend``."""
     j = j0 + tl.arange(0, BN)
-    k1, k2 = load_split(k_ptr, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED)
-    v = load_tile(v_ptr, ks + j0, Sk - j0, hk, HK, DV, 0, BN, BDV, MASKED)
+    k1, k2 = load_block(k_ptr, kd1, kd2, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED, TMA)
+    v = load_block(v_ptr, vd, vd, ks + j0, Sk - j0, hk, HK, DV, BN, BDV, 0, MASKED, TMA)[0]
     p = tl.exp2(dot_split(q1, q2, k1, k2, BQ2, PREC) * qk_scale - lse2[:, None])
     if MASKED:
         p = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), p, 0.0)
@@ -114,9 +117,10 @@ def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK
 
 
 @triton.jit
-def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, cuk_ptr, scale, qk_scale, H, G, T,
-              DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr):
+def dq_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, cuk_ptr, scale, qk_scale,
+              H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
+              PREC: tl.constexpr, TMA: tl.constexpr):
     """dQ of query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``: the
     key blocks every query of it sees first, without masks, then the rest (``dq_block``)."""
     n = tl.program_id(1)
@@ -134,27 +138,28 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, 
     dq1, dq2 = zeros_split(BM, BQ1, BQ2)
     full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
     for j0 in range(0, full, BN):
-        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
-                            DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, False)
+        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
+                            qk_scale, DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, False, TMA)
     for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
-        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
-                            DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, True)
+        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
+                            qk_scale, DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, True, TMA)
     store_tile(dq_ptr, dq1 * scale, qs + m0, Tq - m0, h, H, DQK, 0, BM, BQ1)
     if BQ2 > 0:
         store_tile(dq_ptr, dq2 * scale, qs + m0, Tq - m0, h, H, DQK, BQ1, BM, BQ2)
 
 
 @triton.jit
-def dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H, base, j, Sk,
-               qk_scale, DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
+def dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs, m0, Tq, h, H, base, j,
+               Sk, qk_scale, DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
                BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
-               MASKED: tl.constexpr):
+               MASKED: tl.constexpr, TMA: tl.constexpr):
     """``dV += P^T dO`` and ``dK += dS^T Q`` (unscaled, dK as its two column tiles) over query block
     ``m0 .. m0 + BM - 1`` of head h, in the transposed ``[BN, BM]`` orientation; MASKED: some of these
-    queries may not see some of the keys or not exist (causal diagonal, last block)."""
+    queries may not see some of the keys or not exist (causal diagonal, last block); TMA: q and dO load
+    through the descriptors ``qd1``, ``qd2``, ``dod``."""
     i = m0 + tl.arange(0, BM)
-    q1, q2 = load_split(q_ptr, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2, MASKED)
-    do = load_tile(do_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV, MASKED)
+    q1, q2 = load_block(q_ptr, qd1, qd2, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2, MASKED, TMA)
+    do = load_block(do_ptr, dod, dod, qs + m0, Tq - m0, h, H, DV, BM, BDV, 0, MASKED, TMA)[0]
     lse2, delta = load_rows(lse_ptr, delta_ptr, base + i, i < Tq)
     pt = tl.exp2(dot_split(k1, k2, q1, q2, BQ2, PREC) * qk_scale - lse2[None, :])               # [BN, BM]
     if MASKED:
@@ -168,10 +173,10 @@ def dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m
 
 
 @triton.jit
-def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cuq_ptr, cuk_ptr, scale, qk_scale,
-                H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
+def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cuq_ptr, cuk_ptr, scale,
+                qk_scale, H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
-                PREC: tl.constexpr):
+                PREC: tl.constexpr, TMA: tl.constexpr):
     """dK, dV of key block ``program_id(0)`` of sequence ``program_id(1)``, key head ``program_id(2)``:
     the G query heads of that key head in order, each over the query blocks that see the keys
     (``dkdv_block``): masked from the first one to those that see every key of the block (causal),
@@ -200,14 +205,17 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
         h = hk * G + g
         base = row_offset(n, h, H, T, qs, BATCHED)
         for m0 in range(first, mid, BM):
-            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H,
-                                      base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC, True)
+            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs,
+                                      m0, Tq, h, H, base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC,
+                                      True, TMA)
         for m0 in range(mid, whole, BM):
-            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H,
-                                      base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC, False)
+            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs,
+                                      m0, Tq, h, H, base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC,
+                                      False, TMA)
         for m0 in range(tl.maximum(mid, whole), Tq, BM):
-            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, lse_ptr, delta_ptr, qs, m0, Tq, h, H,
-                                      base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC, True)
+            dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs,
+                                      m0, Tq, h, H, base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC,
+                                      True, TMA)
     store_tile(dk_ptr, dk1 * scale, ks + n0, Sk - n0, hk, HK, DQK, 0, BN, BQ1)
     if BQ2 > 0:
         store_tile(dk_ptr, dk2 * scale, ks + n0, Sk - n0, hk, HK, DQK, BQ1, BN, BQ2)
@@ -218,7 +226,8 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
              dkdv_ladder: list[dict] | None = None):
     """``(dq, dk, dv)`` in the dtypes of q, k, v, from the flattened contiguous inputs, o, the
     forward's lse, dO (o's shape) and dlse (lse's shape, or None); the ladders override the launch
-    settings of ``dq_kernel`` and ``dkdv_kernel`` (``benchmarks/attention_sweep.py``)."""
+    settings of ``dq_kernel`` and ``dkdv_kernel`` (``benchmarks/attention_sweep.py``), a step may say
+    ``TMA`` (default: wherever ``tma_aligned``)."""
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     consts = dict(DV=lay.dv, BATCHED=lay.batched, BDV=lay.bdv)
@@ -232,12 +241,19 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
     dq_ladder = dq_ladder or [dict(BM=bm) | step for bm in (DQ_BM, DQ_BM // 2)
                               for step in lay.ladder(bm, dq_keys(lay), sum(lay.qk_tiles))]
+    keys_tma, queries_tma = tma_aligned(k, v), tma_aligned(q, do)
     if lay.grid(lay.max_q, DQ_BM, lay.heads):
-        launch(dq_kernel, lambda meta: lay.grid(lay.max_q, meta["BM"], lay.heads),
-               (q, k, v, do, lse, delta, dq, *common), tiles, dq_ladder)
+        def dq_args(step: dict) -> tuple:
+            descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv) if step["TMA"] else (k, k, v)
+            return (q, k, v, *descs, do, lse, delta, dq, *common)
+        launch(dq_kernel, lambda meta: lay.grid(lay.max_q, meta["BM"], lay.heads), dq_args, tiles,
+               [{"TMA": keys_tma} | step for step in dq_ladder])
     bn, bm = dkdv_blocks(lay)
     dkdv_ladder = dkdv_ladder or [dict(BN=bn) | step for step in lay.ladder(bn, bm, lay.width, inner="BM")]
     grid_k = lay.grid(lay.max_k, dkdv_ladder[0]["BN"], lay.heads // lay.group)
     if grid_k:
-        launch(dkdv_kernel, grid_k, (q, k, v, do, lse, delta, dk, dv, *common), tiles, dkdv_ladder)
+        def dkdv_args(step: dict) -> tuple:
+            descs = block_descriptors(q, do, step["BM"], lay.qk_tiles, lay.bdv) if step["TMA"] else (q, q, do)
+            return (q, k, v, do, *descs, lse, delta, dk, dv, *common)
+        launch(dkdv_kernel, grid_k, dkdv_args, tiles, [{"TMA": queries_tma} | step for step in dkdv_ladder])
     return dq, dk, dv

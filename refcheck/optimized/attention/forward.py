@@ -16,6 +16,8 @@ then ``o_i = a_i / l_i`` and ``lse_i = (m_i + log2 l_i) / log2(e)``; a row that 
 fp8 (e4m3/e5m2) q, k, v hold ``x / descale_x`` per tensor: ``q k^T`` is an fp8 dot whose descales
 fold into c, ``p v`` a bf16 dot (v widened exactly, p rounded to bf16), ``a_i`` scaled by descale_v;
 o comes out in bf16.
+
+Key and value blocks load through TMA descriptors where k and v allow one (``tiles.load_block``).
 """
 from __future__ import annotations
 
@@ -28,15 +30,17 @@ from .layout import Layout
 from .tiles import (
     KERNEL_LOG2E,
     LOG2E,
+    block_descriptors,
     block_row,
     causal_key_end,
     dot_split,
     full_key_end,
+    load_block,
     load_split,
-    load_tile,
     row_offset,
     sequence,
     store_tile,
+    tma_aligned,
     visible,
 )
 
@@ -50,15 +54,16 @@ def keys_per_step(lay: Layout) -> int:
 
 
 @triton.jit
-def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK: tl.constexpr,
+def attend(acc, m, l, q1, q2, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK: tl.constexpr,
            DV: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr,
-           BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, MASKED: tl.constexpr):
+           BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
     """The online-softmax update of ``(acc [BM, BDV], m [BM], l [BM])`` by key block ``j0 .. j0 + BN - 1``;
     MASKED: some query of the block may not see some of these keys (the last or the causal diagonal
-    blocks), else all exist and are seen, and the block needs no mask."""
+    blocks), else all exist and are seen, and the block needs no mask. TMA: the block loads through the
+    descriptors ``kd1``, ``kd2`` (k's column tiles) and ``vd``."""
     j = j0 + tl.arange(0, BN)
-    k1, k2 = load_split(k_ptr, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED)
-    v = load_tile(v_ptr, ks + j0, Sk - j0, hk, HK, DV, 0, BN, BDV, MASKED)
+    k1, k2 = load_block(k_ptr, kd1, kd2, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED, TMA)
+    v = load_block(v_ptr, vd, vd, ks + j0, Sk - j0, hk, HK, DV, BN, BDV, 0, MASKED, TMA)[0]
     s = dot_split(q1, q2, k1, k2, BQ2, PREC)                  # unscaled: c > 0 scales inside the max and exp2
     if MASKED:
         s = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), s, float("-inf"))
@@ -76,10 +81,10 @@ def attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
 
 
 @triton.jit
-def forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T, b, NB, n, h,
-                 DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
-                 FP8: tl.constexpr):
+def forward_tile(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T, b,
+                 NB, n, h, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
+                 PREC: tl.constexpr, FP8: tl.constexpr, TMA: tl.constexpr):
     """Query block ``b`` of ``NB`` (``block_row``) of sequence n, query head h: the key blocks every query
     of it sees first, without masks, then the rest (``attend``); o and lse stored."""
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
@@ -94,11 +99,11 @@ def forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale
         acc = tl.zeros((BM, BDV), tl.float32)
         full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
         for j0 in range(0, full, BN):
-            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV,
-                               CAUSAL, BN, BQ1, BQ2, BDV, PREC, FP8, False)
+            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+                               DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, FP8, False, TMA)
         for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
-            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, ks, j0, Sk, hk, HK, i, Tq, qk_scale, DQK, DV,
-                               CAUSAL, BN, BQ1, BQ2, BDV, PREC, FP8, True)
+            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+                               DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, FP8, True, TMA)
         if FP8:
             acc *= v_descale
         seen = l > 0
@@ -109,29 +114,30 @@ def forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale
 
 
 @triton.jit
-def forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
+def forward_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
                    DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
-                   PREC: tl.constexpr, FP8: tl.constexpr):
+                   PREC: tl.constexpr, FP8: tl.constexpr, TMA: tl.constexpr):
     """One program per tile: query block ``program_id(0)`` of sequence ``program_id(1)``, head ``program_id(2)``."""
-    forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
+    forward_tile(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
                  tl.program_id(0), tl.num_programs(0), tl.program_id(1), tl.program_id(2),
-                 DQK, DV, BATCHED, CAUSAL, BM, BN, BQ1, BQ2, BDV, PREC, FP8)
+                 DQK, DV, BATCHED, CAUSAL, BM, BN, BQ1, BQ2, BDV, PREC, FP8, TMA)
 
 
 @triton.jit
-def forward_persistent_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
-                              NB, N, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr,
+def forward_persistent_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale,
+                              v_descale, H, G, T, NB, N, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr,
                               CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr,
-                              BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr):
+                              BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, FP8: tl.constexpr,
+                              TMA: tl.constexpr):
     """A fixed grid of programs, each taking tiles ``program_id(0)``, ``+ num_programs(0)``, ... of the
     ``NB * N * H`` (query block, sequence, head) tiles, query block outermost: every sequence and head
     gets its causal-longest blocks first, as the one-program-per-tile launch orders them."""
     for t in range(tl.program_id(0), NB * N * H, tl.num_programs(0)):
         b = t // (N * H)
         n = t % (N * H) // H
-        forward_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H, G, T,
-                     b, NB, n, t % H, DQK, DV, BATCHED, CAUSAL, BM, BN, BQ1, BQ2, BDV, PREC, FP8)
+        forward_tile(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, o_ptr, lse_ptr, cuq_ptr, cuk_ptr, qk_scale, v_descale, H,
+                     G, T, b, NB, n, t % H, DQK, DV, BATCHED, CAUSAL, BM, BN, BQ1, BQ2, BDV, PREC, FP8, TMA)
 
 
 SCHEDULES = ("grid", "persistent")
@@ -152,21 +158,27 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, bloc
             schedule: str = "grid"):
     """``(o [tokens, H, Dv] in q's dtype (fp8: bf16), lse fp32 [B, H, T])`` of flattened contiguous q
     ``[tokens, H, Dqk]``, k ``[keys, Hk, Dqk]``, v ``[keys, Hk, Dv]``; fp8 inputs with their
-    ``descale = (descale_q, descale_k, descale_v)``; ``schedule`` one of ``SCHEDULES``."""
+    ``descale = (descale_q, descale_k, descale_v)``; ``schedule`` one of ``SCHEDULES``; a ``ladder`` step
+    may say ``TMA`` (default: wherever ``tma_aligned``)."""
     dsq, dsk, dsv = descale or (1.0, 1.0, 1.0)
     o = torch.empty(*q.shape[:2], v.shape[-1], device=q.device, dtype=q.dtype if descale is None else torch.bfloat16)
     lse = torch.empty(lay.batch, lay.heads, lay.length, device=q.device, dtype=torch.float32)
     tiles = lay.grid(lay.max_q, block_m, lay.heads)
     grid: tuple[int, ...] | None = tiles
     if tiles:
-        args: tuple = (q, k, v, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads, lay.group,
-                       lay.length)
         kernel = forward_kernel
+        more: tuple[int, ...] = ()
         if schedule == "persistent":
-            kernel, args = forward_persistent_kernel, (*args, tiles[0], tiles[1])
+            kernel, more = forward_persistent_kernel, (tiles[0], tiles[1])
             grid = (persistent_programs(q.device, tiles[0] * tiles[1] * tiles[2]),)
+
+        def args(step: dict) -> tuple:
+            descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv) if step["TMA"] else (k, k, v)
+            return (q, k, v, *descs, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads,
+                    lay.group, lay.length, *more)
+        tma = tma_aligned(k, v)
         launch(kernel, grid, args,
                dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m,
                     BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
-               ladder or lay.ladder(block_m, keys_per_step(lay), lay.bdv))
+               [{"TMA": tma} | step for step in ladder or lay.ladder(block_m, keys_per_step(lay), lay.bdv)])
     return o, lse
