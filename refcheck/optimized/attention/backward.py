@@ -249,11 +249,13 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
         launch(dq_kernel, lambda meta: lay.grid(lay.max_q, meta["BM"], lay.heads), dq_args, tiles,
                [{"TMA": keys_tma} | step for step in dq_ladder])
     bn, bm = dkdv_blocks(lay)
-    dkdv_ladder = dkdv_ladder or [dict(BN=bn) | step for step in lay.ladder(bn, bm, lay.width, inner="BM")]
-    grid_k = lay.grid(lay.max_k, dkdv_ladder[0]["BN"], lay.heads // lay.group)
-    if grid_k:
+    # then half the keys: fp32 "tf32x3" at Dqk = 89, Dv = 128 needed 245 KB at every step of 128 keys (H200)
+    dkdv_ladder = dkdv_ladder or [dict(BN=n) | step for n in (bn, bn // 2)
+                                  for step in lay.ladder(n, bm, lay.width, inner="BM")]
+    if lay.grid(lay.max_k, bn, lay.heads // lay.group):
         def dkdv_args(step: dict) -> tuple:
             descs = block_descriptors(q, do, step["BM"], lay.qk_tiles, lay.bdv) if step["TMA"] else (q, q, do)
             return (q, k, v, do, *descs, lse, delta, dk, dv, *common)
-        launch(dkdv_kernel, grid_k, dkdv_args, tiles, [{"TMA": queries_tma} | step for step in dkdv_ladder])
+        launch(dkdv_kernel, lambda meta: lay.grid(lay.max_k, meta["BN"], lay.heads // lay.group), dkdv_args, tiles,
+               [{"TMA": queries_tma} | step for step in dkdv_ladder])
     return dq, dk, dv
