@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of every kernel of ours on Hopper, without a GPU.
 
     python benchmarks/kernel_resources.py [--op kda|gla|simple_gla|attention] [--shape B8_T4096] [--arch 90] [--safe]
-        [--dims 192,128] [--causal] [--schedule grid|persistent]
+        [--dims 192,128] [--causal] [--schedule grid|persistent] [--dtype fp32] [--precision tf32x3] [--fit]
 
 Runs one of our ops (``optimized.kda`` by default) forward and backward on small CPU tensors with every Triton launch captured
 instead of run (``JITFunction.run`` is replaced), then compiles each captured launch for
@@ -9,6 +9,11 @@ instead of run (``JITFunction.run`` is replaced), then compiles each captured la
 (``cuobjdump -res-usage``). The launch configuration is the one the wrapper would pick for the
 given shape's head dims and program counts, so a register or spill figure here is the one the GPU
 sees, up to differences between this Triton and the GPU's (3.9 here, 3.6 on the lent machines).
+
+``--fit`` compiles each launch as it is made and refuses those that need more shared memory than an
+H100 or H200 has, so that the launch ladders fall back as they do on the GPU: a kernel whose every step
+is refused is an ``OutOfResources`` on valid input, found without a GPU (the compiler's figures here
+match the GPU's: fp32 attention at Dqk=89, Dv=128, "tf32x3" needed 320000 and 245760 B in both).
 
 A kernel at 255 registers with a non-zero STACK spills to local memory every iteration; that, not
 the tensor cores, is what limits the serial kernels. Use this to iterate on register pressure
@@ -30,12 +35,18 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
                 torch.int64: "i64"}
 
 
-def capture(fn):
-    """Call ``fn()`` with Triton launches recorded, not run: ``[(kernel, bound arguments, options)]``."""
+def capture(fn, fit: int | None = None, arch: int = 90):
+    """Call ``fn()`` with Triton launches recorded, not run: ``[(kernel, bound arguments, options)]``.
+    ``fit``: the shared memory of the GPU in bytes; each launch is then compiled for ``sm_<arch>`` as it
+    comes and raises ``OutOfResources`` where it needs more, so that the launch ladders
+    (``common.launch``) fall back as on that GPU; the refused launches are recorded with
+    ``options["refused"]`` set to the bytes they needed."""
+    from triton.runtime.errors import OutOfResources
     from triton.runtime.jit import JITFunction
     seen = []
 
@@ -43,8 +54,16 @@ def capture(fn):
         names = [p.name for p in self.params]
         bound = dict(zip(names, args)) | {n: v for n, v in kwargs.items() if n in names}
         options = {n: v for n, v in kwargs.items() if n not in names}
+        if fit is not None:
+            shared = resources(self, bound, options, arch)["shared"]
+            if shared > fit:
+                seen.append((self, bound, options | {"refused": shared}))
+                raise OutOfResources(shared, fit, "shared memory")
         seen.append((self, bound, options))
-    with mock.patch.object(JITFunction, "run", record):
+    from refcheck.runtime import interpreter
+    # launches are recorded, not run: the kernels' CPU-device check (``common.check_runs_on``) must let them be
+    with mock.patch.object(JITFunction, "run", record), mock.patch.object(interpreter, "is_interpreted", lambda k: True), \
+            mock.patch.object(interpreter, "enable", lambda: None):
         try:
             fn()
         except Exception:  # outputs were never written; the launches up to here are what we want
@@ -128,17 +147,18 @@ def linear_launches(op: str, shape: dict, dtype=torch.bfloat16, **knobs):
     return capture(fwd_bwd)
 
 
-def attention_launches(causal: bool, dims: tuple[int, int], schedule: str = "grid"):
-    """Every launch of one forward + backward of ``optimized.attention`` (bf16, H = 16) at head dims
-    ``dims = (Dqk, Dv)``, the forward under ``schedule``."""
+def attention_launches(causal: bool, dims: tuple[int, int], schedule: str = "grid", dtype=torch.bfloat16,
+                       fit: int | None = None, **knobs):
+    """Every launch of one forward + backward of ``optimized.attention`` (H = Hk = 16) at head dims
+    ``dims = (Dqk, Dv)``, the forward under ``schedule``, more ``knobs`` (precision); ``fit`` as in ``capture``."""
     from refcheck import optimized
     dqk, dv = dims
 
     def fwd_bwd():
-        q, k, v = _grad_inputs((1, 128, 16, dqk), (1, 128, 16, dqk), (1, 128, 16, dv))
-        o, lse = optimized.attention(q, k, v, causal=causal, schedule=schedule)
+        q, k, v = _grad_inputs((1, 128, 16, dqk), (1, 128, 16, dqk), (1, 128, 16, dv), dtype=dtype)
+        o, lse = optimized.attention(q, k, v, causal=causal, schedule=schedule, **knobs)
         o.float().sum().backward()
-    return capture(fwd_bwd)
+    return capture(fwd_bwd, fit)
 
 
 def main():
@@ -154,31 +174,37 @@ def main():
     ap.add_argument("--safe", action="store_true", help="kda: safe_gate with lower_bound -5")
     ap.add_argument("--keep", action="store_true", help="kda: disable_recompute")
     ap.add_argument("--warps", type=int, help="compile every kernel with this many warps instead")
-    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"), help="gla, simple_gla: input dtype")
-    ap.add_argument("--precision", help="gla, simple_gla: the precision knob")
+    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"), help="input dtype")
+    ap.add_argument("--precision", help="the precision knob (gla, simple_gla, attention)")
     ap.add_argument("--chunk-size", type=int, help="gla, simple_gla: the chunk_size knob")
     ap.add_argument("--kv", help="gla, simple_gla: head dims K,V instead of the shape's")
+    ap.add_argument("--fit", type=int, nargs="?", const=232448,
+                    help="compile each launch as it comes and let the launch ladders fall back as on a GPU with this "
+                         "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
     args = ap.parse_args()
     if args.op == "kda":
         launches = kda_launches(SHAPES[args.shape], args.safe, args.keep)
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
-        launches = attention_launches(args.causal, (dqk, dv), args.schedule)
+        knobs = {"precision": args.precision} if args.precision else {}
+        launches = attention_launches(args.causal, (dqk, dv), args.schedule, DTYPES[args.dtype], args.fit, **knobs)
     else:
         shape = dict(SHAPES[args.shape])
         if args.kv:
             shape["K"], shape["V"] = (int(d) for d in args.kv.split(","))
         knobs = {n: v for n, v in (("precision", args.precision), ("chunk_size", args.chunk_size)) if v is not None}
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-        launches = linear_launches(args.op, shape, dtype, **knobs)
+        launches = linear_launches(args.op, shape, DTYPES[args.dtype], **knobs)
     import triton
     print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'kernel':22} {'regs':>5} {'stack':>6} {'shared':>7}  options")
     for kernel, bound, options in launches:
+        consts = {p.name: bound[p.name] for p in kernel.params if p.is_constexpr}
+        if "refused" in options:
+            print(f"{kernel.fn.__name__:22} refused: needs {options['refused']} B of shared memory  {options} {consts}")
+            continue
         if args.warps:
             options = options | dict(num_warps=args.warps)
         r = resources(kernel, bound, options, args.arch)
-        consts = {p.name: bound[p.name] for p in kernel.params if p.is_constexpr}
         print(f"{r['kernel']:22} {r['regs']:5} {r['stack']:6} {r['shared']:7}  {r['options']} {consts}", flush=True)
 
 

@@ -510,6 +510,23 @@ def test_interpretation_must_precede_import_of_triton():
     assert early.returncode == 0, early.stderr
 
 
+def test_our_kernels_on_cpu_tensors_need_the_interpreter_and_get_the_faithful_one():
+    """A newcomer's script calling ``refcheck.optimized`` on CPU tensors: without the interpreter, a
+    ValueError naming the argument and the fix, before any kernel runs; with ``TRITON_INTERPRET=1`` set by
+    hand (not through refcheck), the faithful interpreter is switched on, so bf16 attention is right
+    (the stock interpreter's o was off by 2.6e9 relative)."""
+    call = ("import torch\nfrom refcheck import optimized, references\ntorch.manual_seed(0)\n"
+            "q = torch.randn(1, 70, 2, 32, dtype=torch.bfloat16)\n")
+    bare = _python(call + "optimized.attention(q, q, q)")
+    assert bare.returncode != 0 and "ValueError: q: a tensor on cpu" in bare.stderr, bare.stderr
+    assert "configure_backend('cpu')" in bare.stderr
+    by_hand = _python(call + "o, _ = optimized.attention(q, q, q, causal=True)\n"
+                      "r, _ = references.attention(*(q.double(),) * 3, causal=True)\n"
+                      "print(float((o.double() - r).norm() / r.norm()))", TRITON_INTERPRET="1")
+    assert by_hand.returncode == 0, by_hand.stderr
+    assert float(by_hand.stdout) < 1e-2
+
+
 def test_is_interpreted():
     from triton.runtime.jit import JITFunction
 

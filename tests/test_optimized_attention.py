@@ -121,6 +121,42 @@ def test_tma_loads_give_the_bits_of_pointer_loads(dtype, dims, causal):
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@pytest.mark.parametrize("schedule", ["grid", "persistent"])
+def test_fallback_blocks_compute_the_same(monkeypatch, schedule):
+    """Where a GPU refuses every launch setting of a block size (OutOfResources: fp32 at head dims 256
+    with "tf32x3" offline for sm_90), the ladders go on with smaller blocks -- forward 64 query rows
+    instead of 128, dq_kernel 32, dkdv_kernel 64 keys instead of 128 -- and the grid and the arguments
+    follow: simulated here by refusing the larger blocks, the results are those of a launch at the
+    smaller ones (o, lse bitwise; gradients within fp32 rounding of the other block order)."""
+    from triton.runtime.errors import OutOfResources
+
+    from refcheck.optimized.attention import backward as backward_module
+    from refcheck.optimized.common import launch
+    refuse = {"forward_kernel": ("BM", 128), "forward_persistent_kernel": ("BM", 128), "dq_kernel": ("BM", 128),
+              "dkdv_kernel": ("BN", 128)}
+    refused = []
+
+    def gpu_without_room(kernel, grid, args, constexprs, ladder):
+        name, big = kernel.fn.__name__, refuse[kernel.fn.__name__]
+        fits = [step for step in ladder if step.get(big[0], constexprs.get(big[0])) != big[1]]
+        refused.append((name, len(ladder) - len(fits)))
+        if not fits:
+            raise OutOfResources(1, 0, "shared memory")
+        return launch(kernel, grid, args, constexprs, fits)
+    x = attention_case(T=150, S=140, H=2, Hk=1, Dqk=32, Dv=16, dtype="fp32", lengths=((90, 60), (70, 70)))
+    gen = torch.Generator().manual_seed(1)
+    cot = (torch.randn(1, 150, 2, 16, generator=gen, dtype=torch.float64), torch.randn(1, 2, 150, generator=gen,
+                                                                                      dtype=torch.float64))
+    want = run(optimized.attention, x, cot, causal=True, block_m=64, schedule=schedule)
+    for module in (forward_module, backward_module):
+        monkeypatch.setattr(module, "launch", gpu_without_room)
+    got = run(optimized.attention, x, cot, causal=True, block_m=128, schedule=schedule)
+    assert {name for name, n in refused if n} == {"forward_persistent_kernel" if schedule == "persistent"
+                                                  else "forward_kernel", "dq_kernel", "dkdv_kernel"}
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert all(rel(got[2][n], want[2][n]) < 1e-6 for n in "qkv")
+
+
 def test_tma_only_where_descriptors_can_address_the_tensors():
     """TMA needs 16-byte rows: bf16 head dims that are multiples of 8, and no empty tensor."""
     aligned = tiles.tma_aligned

@@ -27,6 +27,22 @@ def check_precision(precision) -> str:
     return precision
 
 
+def check_runs_on(name: str, x: torch.Tensor, kernel) -> None:
+    """That ``kernel`` can run on the device of argument ``name``: CUDA, or the CPU where Triton kernels are
+    interpreted (``TRITON_INTERPRET=1`` before the first ``import triton``, as
+    ``refcheck.runtime.backend.configure_backend("cpu")`` sets it). There refcheck's faithful interpreter is
+    switched on first: the stock one computes bf16 and fp16 dots wrongly (o off by 1e9 measured)."""
+    from refcheck.runtime import interpreter
+    if x.device.type == "cuda":
+        return
+    if x.device.type == "cpu" and interpreter.is_interpreted(kernel):
+        interpreter.enable()
+        return
+    raise ValueError(f"{name}: a tensor on {x.device}; refcheck's Triton kernels run on CUDA tensors, or on the CPU "
+                     "through Triton's interpreter: call refcheck.runtime.backend.configure_backend('cpu') before "
+                     "importing refcheck.optimized")
+
+
 def check_flag(name: str, value) -> bool:
     """A boolean keyword; anything else (including 0/1) is a ValueError naming ``name``."""
     if not isinstance(value, bool):

@@ -16,9 +16,9 @@ import torch
 from refcheck.references.attention import check_attention_inputs
 from refcheck.references.contract import check_scale, check_tensor
 
-from ..common import check_flag, check_precision
+from ..common import check_flag, check_precision, check_runs_on
 from .backward import backward
-from .forward import SCHEDULES, forward
+from .forward import SCHEDULES, forward, forward_kernel
 from .layout import Layout, make_layout
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -112,6 +112,7 @@ def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlen
         check_tensor(name, x, 4, KERNEL_DTYPES + FP8_DTYPES)
         if x.dtype != q.dtype or x.device != q.device:
             raise ValueError(f"{name}: expected {q.dtype} on {q.device} like q, got {x.dtype} on {x.device}")
+    check_runs_on("q", q, forward_kernel)
     for name, d in (("q", q.shape[-1]), ("v", v.shape[-1])):
         if not 1 <= d <= MAX_HEAD_DIM:
             raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")

@@ -42,8 +42,9 @@ from .tiles import (
 PREPROCESS_BM = 64
 """Query rows per ``preprocess_kernel`` program."""
 DQ_BM = 128
-"""Query rows per ``dq_kernel`` program, halved where the GPU's shared memory does not hold them (fp32 MLA
-with precision "ieee" needed 344 KB at every launch setting of 128 rows on an H100)."""
+"""Query rows per ``dq_kernel`` program, halved (twice) where the GPU's shared memory does not hold them (fp32
+MLA with precision "ieee" needed 344 KB at every launch setting of 128 rows on an H100; fp32 at head dims
+256 with "tf32x3" 294912 B at the last of 64 rows, offline for sm_90)."""
 
 
 def dq_keys(lay: Layout) -> int:
@@ -239,7 +240,7 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
     tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
                  **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
-    dq_ladder = dq_ladder or [dict(BM=bm) | step for bm in (DQ_BM, DQ_BM // 2)
+    dq_ladder = dq_ladder or [dict(BM=bm) | step for bm in (DQ_BM, DQ_BM // 2, DQ_BM // 4)
                               for step in lay.ladder(bm, dq_keys(lay), sum(lay.qk_tiles))]
     keys_tma, queries_tma = tma_aligned(k, v), tma_aligned(q, do)
     if lay.grid(lay.max_q, DQ_BM, lay.heads):

@@ -21,6 +21,8 @@ Key and value blocks load through TMA descriptors where k and v allow one (``til
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -158,27 +160,31 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, bloc
             schedule: str = "grid"):
     """``(o [tokens, H, Dv] in q's dtype (fp8: bf16), lse fp32 [B, H, T])`` of flattened contiguous q
     ``[tokens, H, Dqk]``, k ``[keys, Hk, Dqk]``, v ``[keys, Hk, Dv]``; fp8 inputs with their
-    ``descale = (descale_q, descale_k, descale_v)``; ``schedule`` one of ``SCHEDULES``; a ``ladder`` step
-    may say ``TMA`` (default: wherever ``tma_aligned``)."""
+    ``descale = (descale_q, descale_k, descale_v)``; ``schedule`` one of ``SCHEDULES``; ``block_m`` query rows
+    a program (half as many where none of the launch settings of that many fits the GPU); a ``ladder`` step
+    may say ``BM`` (default ``block_m``) and ``TMA`` (default: wherever ``tma_aligned``)."""
     dsq, dsk, dsv = descale or (1.0, 1.0, 1.0)
     o = torch.empty(*q.shape[:2], v.shape[-1], device=q.device, dtype=q.dtype if descale is None else torch.bfloat16)
     lse = torch.empty(lay.batch, lay.heads, lay.length, device=q.device, dtype=torch.float32)
-    tiles = lay.grid(lay.max_q, block_m, lay.heads)
-    grid: tuple[int, ...] | None = tiles
-    if tiles:
-        kernel = forward_kernel
-        more: tuple[int, ...] = ()
-        if schedule == "persistent":
-            kernel, more = forward_persistent_kernel, (tiles[0], tiles[1])
-            grid = (persistent_programs(q.device, tiles[0] * tiles[1] * tiles[2]),)
+    if lay.grid(lay.max_q, block_m, lay.heads):
+        persistent = schedule == "persistent"
+
+        def tiles(step: dict) -> tuple[int, int, int]:
+            return lay.grid(lay.max_q, step["BM"], lay.heads) or (0, 0, 0)
+
+        def grid(meta: dict) -> tuple[int, ...]:
+            return (persistent_programs(q.device, math.prod(tiles(meta))),) if persistent else tiles(meta)
 
         def args(step: dict) -> tuple:
             descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv) if step["TMA"] else (k, k, v)
             return (q, k, v, *descs, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads,
-                    lay.group, lay.length, *more)
-        tma = tma_aligned(k, v)
-        launch(kernel, grid, args,
-               dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BM=block_m,
-                    BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
-               [{"TMA": tma} | step for step in ladder or lay.ladder(block_m, keys_per_step(lay), lay.bdv)])
+                    lay.group, lay.length, *(tiles(step)[:2] if persistent else ()))
+        # block_m rows first; where no step of them fits the GPU's shared memory (fp32 at head dims 256 with
+        # "tf32x3" needed 327680 B at its last step of 128 rows, offline for sm_90), half as many
+        ladder = ladder or [dict(BM=rows) | step for rows in (block_m, block_m // 2)
+                            for step in lay.ladder(rows, keys_per_step(lay), lay.bdv)]
+        launch(forward_persistent_kernel if persistent else forward_kernel, grid, args,
+               dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0],
+                    BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),
+               [{"TMA": tma_aligned(k, v), "BM": block_m} | step for step in ladder])
     return o, lse

@@ -14,8 +14,8 @@ import torch
 from refcheck.references.contract import check_cu_seqlens, check_scale, check_tensor
 from refcheck.references.gla import check_gla_inputs
 
-from ..common import Chunks, check_flag, check_precision, kernel_state, make_chunks
-from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra
+from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
+from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra, intra_kernel
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -97,6 +97,7 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
     for name, x in (("k", k), ("v", v), ("g", g)):
         if x.device != q.device:
             raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
+    check_runs_on("q", q, intra_kernel)
     K, V = q.shape[-1], v.shape[-1]
     for name, d in (("q", K), ("v", V)):
         if not 1 <= d <= MAX_HEAD_DIM:

@@ -15,10 +15,10 @@ import torch
 from refcheck.references.contract import check_cu_seqlens, check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
-from ..common import Chunks, check_flag, check_precision, kernel_state, make_chunks
+from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
-from .chunk_fwd import CHUNK, intra, recurrence
-from .gate import gate_backward, gate_cumsum
+from .chunk_fwd import CHUNK, intra, intra_kernel, recurrence
+from .gate import gate_backward, gate_cumsum, gate_forward_kernel
 from .l2norm import l2norm_backward, l2norm_forward
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -71,6 +71,7 @@ def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None 
     """The KDA log-decay (``references.gates``), float32 ``[B, T, H, K]``; differentiable in g,
     A_log and dt_bias. g may be fp32, bf16 or fp16: it is converted in registers, never copied."""
     check_tensor("g", g, 4, KERNEL_DTYPES)
+    check_runs_on("g", g, gate_forward_kernel)
     _, _, H, K = g.shape
     _check_gate_params(A_log, dt_bias, H, K, g.device)
     _check_lower_bound(lower_bound)
@@ -168,6 +169,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         check_tensor(name, x, x.ndim, KERNEL_DTYPES)
         if x.device != q.device:
             raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
+    check_runs_on("q", q, intra_kernel)
     B, T, H, K = q.shape
     V = v.shape[-1]
     for name, d in (("q", K), ("v", V)):
