@@ -106,7 +106,7 @@ def resources(kernel, bound, options, arch: int) -> dict:
                 shared=compiled.metadata.shared, options=opts)
 
 
-def kda_launches(shape: dict, safe: bool, keep: bool):
+def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None):
     """Every launch of one forward + backward of ``optimized.kda`` (bf16, l2norm) for ``shape``.
 
     Launches are recorded, not run, so outputs hold garbage; the wrappers' choices depend on head
@@ -124,14 +124,14 @@ def kda_launches(shape: dict, safe: bool, keep: bool):
                               use_qk_l2norm=True, output_final_state=True, safe_gate=safe,
                               lower_bound=-5.0 if safe else None, disable_recompute=keep)
         (o.float().sum() + ht.sum()).backward()
-    return capture(fwd_bwd)
+    return capture(fwd_bwd, fit)
 
 
 def _grad_inputs(*shapes, dtype=torch.bfloat16):
     return [torch.randn(*s, dtype=dtype).requires_grad_() for s in shapes]
 
 
-def linear_launches(op: str, shape: dict, dtype=torch.bfloat16, **knobs):
+def linear_launches(op: str, shape: dict, dtype=torch.bfloat16, fit: int | None = None, **knobs):
     """Every launch of one forward + backward of ``optimized.gla`` or ``optimized.simple_gla`` (final
     state, ``knobs`` such as precision and chunk_size) at the shape's head dims, one chunk per
     sequence (launches depend on head dims and program counts only)."""
@@ -144,7 +144,7 @@ def linear_launches(op: str, shape: dict, dtype=torch.bfloat16, **knobs):
         g = F.logsigmoid(g).requires_grad_()
         o, ht = getattr(optimized, op)(q, k, v, g, output_final_state=True, **knobs)
         (o.float().sum() + ht.sum()).backward()
-    return capture(fwd_bwd)
+    return capture(fwd_bwd, fit)
 
 
 def attention_launches(causal: bool, dims: tuple[int, int], schedule: str = "grid", dtype=torch.bfloat16,
@@ -183,7 +183,7 @@ def main():
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
     args = ap.parse_args()
     if args.op == "kda":
-        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep)
+        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit)
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
         knobs = {"precision": args.precision} if args.precision else {}
@@ -193,7 +193,7 @@ def main():
         if args.kv:
             shape["K"], shape["V"] = (int(d) for d in args.kv.split(","))
         knobs = {n: v for n, v in (("precision", args.precision), ("chunk_size", args.chunk_size)) if v is not None}
-        launches = linear_launches(args.op, shape, DTYPES[args.dtype], **knobs)
+        launches = linear_launches(args.op, shape, DTYPES[args.dtype], args.fit, **knobs)
     import triton
     print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'kernel':22} {'regs':>5} {'stack':>6} {'shared':>7}  options")
