@@ -103,7 +103,8 @@ def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlen
     Knobs:
       precision: input precision of the fp32 ``tl.dot`` calls ("ieee", "tf32", "tf32x3"; fp32 inputs
                  only, bf16/fp16 dots are exact products with fp32 sums). Default "tf32" as kda's.
-      block_m:   query rows per forward program (128 or 64).
+      block_m:   query rows per forward program (128 or 64; half as many where no launch of that many fits
+                 the GPU's shared memory, e.g. fp32 at head dim 256 with "tf32x3").
       schedule:  the forward's programs: "grid", one per (query block, sequence, head) tile, or
                  "persistent", one per SM, each looping over tiles (longest causal blocks first).
     """
