@@ -240,22 +240,20 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
     tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
                  **consts)
     common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
-    dq_ladder = dq_ladder or [dict(BM=bm) | step for bm in (DQ_BM, DQ_BM // 2, DQ_BM // 4)
-                              for step in lay.ladder(bm, dq_keys(lay), sum(lay.qk_tiles))]
+    dq_ladder = dq_ladder or lay.ladders((DQ_BM, DQ_BM // 2, DQ_BM // 4), dq_keys(lay), sum(lay.qk_tiles))
     keys_tma, queries_tma = tma_aligned(k, v), tma_aligned(q, do)
     if lay.grid(lay.max_q, DQ_BM, lay.heads):
         def dq_args(step: dict) -> tuple:
-            descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv) if step["TMA"] else (k, k, v)
+            descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv, step["TMA"])
             return (q, k, v, *descs, do, lse, delta, dq, *common)
         launch(dq_kernel, lambda meta: lay.grid(lay.max_q, meta["BM"], lay.heads), dq_args, tiles,
                [{"TMA": keys_tma} | step for step in dq_ladder])
     bn, bm = dkdv_blocks(lay)
     # then half the keys: fp32 "tf32x3" at Dqk = 89, Dv = 128 needed 245 KB at every step of 128 keys (H200)
-    dkdv_ladder = dkdv_ladder or [dict(BN=n) | step for n in (bn, bn // 2)
-                                  for step in lay.ladder(n, bm, lay.width, inner="BM")]
+    dkdv_ladder = dkdv_ladder or lay.ladders((bn, bn // 2), bm, lay.width, outer="BN", inner="BM")
     if lay.grid(lay.max_k, bn, lay.heads // lay.group):
         def dkdv_args(step: dict) -> tuple:
-            descs = block_descriptors(q, do, step["BM"], lay.qk_tiles, lay.bdv) if step["TMA"] else (q, q, do)
+            descs = block_descriptors(q, do, step["BM"], lay.qk_tiles, lay.bdv, step["TMA"])
             return (q, k, v, do, *descs, lse, delta, dk, dv, *common)
         launch(dkdv_kernel, lambda meta: lay.grid(lay.max_k, meta["BN"], lay.heads // lay.group), dkdv_args, tiles,
                [{"TMA": queries_tma} | step for step in dkdv_ladder])

@@ -176,13 +176,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lay: Layout, bloc
             return (persistent_programs(q.device, math.prod(tiles(meta))),) if persistent else tiles(meta)
 
         def args(step: dict) -> tuple:
-            descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv) if step["TMA"] else (k, k, v)
+            descs = block_descriptors(k, v, step["BN"], lay.qk_tiles, lay.bdv, step["TMA"])
             return (q, k, v, *descs, o, lse, lay.cu_q, lay.cu_k, lay.scale * dsq * dsk * LOG2E, dsv, lay.heads,
                     lay.group, lay.length, *(tiles(step)[:2] if persistent else ()))
         # block_m rows first; where no step of them fits the GPU's shared memory (fp32 at head dims 256 with
         # "tf32x3" needed 327680 B at its last step of 128 rows, offline for sm_90), half as many
-        ladder = ladder or [dict(BM=rows) | step for rows in (block_m, block_m // 2)
-                            for step in lay.ladder(rows, keys_per_step(lay), lay.bdv)]
+        ladder = ladder or lay.ladders((block_m, block_m // 2), keys_per_step(lay), lay.bdv)
         launch(forward_persistent_kernel if persistent else forward_kernel, grid, args,
                dict(DQK=lay.dqk, DV=lay.dv, BATCHED=lay.batched, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0],
                     BQ2=lay.qk_tiles[1], BDV=lay.bdv, PREC=lay.precision, FP8=descale is not None),

@@ -86,6 +86,12 @@ class Layout:
         steps = [{inner: looped, "num_warps": warps, "num_stages": s} for s in (3, 2, 1)]
         return steps + [{inner: looped // 2, "num_warps": 4, "num_stages": 1}]
 
+    def ladders(self, blocks: tuple[int, ...], looped: int, width: int, outer: str = "BM",
+                inner: str = "BN") -> list[dict]:
+        """``ladder`` of each of ``blocks`` in turn (the constexpr ``outer``): where no step of one block
+        size fits the GPU's shared memory, the next, smaller one (the grids follow the step's block)."""
+        return [{outer: block} | step for block in blocks for step in self.ladder(block, looped, width, inner)]
+
 
 def make_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, *, scale: float,
                 causal: bool, precision: str) -> Layout:

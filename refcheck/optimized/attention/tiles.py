@@ -185,10 +185,15 @@ def tma_aligned(*xs: torch.Tensor) -> bool:
     return all(x.numel() > 0 and x.data_ptr() % 16 == 0 and x.shape[-1] * x.element_size() % 16 == 0 for x in xs)
 
 
-def block_descriptors(x: torch.Tensor, y: torch.Tensor, rows: int, x_tiles: tuple[int, int], y_width: int) -> tuple:
+def block_descriptors(x: torch.Tensor, y: torch.Tensor, rows: int, x_tiles: tuple[int, int], y_width: int,
+                      tma: bool) -> tuple:
     """``(x1, x2, y1)``: TMA descriptors of blocks of ``rows`` tokens of one head of x and y ``[tokens, heads, D]``
     (k and v, or q and dO), for x's column tiles ``x_tiles = (B1, B2)`` of ``load_block`` (B2 = 0: the first
-    again) and y's one tile ``y_width``; what lies past a tensor loads as zeros."""
+    again) and y's one tile ``y_width``; what lies past a tensor loads as zeros. Without ``tma``: ``(x, x, y)``,
+    which a kernel launched with ``TMA=False`` takes and ignores."""
+    if not tma:
+        return x, x, y
+
     def desc(t, width):
         return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, 1, width])
     x1 = desc(x, x_tiles[0])
