@@ -2,7 +2,7 @@
 
     python benchmarks/gla.py --out gla.json     time every shape, both ops, forward and forward+backward
     python benchmarks/gla.py --quick            one shape (B8_T4096)
-    python benchmarks/gla.py --profile          the state passes and the output kernel under several launches
+    python benchmarks/gla.py --profile          each kernel stage under several launches and stored-state dtypes
 
 Shapes (bf16, H = 16, K = V = 128): B=8 T=4096; one sequence of 32768; a varlen batch of 8 packed
 sequences (32768 tokens). Ours: ``optimized.gla`` / ``optimized.simple_gla`` (default knobs: tf32 dots,
@@ -214,21 +214,39 @@ def kernel_times(op, name="B8_T4096"):
 
 # ---------------------------------------------------------------------------------------------- profile
 
-SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(split_k=True, BV=32, num_stages=2),
-                   dict(split_k=False, num_warps=8), dict(split_k=False), dict(split_k=False, BV=32, num_warps=8))
+SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(split_k=True, num_warps=8, num_stages=2),
+                   dict(split_k=True, BV=64, num_warps=8, num_stages=2), dict(split_k=False),
+                   dict(split_k=False, num_stages=2), dict(split_k=False, num_stages=3), dict(split_k=False, num_warps=8))
 """Launches of the serial state passes (settings and ``split_k`` overridden; the default, ``chunk.split_by_k_block``,
-picks split at B=1 T=32768 and unsplit at B=8 T=4096 from the first of these and the fifth)."""
-OUTPUT_VARIANTS = (dict(), dict(BK=64, BV=128, num_warps=8, num_stages=1), dict(BK=32, BV=128, num_warps=8, num_stages=2),
-                   dict(BK=64, BV=64, num_warps=4, num_stages=2))
-"""Launches of ``output_kernel`` (its ``state_term_ladder`` replaced), the default first: all of V in one program
-reads q and G once instead of once per value block."""
-PROFILE = ([(op, stage, cfg) for op in OPS for stage in ("states", "dstate") for cfg in SERIAL_VARIANTS]
-           + [(op, "output", cfg) for op in OPS for cfg in OUTPUT_VARIANTS])
+picks split at B=1 T=32768, 8 warps, and unsplit at B=8 T=4096, 4 warps)."""
+OUTPUT_VARIANTS = (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1), dict(BK=64, BV=128, num_warps=4, num_stages=1))
+"""Launches of ``output_kernel`` (its ``output_ladder`` replaced), the default first."""
+STATES_DTYPES = (dict(hs="fp32"),)
+"""The stored states in fp32 (``hs_dtype``) beside the default (``chunk.state_dtype``: the inputs' bf16), for the
+forward's two launches and ``grads_qk_kernel``, which read them."""
+INTRA_VARIANTS = (dict(), dict(BK=16, num_warps=4, num_stages=1), dict(BK=32, num_warps=4, num_stages=1))
+"""Launches of ``intra_kernel`` (P), the default first."""
+GRADS_VARIANTS = (dict(), dict(BK=32, BV=32, num_warps=8, num_stages=1), dict(BK=32, BV=32, num_warps=4, num_stages=2),
+                  dict(BK=64, BV=32, num_warps=4, num_stages=3))
+"""Launches of ``grads_qk_kernel`` (dq, dk, dG), the default first."""
+DV_VARIANTS = (dict(BK=32, BV=128, num_warps=4, num_stages=1), dict(BK=64, BV=128, num_warps=4, num_stages=1),
+               dict(BK=64, BV=64, num_warps=4, num_stages=1), dict(BK=32, BV=64, num_warps=4, num_stages=2),
+               dict(BK=64, BV=128, num_warps=8, num_stages=1))
+"""Launches of ``grads_v_kernel`` (dv; its ``state_term_ladder`` replaced), timed with ``grads_qk_kernel``'s
+default beside the ``grads_qk`` stage's first row."""
+PROFILE = ([(op, "states", cfg) for op in OPS for cfg in (dict(), *STATES_DTYPES)]
+           + [(op, "states", cfg) for op in OPS for cfg in SERIAL_VARIANTS]
+           + [(op, "dstate", cfg) for op in OPS for cfg in (dict(), dict(split_k=True), dict(split_k=False, num_stages=2))]
+           + [(op, "output", cfg) for op in OPS for cfg in OUTPUT_VARIANTS[1:]]
+           + [(op, "intra", cfg) for op in OPS for cfg in INTRA_VARIANTS]
+           + [(op, "grads_qk", cfg) for op in OPS for cfg in (*GRADS_VARIANTS, *STATES_DTYPES)]
+           + [(op, "grads_v", cfg) for op in OPS for cfg in DV_VARIANTS])
 PROFILE_SHAPES = ("B8_T4096", "B1_T32768")
 
 
 def profile_data(op, name):
-    """The inputs of each state pass at one shape (bf16, the tf32 default): G, P, dO and the chunk table."""
+    """The inputs of each stage at one shape (bf16, the tf32 default): G, P, the stored states (bf16 and fp32),
+    dO, their gradients dh and the chunk table."""
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.gla import chunk
     s = SHAPES[name]
@@ -236,21 +254,36 @@ def profile_data(op, name):
     B, T, H, K = s["B"], s["T"], s["H"], s["K"]
     ch = make_chunks(B, T, cu, CHUNK, x["q"].device)
     GK = K if op == "gla" else 1
+    scalar, scale = op != "gla", K ** -0.5
     G = chunk.chunk_cumsum(x["g"], torch.empty(B * T, H, GK, device=DEVICE), ch, H, T, GK, parts=1,
                            x_head_first=False, out_head_first=False, reverse=False)
-    P = chunk.intra(x["q"], x["k"], G, ch, H, T, K ** -0.5, False, op != "gla", "tf32")
-    return dict(x=x, ch=ch, G=G, P=P, H=H, T=T, scalar=op != "gla", do=torch.randn_like(x["v"]))
+    P = chunk.intra(x["q"], x["k"], G, ch, H, T, scale, False, scalar, "tf32")
+    do = torch.randn_like(x["v"])
+    hs = {dt: chunk.forward(x["q"], x["k"], x["v"], G, P, None, ch, H, T, scale, False, scalar, "tf32", final=False,
+                            hs_dtype=dt)[2] for dt in (torch.bfloat16, torch.float32)}
+    dh, _ = chunk.dstate(x["q"], G, do, None, ch, H, T, x["v"].shape[-1], scale, False, scalar, "tf32", False)
+    return dict(x=x, ch=ch, G=G, P=P, H=H, T=T, scalar=scalar, scale=scale, do=do, hs=hs, dh=dh)
 
 
 def profile_stage(d, stage, cfg):
     """A no-argument call of one stage: ``states`` and ``output`` time the forward's two launches together
-    (the variant changes one of them), ``dstate`` the reverse state pass."""
+    (the variant changes one of them; ``hs`` the stored states' dtype), ``dstate`` the reverse state pass,
+    ``intra`` P, ``grads_qk`` and ``grads_v`` the backward's dq/dk/dG kernel with dv's, the variant changing
+    one of them (``hs``: fp32 stored states read)."""
     from refcheck.optimized.gla import chunk
-    x, scale = d["x"], d["x"]["q"].shape[-1] ** -0.5
+    x, scale, cfg = d["x"], d["scale"], dict(cfg)
+    hs_dtype = {"fp32": torch.float32, None: torch.bfloat16}[cfg.pop("hs", None)]
+    common = (d["ch"], d["H"], d["T"], scale, False, d["scalar"], "tf32")
     if stage in ("states", "output"):
         launches = {"serial" if stage == "states" else "output": cfg or None}
-        return lambda: chunk.forward(x["q"], x["k"], x["v"], d["G"], d["P"], None, d["ch"], d["H"], d["T"], scale,
-                                     False, d["scalar"], "tf32", final=True, **launches)
+        return lambda: chunk.forward(x["q"], x["k"], x["v"], d["G"], d["P"], None, *common, final=True,
+                                     hs_dtype=hs_dtype, **launches)
+    if stage == "intra":
+        return lambda: chunk.intra(x["q"], x["k"], d["G"], *common, config=cfg or None)
+    if stage in ("grads_qk", "grads_v"):
+        launches = {"qk" if stage == "grads_qk" else "dv": cfg or None}
+        return lambda: chunk.grads(x["q"], x["k"], x["v"], d["G"], d["P"], d["hs"][hs_dtype], d["dh"], d["do"], *common,
+                                   **launches)
     return lambda: chunk.dstate(x["q"], d["G"], d["do"], None, d["ch"], d["H"], d["T"], x["v"].shape[-1], scale, False,
                                 d["scalar"], "tf32", False, serial=cfg)
 
@@ -268,7 +301,7 @@ def profile(jobs) -> list[dict]:
                 if o == op:
                     ms = do_bench(profile_stage(d, stage, cfg), return_mode="median")
                     rows.append(dict(shape=name, op=op, stage=stage, cfg=cfg, ms=ms))
-                    print(f"{name:16} {op:10} {stage:7} {str(cfg):55} {ms:8.3f} ms", flush=True)
+                    print(f"{name:16} {op:10} {stage:8} {str(cfg):55} {ms:8.3f} ms", flush=True)
     return rows
 
 
@@ -278,7 +311,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one shape (B8_T4096)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count(), help="warm-up processes")
     ap.add_argument("--kernels-only", action="store_true", help="only the CUDA time of each kernel (B8_T4096)")
-    ap.add_argument("--profile", action="store_true", help="time the state passes and the output under several launches")
+    ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
     ap.add_argument("--warm-one", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -35,7 +35,7 @@ def block_cols(kb, KB: tl.constexpr, K):
 
 @triton.jit
 def state_ptrs(ptr, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
-    """Pointers and mask of block kb of state ``idx`` in a ``[*, K, V]`` fp32 array."""
+    """Pointers and mask of block kb of state ``idx`` in a ``[*, K, V]`` array."""
     kk, kmask = block_cols(kb, KB, K)
     return ptr + (idx.to(tl.int64) * K + kk[:, None]) * V + vv[None, :], kmask[:, None] & vmask[None, :]
 
@@ -46,7 +46,7 @@ def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask
     """Block kb of state ``idx`` (zeros when not ``PRESENT``)."""
     if PRESENT:
         p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
-        out = tl.load(p, mask=m, other=0.0)
+        out = tl.load(p, mask=m, other=0.0).to(tl.float32)
     else:
         out = tl.zeros((KB, BV), tl.float32)
     return out
@@ -54,8 +54,10 @@ def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask
 
 @triton.jit
 def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
+    """Block kb of state ``idx``, rounded to the array's dtype (GLA stores its per-chunk states in the
+    inputs' 16-bit dtype, ``gla.chunk.state_dtype``)."""
     p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
-    tl.store(p, S, mask=m)
+    tl.store(p, S.to(ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit

@@ -50,6 +50,15 @@ def load_tile(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.conste
 
 
 @triton.jit
+def load_operand(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
+    """``x[rows, h, cols]`` in the tensor's own dtype, zero where masked: a dot operand taken as it is
+    stored. A bf16 or fp16 tile feeds the tensor cores directly, its products exact as those of its
+    fp32 conversion under "tf32" (10 mantissa bits hold 8 or 11 exactly), at twice the rate and half
+    the shared memory; an fp32 tile is used under the dot's ``input_precision``."""
+    return tl.load(tile_ptrs(ptr, rows, h, H, D, cols, T, HEAD_FIRST), mask=rmask[:, None] & cmask[None, :], other=0.0)
+
+
+@triton.jit
 def store_tile(ptr, x, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
     """Store ``x`` into ``ptr[rows, h, cols]`` (rows of one sequence) in the pointer's dtype."""
     p = tile_ptrs(ptr, rows, h, H, D, cols, T, HEAD_FIRST)

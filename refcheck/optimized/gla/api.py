@@ -3,7 +3,14 @@
 The checks are the contract's own (``references.contract``, ``references.gla.check_gla_inputs``) plus
 what the kernels need: fp32/bf16/fp16 tensors on one device, head dims up to 256, a float32 initial
 state. A batch without ``cu_seqlens`` is handled as B packed sequences of T tokens, so every kernel
-sees one chunk table; ``head_first=True`` reads ``[B, H, T, D]`` tensors in place (strides, no copy).
+sees one chunk table; ``head_first=True`` reads ``[B, H, T, D]`` tensors in place (strides, no copy),
+except where a head dim is 1: there the head-first rows of a tile are contiguous, the compiler
+specializes the unit stride and gives the tile another register layout, and with it another order of
+its reductions (``tl.cumsum`` of the gates differed by 3.8e-6 at K = 1, fp32, on an H200: the
+head-first law's finding), so such a call runs sequence-first on the transposed tensors and gives
+o back transposed: the sequence-first call's results, by construction. Simple GLA's head-first gate
+``[B, H, T]`` has unit-stride rows whatever K is (o differed by 1.2e-5 at K = 32): its cumulative sum
+reads a sequence-first copy (``[B, T, H]``, one value per token and head).
 """
 from __future__ import annotations
 
@@ -49,8 +56,10 @@ class ChunkGlaFunction(torch.autograd.Function):
         GK = 1 if cfg.scalar else q.shape[-1]
         ch = cfg.chunks
         G = torch.empty(B * cfg.T, H, GK, device=q.device, dtype=torch.float32)
-        chunk_cumsum(g, G, ch, H, cfg.T, GK, parts=1, x_head_first=cfg.head_first, out_head_first=False,
-                     reverse=False)
+        # a head-first scalar gate [B, H, T] has unit-stride rows: read sequence-first (see the module docstring)
+        gate_hf = cfg.head_first and not cfg.scalar
+        chunk_cumsum(g.transpose(1, 2).contiguous() if cfg.head_first and cfg.scalar else g, G, ch, H, cfg.T, GK,
+                     parts=1, x_head_first=gate_hf, out_head_first=False, reverse=False)
         P = intra(q, k, G, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision)
         o, ht, hs = forward(q, k, v, G, P, h0, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision,
                             final=cfg.final, split_k=cfg.split_k)
@@ -106,6 +115,11 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
     precision = check_precision(precision)
     if chunk_size not in CHUNK_SIZES or isinstance(chunk_size, bool):
         raise ValueError(f"chunk_size: expected one of {CHUNK_SIZES}, got {chunk_size!r}")
+    if head_first and min(K, V) == 1:
+        o, ht = _check_and_run(*(x.transpose(1, 2) for x in (q, k, v, g)), scalar=scalar, scale=scale,
+                               initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=None,
+                               head_first=False, precision=precision, chunk_size=chunk_size, split_k=split_k)
+        return o.transpose(1, 2), ht
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -11,8 +11,9 @@ Per sequence and head the state ``S [K, V]`` follows ``S_t = Diag(exp(g_t)) S_{t
 
 Forward: ``chunk_cumsum`` (G), ``intra`` (P of every chunk, in parallel), ``states`` (one program per
 value block, K-block, sequence and head walks the chunks with its rows of S in registers and writes the
-entry state ``h [NC, H, K, V]`` of every chunk and the final state; the update is KDA's ``chunk.state``
-with the written values ``U = V``, its rows independent under GLA's diagonal decay), then ``output``
+entry state ``h [NC, H, K, V]`` of every chunk (in ``state_dtype``) and the final state; the update is
+KDA's ``chunk.state`` with the written values ``U = V``, its rows independent under GLA's diagonal
+decay), then ``output``
 (O of every chunk from P, V and h, in parallel: the serial pass carries only the state update).
 
 Backward, with ``dS1`` the gradient of a chunk's exit state (``dh``) and ``dP = lower(dO V^T)``:
@@ -48,7 +49,8 @@ from ..chunk.state import (
     store_blocks,
     write_blocks,
 )
-from ..chunk.tiles import chunk_span, load_gate, load_gate_row, load_rowvec, load_tile, row_offsets, store_tile
+from ..chunk.tiles import (chunk_span, load_gate, load_gate_row, load_operand, load_rowvec, load_tile, row_offsets,
+                           store_tile)
 from ..common import Chunks, launch, padded
 from ..kda.subchunk import diag_precision
 from .pairs import colform, gram, rowform
@@ -65,6 +67,17 @@ fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lo
 ("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
 with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
 their blocks are 32 wide too."""
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the state passes store the per-chunk states (``h`` and ``dh``) that the parallel
+    kernels read: the inputs' own for bf16 and fp16, fp32 for fp32 inputs (the precision modes' ground).
+    The passes carry the state in fp32 and round only what they store, so the final state and dh0 stay
+    fp32 and no rounding accumulates along the sequence; the dots against a stored 16-bit state take
+    their other operand rounded to it (``state_term``), at twice the tensor-core rate. The stored
+    states are the largest traffic of the forward (``[NC, H, K, V]``, 0.5 GB in fp32 at B=8, T=4096,
+    H=16, K=V=128), read again by the output pass and the backward."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bool:
     """Whether a state pass runs one program per 64-row K-block of the state (GLA's state rows evolve
     independently: its decay is diagonal) as well as per value block, sequence and head: ``split_k``, or
@@ -129,11 +142,13 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, 
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         kmask = kk < K
-        q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
         if SCALAR:
+            q = load_operand(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+            k = load_operand(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
             P += tl.dot(q, tl.trans(k), input_precision=PREC)
         else:
+            q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+            k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
             G = load_tile(G_ptr, grows, i < C, h, H, K, kk, kmask)
             P = gram(P, q, k, G, k_row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
     if SCALAR:
@@ -166,7 +181,8 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
                BK: tl.constexpr, TO_LAST: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr,
                PREC: tl.constexpr):
     """``acc [C, BV] += (x * scale e^G) S`` (``TO_LAST``: ``e^{G_last - G}``) with ``x [C, K]`` the chunk's
-    rows of q or k and ``S = st[c, h, :, vv]`` ``[K, BV]`` a state of chunk c, K in blocks of BK."""
+    rows of q or k and ``S = st[c, h, :, vv]`` ``[K, BV]`` a state of chunk c, K in blocks of BK; the
+    left operand is rounded to the state's dtype (16-bit states: a 16-bit dot)."""
     base = st_ptr + (c.to(tl.int64) * H + h) * K * V
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
@@ -176,7 +192,7 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
         if TO_LAST:
             G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
         S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-        acc += tl.dot(x * (tl.exp(G) * scale), S, input_precision=PREC)
+        acc += tl.dot((x * (tl.exp(G) * scale)).to(S.dtype), S, input_precision=PREC)
     return acc
 
 
@@ -234,8 +250,9 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     kk = kb * BK + tl.arange(0, BK)
     kmask = kk < K
-    q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    q_in = load_operand(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    k_in = load_operand(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+    q, k = q_in.to(tl.float32), k_in.to(tl.float32)
     G = load_gate(G_ptr, grows, i < C, h, H, K, kk, kmask, SCALAR)
     G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, kk, kmask, SCALAR)
     cv = tl.arange(0, BV)
@@ -251,12 +268,12 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
         s_mask = kmask[:, None] & vmask[None, :]
         hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
         dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
-        do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-        v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-        dQs += tl.dot(do, tl.trans(hs), input_precision=PREC)
-        dKs += tl.dot(v, tl.trans(dh), input_precision=PREC)
-        dgamma += tl.sum(hs * dh, axis=1)
-        dP += tl.dot(do, tl.trans(v), input_precision=PREC)
+        do = load_operand(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        v = load_operand(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        dQs += tl.dot(do.to(hs.dtype), tl.trans(hs), input_precision=PREC)
+        dKs += tl.dot(v.to(dh.dtype), tl.trans(dh), input_precision=PREC)
+        dgamma += tl.sum(hs.to(tl.float32) * dh.to(tl.float32), axis=1)
+        dP += tl.dot(do, tl.trans(v.to(do.dtype)), input_precision=PREC)
     dKd = tl.exp(G_last[None, :] - G) * dKs
     dq_s = scale * tl.exp(G) * dQs
     last = tl.where(i[:, None] == n - 1, (tl.sum(k * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
@@ -265,7 +282,7 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
         dq = dq_s + scale * tl.dot(M, k, input_precision=PREC)
         dk = dKd + scale * tl.dot(tl.trans(M), q, input_precision=PREC)
         # the pairs' share of dG_i summed over channels: sum_j MA_ij - sum_j MA_ji (0 on the diagonal, exactly)
-        MA = M * tl.dot(q, tl.trans(k), input_precision=PREC)
+        MA = M * tl.dot(q_in, tl.trans(k_in), input_precision=PREC)
         dG = tl.sum(q * dq_s - k * dKd + last, axis=1) + scale * (tl.sum(MA, axis=1) - tl.sum(MA, axis=0))
     else:
         # the diagonal pairs (j = i, decay 1) apart: their share of dG, q_i M_ii k_i - k_i M_ii q_i, is 0 exactly
@@ -309,13 +326,26 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
 # row) and the chunk table of the flattened tokens.
 
 
-def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
-    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
-    BK = 64 (C = 64) or 32 (C = 128), at which neither spills on sm_90 for K = V = 128 (Triton 3.6; at
-    4 warps and C = 64: 440 and 456 B of stack)."""
-    cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), 64), num_warps=8,
-               num_stages=1)
-    return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK)]
+def state_term_ladder(K: int, V: int, C: int, bv: int = 64, warps: int = 8) -> list[dict]:
+    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): BK = 64
+    (C = 64) or 32 (C = 128), value blocks of ``bv``, 8 warps, at which neither spills on sm_90 for
+    K = V = 128 and bv = 64 (Triton 3.6; at 4 warps and C = 64: 440 and 456 B of stack); the narrowest
+    blocks last."""
+    cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), bv),
+               num_warps=warps, num_stages=1)
+    return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=8)]
+
+
+def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
+    """Launch ladder of ``output_kernel``: all of V (up to 128) in one program, BK = 32 and 4 warps where
+    the stored states are 16-bit and C = 64 (q and G read once, not once per value block), else
+    ``state_term_ladder``. Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the forward's state pass
+    with the output, ``benchmarks/results/gla_profile_h200.json``): GLA 1.044 ms (value blocks of 64, 8
+    warps) -> 0.911, simple GLA 0.692 -> 0.616; with fp32 states all of V was slower (1.55-1.78 vs
+    1.47 ms, ``gla_profile_h100.json``)."""
+    wide = hs_dtype != torch.float32 and C == 64
+    return [dict(BK=MIN_BLOCK, BV=min(padded(V, MIN_BLOCK), 128), num_warps=4, num_stages=1),
+            *state_term_ladder(K, V, C)] if wide else state_term_ladder(K, V, C)
 
 
 def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: int, D: int, *, parts: int,
@@ -328,43 +358,59 @@ def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: 
     return out
 
 
-def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool, precision: str):
-    """P of every chunk: fp32 ``[tokens, H, C]``, scale included."""
+def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool, precision: str,
+          config: dict | None = None):
+    """P of every chunk: fp32 ``[tokens, H, C]``, scale included; ``config`` replaces the launch settings
+    (``benchmarks/gla.py --profile``)."""
     K = q.shape[-1]
     total = int(chunks.cu[-1])
     P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
-        # sm_90, Triton 3.6: GLA's gram at BK = 32 spills 120 B (C = 64), simple GLA's single dot does not;
-        # C = 128 (P [128, 128] fp32) takes 8 warps (4: 1568 B of stack) and so blocks of MIN_BLOCK (GLA at
-        # K = 128: 560 B of stack)
-        cfg = dict(BK=16 if chunks.size == 64 and not scalar else MIN_BLOCK,
-                   num_warps=4 if chunks.size == 64 else 8, num_stages=1)
+        # C = 64, measured on an H200 (bf16, B=8, T=4096, H=16, K=128, benchmarks/results/gla_profile_h200.json):
+        # GLA 0.655 ms at BK = 32, 4 warps, loads double-buffered (0.953 at BK = 16 and one stage, which
+        # spills no register where 32 spills 120 B, Triton 3.6 sm_90), simple GLA 0.155 at BK = 64, 4 warps and
+        # two stages (0.219 at 32 and one). C = 128 (P [128, 128] fp32) takes 8 warps (4: 1568 B of stack) and so blocks of
+        # MIN_BLOCK (GLA at K = 128: 560 B of stack). The last step: the narrowest blocks, where shared
+        # memory runs short.
+        if chunks.size == 64:
+            cfg = dict(BK=64, num_warps=4, num_stages=2) if scalar else dict(BK=MIN_BLOCK, num_warps=4, num_stages=2)
+        else:
+            cfg = dict(BK=MIN_BLOCK, num_warps=8, num_stages=1)
+        ladder = [cfg, dict(BK=16, num_warps=cfg["num_warps"], num_stages=1)]
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, P, chunks.cu, chunks.seq, chunks.start, scale, H, T, K),
                dict(C=chunks.size, BC=SUB, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision,
                     DPREC=diag_precision(precision)),
-               [cfg])
+               [config] if config else ladder)
     return P
 
 
 def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                      split_k: bool | None, serial: dict | None):
+                      split_k: bool | None, serial: dict | None, reverse: bool = False):
     """``launch_serial`` of a GLA state pass, split by K-block as ``split_by_k_block`` says, state blocks
-    at least ``MIN_BLOCK`` wide; ``serial`` overrides the launch settings (and ``split_k``)."""
+    at least ``MIN_BLOCK`` wide, a split pass at 8 warps, the unsplit ``reverse`` pass (``dstate``) with
+    its loads double-buffered; ``serial`` overrides the launch settings (and ``split_k``). Measured (bf16,
+    H=16, K=V=128, ``gla_profile_h200.json`` on an H200): 8 warps at B=1, T=32768, GLA's forward state
+    pass with the output 2.23 -> 1.90 ms, its reverse pass 1.39 -> 1.16, simple GLA's unchanged (1.29,
+    0.91); two stages for the reverse pass at B=8, T=4096: GLA 0.513 -> 0.456, simple GLA 0.395 -> 0.316
+    (for the forward pass they lose, 0.935 -> 1.020 with the output)."""
     cfg = dict(serial or {})
     split = split_by_k_block(cfg.pop("split_k", split_k), chunks, H, V)
+    if not serial:
+        cfg = dict(num_warps=8) if split else dict(num_stages=2) if reverse else {}
     launch_serial(kernel, args, constexprs, chunks, H, K, V, cfg or None, split_k=split, min_block=MIN_BLOCK)
 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
             precision: str, *, final: bool, split_k: bool | None = None, serial: dict | None = None,
-            output: dict | None = None):
-    """``(o like v in q's dtype, final state [N, H, K, V] or None, entry states h [NC, H, K, V])``, the
-    states fp32: the serial state pass, then the output of every chunk in parallel. ``serial`` and
-    ``output`` replace the two launches' settings (``benchmarks/gla.py --profile``)."""
+            output: dict | None = None, hs_dtype: torch.dtype | None = None):
+    """``(o like v in q's dtype, final state [N, H, K, V] fp32 or None, entry states h [NC, H, K, V] in
+    ``state_dtype``): the serial state pass, then the output of every chunk in parallel. ``serial`` and
+    ``output`` replace the two launches' settings, ``hs_dtype`` the stored states' dtype
+    (``benchmarks/gla.py --profile``)."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
-    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=hs_dtype or state_dtype(q.dtype))
     o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
     launch_state_pass(states_kernel,
                       (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H,
@@ -375,44 +421,51 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
-               [output] if output else state_term_ladder(K, V, chunks.size))
+               [output] if output else output_ladder(K, V, chunks.size, hs.dtype))
     return o, ht, hs
 
 
 def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
            precision: str, want_dh0: bool, split_k: bool | None = None, serial: dict | None = None):
-    """``(dh [NC, H, K, V], dh0 [N, H, K, V] or None)``, fp32."""
+    """``(dh [NC, H, K, V] in ``state_dtype``, dh0 [N, H, K, V] fp32 or None)``."""
     K = q.shape[-1]
     f32 = torch.float32
-    dh = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=f32)
+    dh = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=torch.float32)
     dh0 = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if want_dh0 else None
     launch_state_pass(dstate_kernel,
                       (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu,
                        chunks.offsets, scale, H, T, K, V),
                       dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision), chunks, H, K, V, split_k, serial)
+                           PREC=precision), chunks, H, K, V, split_k, serial, reverse=True)
     return dh, dh0
 
 
 def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-          precision: str):
+          precision: str, qk: dict | None = None, dv: dict | None = None):
     """``(dq, dk, dv, dG)``: dq, dk, dv like q, k, v; dG fp32 ``[1, tokens, H, K]`` (simple GLA:
-    ``[NKB, tokens, H]``, partial sums over channel blocks) before the reverse cumulative sum."""
+    ``[NKB, tokens, H]``, partial sums over channel blocks) before the reverse cumulative sum; ``qk`` and
+    ``dv`` replace the launch settings of ``grads_qk_kernel`` and ``grads_v_kernel`` (``benchmarks/gla.py
+    --profile``)."""
     K, V = q.shape[-1], v.shape[-1]
     total = int(chunks.cu[-1])
     C = chunks.size
-    bk = MIN_BLOCK
-    nkb = triton.cdiv(K, bk)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # 4 warps, measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with grads_v_kernel,
+    # benchmarks/results/gla_profile_h200.json): GLA 4.08 ms with three load stages (4.27 with two) against
+    # 6.23 at 8 warps and one stage, simple GLA 1.69 at BK = 64 and two stages against 2.56; 8 warps and one
+    # stage where shared memory runs short. sm_90, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills
+    # 3016 B (gla)
+    first = dict(BK=64, BV=MIN_BLOCK, num_warps=4, num_stages=2) if scalar else \
+        dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=4, num_stages=3)
+    ladder = [qk] if qk else [first, dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=8, num_stages=1)]
+    nkb = triton.cdiv(K, ladder[0]["BK"])
+    dq, dk, dv_out = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dG = torch.empty(*((nkb, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         table = (chunks.cu, chunks.seq, chunks.start)
         flags = dict(C=C, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision)
-        # sm_90, K = V = 128, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills 3016 B (gla), this 144 B
-        kcfg = dict(BK=bk, BV=MIN_BLOCK, num_warps=8, num_stages=1)
         launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
-               flags | dict(BC=SUB, DPREC=diag_precision(precision)), [kcfg])
+               flags | dict(BC=SUB, DPREC=diag_precision(precision)), ladder)
         launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (k, G, P, dh, do, dv, *table, H, T, K, V), flags, state_term_ladder(K, V, C))
-    return dq, dk, dv, dG
+               (k, G, P, dh, do, dv_out, *table, H, T, K, V), flags, [dv] if dv else state_term_ladder(K, V, C))
+    return dq, dk, dv_out, dG
