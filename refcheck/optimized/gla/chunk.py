@@ -348,6 +348,14 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
             *state_term_ladder(K, V, C)] if wide else state_term_ladder(K, V, C)
 
 
+def dv_ladder(K: int, V: int, C: int) -> list[dict]:
+    """Launch ladder of ``grads_v_kernel``: at C = 64 ``state_term_ladder``'s blocks at 4 warps first,
+    measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with ``grads_qk_kernel``,
+    ``benchmarks/results/gla_profile_h200.json``): GLA 4.11 -> 3.64 ms, simple GLA 1.70 -> 1.54."""
+    ladder = state_term_ladder(K, V, C)
+    return [ladder[0] | dict(num_warps=4), *ladder] if C == 64 else ladder
+
+
 def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: int, D: int, *, parts: int,
                  x_head_first: bool, out_head_first: bool, reverse: bool) -> torch.Tensor:
     """``out = `` the chunk-local (reverse) cumulative sum of the sum of the ``parts`` parts of x."""
@@ -451,11 +459,10 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
     C = chunks.size
     # 4 warps, measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with grads_v_kernel,
     # benchmarks/results/gla_profile_h200.json): GLA 4.08 ms with three load stages (4.27 with two) against
-    # 6.23 at 8 warps and one stage, simple GLA 1.69 at BK = 64 and two stages against 2.56; 8 warps and one
-    # stage where shared memory runs short. sm_90, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills
+    # 6.23 at 8 warps and one stage, simple GLA 1.61 at BK = 64 and three stages (1.70 with two) against 2.61;
+    # 8 warps and one stage where shared memory runs short. sm_90, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills
     # 3016 B (gla)
-    first = dict(BK=64, BV=MIN_BLOCK, num_warps=4, num_stages=2) if scalar else \
-        dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=4, num_stages=3)
+    first = dict(BK=64 if scalar else MIN_BLOCK, BV=MIN_BLOCK, num_warps=4, num_stages=3)
     ladder = [qk] if qk else [first, dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=8, num_stages=1)]
     nkb = triton.cdiv(K, ladder[0]["BK"])
     dq, dk, dv_out = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -467,5 +474,5 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
                flags | dict(BC=SUB, DPREC=diag_precision(precision)), ladder)
         launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (k, G, P, dh, do, dv_out, *table, H, T, K, V), flags, [dv] if dv else state_term_ladder(K, V, C))
+               (k, G, P, dh, do, dv_out, *table, H, T, K, V), flags, [dv] if dv else dv_ladder(K, V, C))
     return dq, dk, dv_out, dG
