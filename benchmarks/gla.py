@@ -221,6 +221,10 @@ SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(spl
 picks split at B=1 T=32768, 8 warps, and unsplit at B=8 T=4096, 4 warps)."""
 OUTPUT_VARIANTS = (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1), dict(BK=64, BV=128, num_warps=4, num_stages=1))
 """Launches of ``output_kernel`` (its ``output_ladder`` replaced), the default first."""
+UPDATE_DOTS = (dict(bf16x2=True),)
+"""The state passes' update dots on bf16 operands (``chunk.state.split_dot``: the fp32 operand in two bf16 parts)
+beside the default (tf32 on fp32 operands): interpreted at B=1, T=256, H=2, K=V=128, GLA's final state error
+3.9e-4 -> 2.4e-6 and o 1.99e-3 -> 1.98e-3 against float64; its speed is what this row measures."""
 STATES_DTYPES = (dict(hs="fp32"),)
 """The stored states in fp32 (``hs_dtype``) beside the default (``chunk.state_dtype``: the inputs' bf16), for the
 forward's two launches and ``grads_qk_kernel``, which read them."""
@@ -234,9 +238,9 @@ DV_VARIANTS = (dict(BK=32, BV=128, num_warps=4, num_stages=1), dict(BK=64, BV=12
                dict(BK=64, BV=128, num_warps=8, num_stages=1))
 """Launches of ``grads_v_kernel`` (dv; its ``state_term_ladder`` replaced), timed with ``grads_qk_kernel``'s
 default beside the ``grads_qk`` stage's first row."""
-PROFILE = ([(op, "states", cfg) for op in OPS for cfg in (dict(), *STATES_DTYPES)]
+PROFILE = ([(op, "states", cfg) for op in OPS for cfg in (dict(), *STATES_DTYPES, *UPDATE_DOTS)]
            + [(op, "states", cfg) for op in OPS for cfg in SERIAL_VARIANTS]
-           + [(op, "dstate", cfg) for op in OPS for cfg in (dict(), dict(split_k=True), dict(split_k=False, num_stages=2))]
+           + [(op, "dstate", cfg) for op in OPS for cfg in (dict(), dict(split_k=True), *UPDATE_DOTS)]
            + [(op, "output", cfg) for op in OPS for cfg in OUTPUT_VARIANTS[1:]]
            + [(op, "intra", cfg) for op in OPS for cfg in INTRA_VARIANTS]
            + [(op, "grads_qk", cfg) for op in OPS for cfg in (*GRADS_VARIANTS, *STATES_DTYPES)]
@@ -273,19 +277,21 @@ def profile_stage(d, stage, cfg):
     from refcheck.optimized.gla import chunk
     x, scale, cfg = d["x"], d["scale"], dict(cfg)
     hs_dtype = {"fp32": torch.float32, None: torch.bfloat16}[cfg.pop("hs", None)]
+    bf16x2 = cfg.pop("bf16x2", False)
     common = (d["ch"], d["H"], d["T"], scale, False, d["scalar"], "tf32")
     if stage in ("states", "output"):
         launches = {"serial" if stage == "states" else "output": cfg or None}
         return lambda: chunk.forward(x["q"], x["k"], x["v"], d["G"], d["P"], None, *common, final=True,
-                                     hs_dtype=hs_dtype, **launches)
+                                     hs_dtype=hs_dtype, bf16x2=bf16x2, **launches)
     if stage == "intra":
         return lambda: chunk.intra(x["q"], x["k"], d["G"], *common, config=cfg or None)
     if stage in ("grads_qk", "grads_v"):
         launches = {"qk" if stage == "grads_qk" else "dv": cfg or None}
         return lambda: chunk.grads(x["q"], x["k"], x["v"], d["G"], d["P"], d["hs"][hs_dtype], d["dh"], d["do"], *common,
                                    **launches)
-    return lambda: chunk.dstate(x["q"], d["G"], d["do"], None, d["ch"], d["H"], d["T"], x["v"].shape[-1], scale, False,
-                                d["scalar"], "tf32", False, serial=cfg)
+    return lambda: chunk.dstate(x["q"], d["G"], d["do"].to(x["v"].dtype), None, d["ch"], d["H"], d["T"],
+                                x["v"].shape[-1], scale, False, d["scalar"], "tf32", False, serial=cfg or None,
+                                bf16x2=bf16x2)
 
 
 def profile(jobs) -> list[dict]:

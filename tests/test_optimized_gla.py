@@ -182,3 +182,40 @@ def test_state_passes_split_by_k_block_only_where_the_grid_leaves_sms_idle():
     eight, one = make_chunks(8, 4096, None, 64, "cpu"), make_chunks(1, 32768, None, 64, "cpu")
     assert not split_by_k_block(None, eight, 16, 128) and split_by_k_block(None, one, 16, 128)
     assert split_by_k_block(True, eight, 16, 128) and not split_by_k_block(False, one, 16, 128)
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+def test_bf16x2_state_updates_keep_the_final_state_near_fp32(scalar):
+    """``chunk.forward(bf16x2=True)`` on bf16 inputs: the state pass's update dot on v as stored and the
+    fp32 left operand in two bf16 parts (``chunk.state.split_dot``): about 16 mantissa bits where "tf32"
+    keeps 10, so the final state's error against float64 falls well below the tf32 one's (interpreted:
+    2.4e-6 against 3.9e-4 at T=256, K=V=128), and o agrees with the default's."""
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.gla import chunk
+    op = "simple_gla" if scalar else "gla"
+    x, _ = gla_case(op, T=130, H=2, K=64, V=32, dtype="bf16", gate_dtype="fp32")
+    B, T, H, K = x["q"].shape
+    ch = make_chunks(B, T, None, 64, x["q"].device)
+    GK = 1 if scalar else K
+    G = chunk.chunk_cumsum(x["g"], torch.empty(B * T, H, GK), ch, H, T, GK, parts=1, x_head_first=False,
+                           out_head_first=False, reverse=False)
+    P = chunk.intra(x["q"], x["k"], G, ch, H, T, K ** -0.5, False, scalar, "tf32")
+    runs = [chunk.forward(x["q"], x["k"], x["v"], G, P, None, ch, H, T, K ** -0.5, False, scalar, "tf32", final=True,
+                          bf16x2=split) for split in (False, True)]
+    _, rht = OPS[op][1](**{n: t.double() for n, t in x.items()}, output_final_state=True)
+    tf32, x2 = (rel(r[1], rht) for r in runs)
+    assert x2 < tf32 / 10, (x2, tf32)
+    assert rel(runs[1][0], runs[0][0].double()) < 1e-2
+
+
+def test_head_first_with_a_unit_head_dim_is_the_sequence_first_call():
+    """K = 1 head-first runs sequence-first on the transposed tensors (``gla.api``: on a GPU the compiler
+    lays out unit-stride tiles otherwise and the reductions round otherwise): the rerouted call gives
+    the sequence-first results, o transposed back. (The interpreter has no layouts: that the GPU's bits
+    now agree is shown by the head-first law's GPU run, ``benchmarks/results/gpu_properties_gla_h200.txt``.)"""
+    x, opts = gla_case("gla", T=70, H=2, K=1, V=8)
+    do, dht = cotangents(x, opts)
+    seq = run(optimized.gla, x, opts, do, dht, precision="ieee")
+    head = run(optimized.gla, x, opts, do, dht, head_first=True, precision="ieee")
+    assert torch.equal(seq[0], head[0]) and torch.equal(seq[1], head[1])
+    assert all(torch.equal(seq[2][n], head[2][n]) for n in x)

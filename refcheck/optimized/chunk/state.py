@@ -84,13 +84,27 @@ def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale,
 
 
 @triton.jit
+def split_dot(x, y, PREC: tl.constexpr):
+    """``x @ y`` for an fp32 ``x``: one dot at ``PREC`` for an fp32 y; for a 16-bit y (values stored in
+    bf16, taken as they are) x split into two parts of y's dtype, ``hi = round(x)`` and ``lo = round(x - hi)``,
+    and two 16-bit dots: x kept to about 16 mantissa bits where "tf32" keeps 10, and the 16-bit dots
+    read transposed operands from shared memory as Hopper's tf32 dots do not."""
+    if y.dtype == tl.float32:
+        out = tl.dot(x, y, input_precision=PREC)
+    else:
+        hi = x.to(y.dtype)
+        out = tl.dot((x - hi.to(tl.float32)).to(y.dtype), y, tl.dot(hi, y))
+    return out
+
+
+@triton.jit
 def write_block(S, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb, KB: tl.constexpr,
                 PREC: tl.constexpr, T=1, HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
-    """Forward, block kb: ``S_b <- e^{G_last} S_b + (k e^{G_last - G})^T U``."""
+    """Forward, block kb: ``S_b <- e^{G_last} S_b + (k e^{G_last - G})^T U`` (``split_dot``)."""
     kk, kmask = block_cols(kb, KB, K)
     _, e_d, gamma = decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR)
     k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-    return gamma[:, None] * S + tl.dot(tl.trans(k * e_d), U, input_precision=PREC)
+    return gamma[:, None] * S + split_dot(tl.trans(k * e_d), U, PREC)
 
 
 @triton.jit
@@ -108,11 +122,11 @@ def dwrite_block(dS, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, 
                  KB: tl.constexpr, PREC: tl.constexpr, WITH_Y: tl.constexpr = True, T=1,
                  HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
     """Backward, block kb: ``dS_b <- e^{G_last} dS_b + scale (q e^G)^T dO - (k e^G)^T (beta dY)`` (the
-    last term with ``WITH_Y``, the delta rule's)."""
+    last term with ``WITH_Y``, the delta rule's; the first by ``split_dot``)."""
     kk, kmask = block_cols(kb, KB, K)
     eG, _, gamma = decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR)
     q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-    dS = gamma[:, None] * dS + tl.dot(tl.trans(q * (eG * scale)), do, input_precision=PREC)
+    dS = gamma[:, None] * dS + split_dot(tl.trans(q * (eG * scale)), do, PREC)
     if WITH_Y:
         k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
         dS -= tl.dot(tl.trans(k * eG), bdY, input_precision=PREC)

@@ -159,17 +159,22 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, 
 @triton.jit
 def states_kernel(k_ptr, v_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, H, T, K, V, C: tl.constexpr,
                   KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                  STORE_FINAL: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+                  STORE_FINAL: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
+                  BF16X2: tl.constexpr):
     """One value block, sequence, head and K-block ``kb0``: walk the chunks, the state's rows
     ``kb0 * KB ..`` in registers; ``hs[c] = S0`` (chunk c's entry state),
-    ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V``."""
+    ``S1 = Diag(e^{G_last}) S0 + (k e^{G_last - G})^T V`` (``BF16X2``: V as stored in bf16, the left
+    operand in two bf16 parts, ``chunk.state.split_dot``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     kb0 = tl.program_id(2)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0, kb0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
-        v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        if BF16X2:
+            v = load_operand(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        else:
+            v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_FINAL:
@@ -216,9 +221,11 @@ def output_kernel(q_ptr, v_ptr, G_ptr, P_ptr, hs_ptr, o_ptr, cu_ptr, seq_ptr, st
 @triton.jit
 def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, T, K, V,
                   C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                  STORE_DH0: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr):
+                  STORE_DH0: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr, PREC: tl.constexpr,
+                  BF16X2: tl.constexpr):
     """One value block, sequence, head and K-block ``kb0``: the state gradient's rows ``kb0 * KB ..``,
-    last chunk first; ``dh[c]`` is the gradient of chunk c's exit state."""
+    last chunk first; ``dh[c]`` is the gradient of chunk c's exit state (``BF16X2``: dO as stored in
+    bf16, see ``states_kernel``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     kb0 = tl.program_id(2)
     dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT, kb0)
@@ -227,7 +234,10 @@ def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_pt
         it = num - 1 - back
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
-        do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        if BF16X2:
+            do = load_operand(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        else:
+            do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, do, q_ptr, q_ptr, G_ptr, rows, rmask, grows, last,
                                            h, H, K, scale, KB, NKB, PREC, False, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_DH0:
@@ -410,11 +420,11 @@ def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
             precision: str, *, final: bool, split_k: bool | None = None, serial: dict | None = None,
-            output: dict | None = None, hs_dtype: torch.dtype | None = None):
+            output: dict | None = None, hs_dtype: torch.dtype | None = None, bf16x2: bool = False):
     """``(o like v in q's dtype, final state [N, H, K, V] fp32 or None, entry states h [NC, H, K, V] in
     ``state_dtype``): the serial state pass, then the output of every chunk in parallel. ``serial`` and
-    ``output`` replace the two launches' settings, ``hs_dtype`` the stored states' dtype
-    (``benchmarks/gla.py --profile``)."""
+    ``output`` replace the two launches' settings, ``hs_dtype`` the stored states' dtype, ``bf16x2`` (bf16
+    inputs) the state update's dot (``states_kernel``) (``benchmarks/gla.py --profile``)."""
     K, V = q.shape[-1], v.shape[-1]
     f32 = torch.float32
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
@@ -424,7 +434,8 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
                       (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H,
                        T, K, V),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision), chunks, H, K, V, split_k, serial)
+                           PREC=precision, BF16X2=bf16x2 and v.dtype == torch.bfloat16), chunks, H, K, V, split_k,
+                      serial)
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
@@ -434,8 +445,10 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
 
 
 def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
-           precision: str, want_dh0: bool, split_k: bool | None = None, serial: dict | None = None):
-    """``(dh [NC, H, K, V] in ``state_dtype``, dh0 [N, H, K, V] fp32 or None)``."""
+           precision: str, want_dh0: bool, split_k: bool | None = None, serial: dict | None = None,
+           bf16x2: bool = False):
+    """``(dh [NC, H, K, V] fp32, dh0 [N, H, K, V] fp32 or None)``; ``serial`` replaces the launch settings,
+    ``bf16x2`` (bf16 inputs) the update's dot (``dstate_kernel``) (``benchmarks/gla.py --profile``)."""
     K = q.shape[-1]
     f32 = torch.float32
     dh = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=torch.float32)
@@ -444,7 +457,8 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                       (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu,
                        chunks.offsets, scale, H, T, K, V),
                       dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision), chunks, H, K, V, split_k, serial, reverse=True)
+                           PREC=precision, BF16X2=bf16x2 and do.dtype == torch.bfloat16), chunks, H, K, V, split_k,
+                      serial, reverse=True)
     return dh, dh0
 
 
