@@ -219,3 +219,18 @@ def test_head_first_with_a_unit_head_dim_is_the_sequence_first_call():
     head = run(optimized.gla, x, opts, do, dht, head_first=True, precision="ieee")
     assert torch.equal(seq[0], head[0]) and torch.equal(seq[1], head[1])
     assert all(torch.equal(seq[2][n], head[2][n]) for n in x)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_fp16_states_beyond_fp16_range_stay_finite(op):
+    """fp16 inputs whose state outgrows fp16 (65504) while o does not: no decay, v = 2000, so the entry
+    state of the second chunk holds 64 x 2000 per element; the stored states are fp32 for fp16 inputs
+    (``chunk.state_dtype``), where fp16 ones would be inf and o with them."""
+    T, K, V = 130, 16, 8
+    q = torch.full((1, T, 1, K), 1e-3).half()
+    k, v = torch.ones(1, T, 1, K).half(), torch.full((1, T, 1, V), 2000.0).half()
+    g = torch.zeros(1, T, 1) if op == "simple_gla" else torch.zeros(1, T, 1, K)
+    fn, ref = OPS[op]
+    o, _ = fn(q, k, v, g.half(), scale=1.0)
+    ro, _ = ref(q.double(), k.double(), v.double(), g.double(), scale=1.0)
+    assert torch.isfinite(o).all() and rel(o, ro) < 1e-2

@@ -68,7 +68,8 @@ with state blocks of 16 (since dropped); whether the 4-warp serial kernels share
 their blocks are 32 wide too."""
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype in which the forward state pass stores the per-chunk entry states ``h`` that the parallel
-    kernels read: the inputs' own for bf16 and fp16, fp32 for fp32 inputs (the precision modes' ground).
+    kernels read: bf16 for bf16 inputs, fp32 otherwise (fp32 inputs: the precision modes' ground; fp16:
+    its range, 65504, cannot hold a state that grows with the sequence where bf16 has fp32's range).
     The pass carries the state in fp32 and rounds only what it stores, so the final state stays fp32 and
     no rounding accumulates along the sequence; the dots against a stored 16-bit state take their other
     operand rounded to it (``state_term``), at twice the tensor-core rate. The stored states are the
@@ -76,7 +77,7 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
     read again by the output pass and the backward: in bf16 the forward took 1.246 -> 1.044 ms (GLA,
     H200), o's error 1.84e-3 -> 2.01e-3 against FLA's 2.53e-3. The reverse pass's ``dh`` stays fp32:
     in bf16 dv's error would reach 2.64e-3 against FLA's 2.68e-3 (interpreted, T=256)."""
-    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+    return dtype if dtype == torch.bfloat16 else torch.float32
 
 
 def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bool:
