@@ -12,7 +12,7 @@
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
 #   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick or --kernels-only): ours vs FLA chunk_gla / chunk_simple_gla
-#   gla-profile benchmarks/gla.py --profile: GLA's state passes and output kernel under several launches
+#   gla-profile benchmarks/gla.py --profile: each GLA kernel stage under several launches (and the bf16x2 update dots)
 #   multi-gpu   issue 18 on a host of several GPUs: the same law run (fixed seeds) on GPU 0, then on every GPU,
 #               nvidia-smi sampling each GPU; then refcheck fuzz --gpus all over a planted illegal-address kernel and ours
 #               (MULTI_PARTS: "laws fuzz", or either; MULTI_SEED, MULTI_FUZZ_SECONDS, MULTI_FUZZ_IMPLS)
@@ -196,7 +196,7 @@ for step in "$@"; do
     attention-sweep) echo "== attention launch settings =="; grep -E "^==|^  |compiled|exit" "$OUT/attention_sweep.log" \
                        | awk '/^==/{n=0} {if (n++ < 3) print}' ;;
     gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
-    gla-profile) echo "== gla state passes =="; grep -E " ms$|compiled|exit" "$OUT/gla_profile.log" ;;
+    gla-profile) echo "== gla kernel stages =="; grep -E " ms$|compiled|exit" "$OUT/gla_profile.log" ;;
     replay) echo "== replayed findings =="; grep -E "^(fails|holds|exit)" "$OUT/replay.log" | cut -c1-160 ;;
   esac
 done
