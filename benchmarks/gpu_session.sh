@@ -6,6 +6,7 @@
 #   report      refcheck report --device cuda (REPORT_ARGS: more options, REPORT_TAG: a suffix of its files)
 #   fuzz        refcheck fuzz FUZZ_OP --impl FUZZ_IMPL --device cuda --seconds FUZZ_SECONDS (default kda, fla_chunk, 300)
 #   fla-reports benchmarks/fla_open_reports.py: FLA's open reports #671 and #1240 through the laws, ours beside
+#   fp16-range  benchmarks/fp16_state_range.py: an fp16 input whose state outgrows fp16 (ours and FLA's gla, simple_gla)
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
@@ -130,6 +131,10 @@ for step in "$@"; do
       timeout -k 20 -s INT "${FLA_REPORTS_S:-300}" python3 benchmarks/fla_open_reports.py --out "$OUT/fla_open_reports.json" \
         > "$OUT/fla_open_reports.log" 2>&1
       echo "fla-reports exit $?" >> "$OUT/fla_open_reports.log" ;;
+    fp16-range)
+      timeout -k 20 -s INT "${FP16_RANGE_S:-300}" python3 benchmarks/fp16_state_range.py --device cuda \
+        --out "$OUT/fp16_state_range.json" > "$OUT/fp16_state_range.log" 2>&1
+      echo "fp16-range exit $?" >> "$OUT/fp16_state_range.log" ;;
     fuzz)
       timeout -k 20 -s INT "${FUZZ_LIMIT_S:-420}" python3 -m refcheck fuzz "${FUZZ_OP:-kda}" --impl "${FUZZ_IMPL:-fla_chunk}" \
         --device cuda --seconds "${FUZZ_SECONDS:-300}" --out-dir "$OUT" > "$OUT/gpu_fuzz.log" 2>&1
@@ -189,6 +194,7 @@ for step in "$@"; do
     report) echo "== report${REPORT_TAG:-} =="; grep -E "PASS|FAIL|report exit|not run|wall seconds" "$OUT/gpu_report${REPORT_TAG:-}.log" | tail -20 ;;
     fuzz) echo "== fuzz =="; grep -E "compile buckets|^time:|falsified|no counterexample|fuzz exit" "$OUT/gpu_fuzz.log" | tail -8 ;;
     fla-reports) echo "== FLA open reports =="; tail -30 "$OUT/fla_open_reports.log" ;;
+    fp16-range) echo "== fp16 state range =="; grep -v Warn "$OUT/fp16_state_range.log" | tail -8 ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
