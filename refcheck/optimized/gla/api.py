@@ -57,9 +57,9 @@ class ChunkGlaFunction(torch.autograd.Function):
         ch = cfg.chunks
         G = torch.empty(B * cfg.T, H, GK, device=q.device, dtype=torch.float32)
         # a head-first scalar gate [B, H, T] has unit-stride rows: read sequence-first (see the module docstring)
-        gate_hf = cfg.head_first and not cfg.scalar
-        chunk_cumsum(g.transpose(1, 2).contiguous() if cfg.head_first and cfg.scalar else g, G, ch, H, cfg.T, GK,
-                     parts=1, x_head_first=gate_hf, out_head_first=False, reverse=False)
+        copy_gate = cfg.head_first and cfg.scalar
+        chunk_cumsum(g.transpose(1, 2).contiguous() if copy_gate else g, G, ch, H, cfg.T, GK, parts=1,
+                     x_head_first=cfg.head_first and not copy_gate, out_head_first=False, reverse=False)
         P = intra(q, k, G, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision)
         o, ht, hs = forward(q, k, v, G, P, h0, ch, H, cfg.T, cfg.scale, cfg.head_first, cfg.scalar, cfg.precision,
                             final=cfg.final, split_k=cfg.split_k)

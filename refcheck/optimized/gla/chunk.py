@@ -173,10 +173,9 @@ def states_kernel(k_ptr, v_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, 
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
-        if BF16X2:
-            v = load_operand(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-        else:
-            v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        v = load_operand(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        if not BF16X2:
+            v = v.to(tl.float32)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, v, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_FINAL:
@@ -236,10 +235,9 @@ def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_pt
         it = num - 1 - back
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, kb0)
-        if BF16X2:
-            do = load_operand(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-        else:
-            do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        do = load_operand(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+        if not BF16X2:
+            do = do.to(tl.float32)
         dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, do, q_ptr, q_ptr, G_ptr, rows, rmask, grows, last,
                                            h, H, K, scale, KB, NKB, PREC, False, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_DH0:
@@ -338,14 +336,13 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
 # row) and the chunk table of the flattened tokens.
 
 
-def state_term_ladder(K: int, V: int, C: int, bv: int = 64, warps: int = 8) -> list[dict]:
-    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): BK = 64
-    (C = 64) or 32 (C = 128), value blocks of ``bv``, 8 warps, at which neither spills on sm_90 for
-    K = V = 128 and bv = 64 (Triton 3.6; at 4 warps and C = 64: 440 and 456 B of stack); the narrowest
-    blocks last."""
-    cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), bv),
-               num_warps=warps, num_stages=1)
-    return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=8)]
+def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
+    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
+    BK = 64 (C = 64) or 32 (C = 128), value blocks of 64, at which neither spills on sm_90 for K = V = 128
+    with fp32 states (Triton 3.6; at 4 warps and C = 64: 440 and 456 B of stack); the narrowest blocks last."""
+    cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), 64), num_warps=8,
+               num_stages=1)
+    return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK)]
 
 
 def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
