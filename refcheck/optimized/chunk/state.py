@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .tiles import load_gate, load_gate_row, load_tile
+from .tiles import decay, load_gate, load_gate_row, load_tile
 
 
 @triton.jit
@@ -66,7 +66,7 @@ def decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR: tl.constexpr = False)
     is ``[T, H]``, one decay per token broadcast over the channels; see ``tiles.load_gate``)."""
     G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
     G_last = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)
-    return tl.exp(G), tl.exp(G_last[None, :] - G), tl.exp(G_last)
+    return decay(G), decay(G_last[None, :] - G), decay(G_last)
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def read_block(S, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale,
                WITH_O: tl.constexpr, PREC: tl.constexpr):
     """Forward (KDA), block kb: ``Z -= (k e^G) S_b`` and ``O += scale (q e^G) S_b`` (``WITH_O``)."""
     kk, kmask = block_cols(kb, KB, K)
-    eG = tl.exp(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask))
+    eG = decay(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask))
     k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
     Z -= tl.dot(k * eG, S, input_precision=PREC)
     if WITH_O:

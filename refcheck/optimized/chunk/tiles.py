@@ -73,23 +73,36 @@ def load_rowvec(ptr, rows, rmask, h, H, T=1, HEAD_FIRST: tl.constexpr = False):
 
 @triton.jit
 def load_gate(G_ptr, rows, rmask, h, H, K, cols, cmask, SCALAR: tl.constexpr = False):
-    """fp32 ``[R, BK]`` tile of a sequence-first cumulative gate: ``G[rows, h, cols]`` of a ``[T, H, K]``
-    gate, or with ``SCALAR`` the ``[T, H]`` gate ``G[rows, h]`` broadcast over the columns."""
+    """``[R, BK]`` tile of a sequence-first cumulative gate in its stored dtype (fp32, or fp64 where the
+    differences must stay exact, ``gla.chunk.cumulative_gate_dtype``): ``G[rows, h, cols]`` of a
+    ``[T, H, K]`` gate, or with ``SCALAR`` the ``[T, H]`` gate ``G[rows, h]`` broadcast over the columns.
+    Exponents are differences of these tiles, taken in that dtype (``decay``)."""
     if SCALAR:
-        g = load_rowvec(G_ptr, rows, rmask, h, H)[:, None] + tl.zeros_like(cols).to(tl.float32)[None, :]
+        g = tl.load(G_ptr + row_offsets(rows, h, H, 1), mask=rmask, other=0.0)
+        g = g[:, None] + tl.zeros_like(cols).to(g.dtype)[None, :]
     else:
-        g = load_tile(G_ptr, rows, rmask, h, H, K, cols, cmask)
+        g = tl.load(tile_ptrs(G_ptr, rows, h, H, K, cols), mask=rmask[:, None] & cmask[None, :], other=0.0)
     return g
 
 
 @triton.jit
 def load_gate_row(G_ptr, row, h, H, K, cols, cmask, SCALAR: tl.constexpr = False):
-    """fp32 ``[BK]`` row ``G[row, h, cols]`` of a cumulative gate (``SCALAR``: ``G[row, h]`` broadcast)."""
+    """``[BK]`` row ``G[row, h, cols]`` of a cumulative gate in its stored dtype (``SCALAR``: ``G[row, h]``
+    broadcast)."""
     if SCALAR:
-        g = tl.load(G_ptr + row.to(tl.int64) * H + h).to(tl.float32) + tl.zeros_like(cols).to(tl.float32)
+        g = tl.load(G_ptr + row.to(tl.int64) * H + h)
+        g = g + tl.zeros_like(cols).to(g.dtype)
     else:
-        g = tl.load(G_ptr + (row.to(tl.int64) * H + h) * K + cols, mask=cmask, other=0.0).to(tl.float32)
+        g = tl.load(G_ptr + (row.to(tl.int64) * H + h) * K + cols, mask=cmask, other=0.0)
     return g
+
+
+@triton.jit
+def decay(x):
+    """``exp(x)`` in fp32 of an exponent formed from cumulative gates (a difference ``G_i - G_j`` or a
+    ``G_i``), taken in the gates' dtype before the exponential: with fp64 gates the difference of two
+    large cumulative sums keeps its fp32 accuracy."""
+    return tl.exp(x.to(tl.float32))
 
 
 @triton.jit

@@ -22,7 +22,7 @@ from refcheck.references.contract import check_cu_seqlens, check_scale, check_te
 from refcheck.references.gla import check_gla_inputs
 
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
-from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra, intra_kernel
+from .chunk import CHUNK_SIZES, chunk_cumsum, cumulative_gate_dtype, dstate, forward, grads, intra, intra_kernel
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -55,7 +55,7 @@ class ChunkGlaFunction(torch.autograd.Function):
         H = q.shape[1] if cfg.head_first else q.shape[2]
         GK = 1 if cfg.scalar else q.shape[-1]
         ch = cfg.chunks
-        G = torch.empty(B * cfg.T, H, GK, device=q.device, dtype=torch.float32)
+        G = torch.empty(B * cfg.T, H, GK, device=q.device, dtype=cumulative_gate_dtype(q.dtype))
         # a head-first scalar gate [B, H, T] has unit-stride rows: read sequence-first (see the module docstring)
         copy_gate = cfg.head_first and cfg.scalar
         chunk_cumsum(g.transpose(1, 2).contiguous() if copy_gate else g, G, ch, H, cfg.T, GK, parts=1,

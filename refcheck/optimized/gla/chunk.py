@@ -49,7 +49,16 @@ from ..chunk.state import (
     store_blocks,
     write_blocks,
 )
-from ..chunk.tiles import chunk_span, load_gate, load_gate_row, load_operand, load_rowvec, load_tile, row_offsets, store_tile
+from ..chunk.tiles import (
+    chunk_span,
+    decay,
+    load_gate,
+    load_gate_row,
+    load_operand,
+    load_tile,
+    row_offsets,
+    store_tile,
+)
 from ..common import Chunks, launch, padded
 from ..kda.subchunk import diag_precision
 from .pairs import colform, gram, rowform
@@ -80,6 +89,19 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype == torch.bfloat16 else torch.float32
 
 
+def cumulative_gate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the chunk-local cumulative gate ``G`` for inputs of ``dtype``: fp64 for fp32 inputs,
+    fp32 otherwise. Every decay is ``exp(G_i - G_j)`` of two cumulative sums; in fp32 each sum carries
+    the rounding of its magnitude, so under strong decay (log-decays of -1000 in a chunk of 128 give
+    ``|G| ~ 1.7e4``, one fp32 ulp 2e-3) the difference of two nearby rows loses all its digits, where the
+    fp32 budgets ask for the recurrence's accuracy. In fp64 the difference is taken exactly enough and
+    only then rounded (``chunk.tiles.decay``): on log-decays of -1000 at 30% of the steps, o's error
+    against float64 went 3.5e-4 -> 1.3e-7 at chunk size 128 (interpreted, ``tests/test_optimized_gla.py``).
+    For 16-bit inputs fp32 stays (their budgets are three orders looser, and fp64 tiles would double the
+    gate's registers and traffic in the kernels timed against FLA)."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
 def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bool:
     """Whether a state pass runs one program per 64-row K-block of the state (GLA's state rows evolve
     independently: its decay is diagonal) as well as per value block, sequence and head: ``split_k``, or
@@ -96,7 +118,8 @@ def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bo
 def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTAL, C: tl.constexpr,
                   BD: tl.constexpr, X_HF: tl.constexpr, Y_HF: tl.constexpr, REVERSE: tl.constexpr):
     """One chunk and head: ``y = cumsum(sum_p x[p])`` over the chunk's rows (from its end with
-    ``REVERSE``); x has ``NPART`` parts of ``TOTAL`` tokens; both ``[*, H, D]`` in their layouts."""
+    ``REVERSE``), summed in y's dtype; x has ``NPART`` parts of ``TOTAL`` tokens; both ``[*, H, D]`` in
+    their layouts."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -106,9 +129,9 @@ def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTA
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         cmask = cols < D
-        x = tl.zeros((C, BD), tl.float32)
+        x = tl.zeros((C, BD), y_ptr.dtype.element_ty)
         for p in range(NPART):
-            x += load_tile(x_ptr + p * TOTAL * H * D, rows, rmask, h, H, D, cols, cmask, T, X_HF)
+            x += load_tile(x_ptr + p * TOTAL * H * D, rows, rmask, h, H, D, cols, cmask, T, X_HF).to(x.dtype)
         store_tile(y_ptr, tl.cumsum(x, axis=0, reverse=REVERSE), rows, rmask, h, H, D, cols, cmask, T, Y_HF)
 
 
@@ -125,8 +148,8 @@ def chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
 def scalar_decays(G_ptr, grows, h, H, C: tl.constexpr):
     """``D_ij = exp(G_i - G_j)`` for j <= i, 0 above (simple GLA's chunk decays, ``[C, C]``)."""
     i = tl.arange(0, C)
-    Gv = load_rowvec(G_ptr, grows, i < C, h, H)
-    return tl.exp(tl.where(i[:, None] >= i[None, :], Gv[:, None] - Gv[None, :], float("-inf")))
+    Gv = tl.load(G_ptr + row_offsets(grows, h, H, 1))
+    return decay(tl.where(i[:, None] >= i[None, :], Gv[:, None] - Gv[None, :], float("-inf")))
 
 
 @triton.jit
@@ -151,7 +174,7 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, 
         else:
             q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
             k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-            G = load_tile(G_ptr, grows, i < C, h, H, K, kk, kmask)
+            G = load_gate(G_ptr, grows, i < C, h, H, K, kk, kmask)
             P = gram(P, q, k, G, k_row0, kstride, G_row0, H * K, kk, kmask, n, C, BC, PREC, DPREC)
     if SCALAR:
         P *= scalar_decays(G_ptr, grows, h, H, C)
@@ -198,7 +221,7 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
         if TO_LAST:
             G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
         S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-        acc += tl.dot((x * (tl.exp(G) * scale)).to(S.dtype), S, input_precision=PREC)
+        acc += tl.dot((x * (decay(G) * scale)).to(S.dtype), S, input_precision=PREC)
     return acc
 
 
@@ -284,9 +307,9 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
         dKs += tl.dot(v.to(dh.dtype), tl.trans(dh), input_precision=PREC)
         dgamma += tl.sum(hs.to(tl.float32) * dh.to(tl.float32), axis=1)
         dP += tl.dot(do, tl.trans(v.to(do.dtype)), input_precision=PREC)
-    dKd = tl.exp(G_last[None, :] - G) * dKs
-    dq_s = scale * tl.exp(G) * dQs
-    last = tl.where(i[:, None] == n - 1, (tl.sum(k * dKd, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+    dKd = decay(G_last[None, :] - G) * dKs
+    dq_s = scale * decay(G) * dQs
+    last = tl.where(i[:, None] == n - 1, (tl.sum(k * dKd, axis=0) + decay(G_last) * dgamma)[None, :], 0.0)
     if SCALAR:
         M = tl.where(i[:, None] >= i[None, :], dP, 0.0) * scalar_decays(G_ptr, grows, h, H, C)
         dq = dq_s + scale * tl.dot(M, k, input_precision=PREC)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..chunk.tiles import decay
 from ..kda.subchunk import diag_factors, expand_band, level_factors, level_pairs, same_block, take_rows
 
 
@@ -49,7 +50,7 @@ def gram(P, x, y, G, y_ptr, ystride, G_ptr, gstride, cols, cmask, n, C: tl.const
             jr = start + r
             y_r = take_rows(y, y_ptr, ystride, jr, cols, cmask, n, False, False)
             G_r = take_rows(G, G_ptr, gstride, jr, cols, cmask, n, True, False)
-            ye = y_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
+            ye = y_r * decay(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
             band += tl.where(band_r == r, tl.sum(x * ye, axis=1)[:, None], 0.0)
         P += tl.where(lower, expand_band(band, C, BC), 0.0)
     return P
@@ -78,7 +79,7 @@ def rowform(M, y, G, y_ptr, ystride, G_ptr, gstride, cols, cmask, n, C: tl.const
             y_r = take_rows(y, y_ptr, ystride, jr, cols, cmask, n, False, False)
             G_r = take_rows(G, G_ptr, gstride, jr, cols, cmask, n, True, False)
             m = tl.sum(tl.where(i[None, :] == jr[:, None], M, 0.0), axis=1)  # M[i, jr]
-            R += m[:, None] * y_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
+            R += m[:, None] * y_r * decay(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
     return R
 
 
@@ -105,5 +106,5 @@ def colform(M, x, G, x_ptr, xstride, G_ptr, gstride, cols, cmask, n, C: tl.const
             x_r = take_rows(x, x_ptr, xstride, ir, cols, cmask, n, False, False)
             G_r = take_rows(G, G_ptr, gstride, ir, cols, cmask, n, True, False)
             m = tl.sum(tl.where(i[:, None] == ir[None, :], M, 0.0), axis=0)  # M[ir, i]
-            Q += m[:, None] * x_r * tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
+            Q += m[:, None] * x_r * decay(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
     return Q

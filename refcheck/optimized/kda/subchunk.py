@@ -37,6 +37,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..chunk.tiles import decay
+
 
 @triton.jit
 def take_rows(tile, ptr, stride, rows, cols, cmask, n, CLAMP: tl.constexpr, USE_GATHER: tl.constexpr):
@@ -54,7 +56,7 @@ def take_rows(tile, ptr, stride, rows, cols, cmask, n, CLAMP: tl.constexpr, USE_
         else:
             r = rows
             mask = cmask[None, :] & (r < n)[:, None]
-        out = tl.load(ptr + r.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        out = tl.load(ptr + r.to(tl.int64)[:, None] * stride + cols[None, :], mask=mask, other=0.0).to(tile.dtype)
     return out
 
 
@@ -82,7 +84,7 @@ def level_factors(G, G_ptr, stride, cols, cmask, n, S: tl.constexpr, C: tl.const
     """``(odd, e)``: e = exp(G - G_ref) on odd-block rows, exp(G_ref - G) on even-block rows (<= 1)."""
     odd, ref = level_rows(S, C)
     G_ref = take_rows(G, G_ptr, stride, ref, cols, cmask, n, True, USE_GATHER)
-    return odd, tl.exp(tl.where(odd[:, None], G - G_ref, G_ref - G))
+    return odd, decay(tl.where(odd[:, None], G - G_ref, G_ref - G))
 
 
 DIAG_SPAN = tl.constexpr(40.0)  # the largest |G_i - G_m| inside a sub-chunk for which the diagonal blocks take dots
@@ -94,7 +96,7 @@ def diag_factors(G, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.const
     whether the span ``max |G - G_m|`` of the tile allows the diagonal blocks' dots (<= DIAG_SPAN)."""
     mid = (tl.arange(0, C) // BC) * BC + BC // 2
     d = G - take_rows(G, G_ptr, stride, mid, cols, cmask, n, True, USE_GATHER)
-    return tl.exp(d), tl.exp(-d), tl.max(tl.abs(d)) <= DIAG_SPAN
+    return decay(d), decay(-d), tl.max(tl.abs(d)) <= DIAG_SPAN
 
 
 @triton.jit
