@@ -166,10 +166,10 @@ for step in "$@"; do
       echo "gla-bench exit $?" >> "$OUT/gla_bench.log" ;;
     replay)
       python() { python3 "$@"; }; export -f python      # the reproducers say `python`
-      grep -v '^#' "${REPLAY:-benchmarks/results/gpu_findings_h100.sh}" | grep . | while IFS= read -r line; do
-        timeout -s INT "${REPLAY_EACH_S:-120}" bash -c "$line" > "$OUT/replay_one.log" 2>&1
+      n=0; grep -v '^#' "${REPLAY:-benchmarks/results/gpu_findings_h100.sh}" | grep . | while IFS= read -r line; do
+        n=$((n + 1)); timeout -s INT "${REPLAY_EACH_S:-120}" bash -c "$line" > "$OUT/replay_$n.log" 2>&1
         rc=$?; verdict=$([ $rc = 1 ] && echo "fails (reproduced)" || { [ $rc = 0 ] && echo "holds" || echo "exit $rc"; })
-        echo "$verdict: ${line:0:220}"; grep -E "violated|raised" "$OUT/replay_one.log" | head -2
+        echo "$verdict (replay_$n.log): ${line:0:200}"; grep -E "violated|raised" "$OUT/replay_$n.log" | head -2
       done > "$OUT/replay.log" 2>&1 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

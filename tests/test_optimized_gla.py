@@ -267,3 +267,18 @@ def test_log_decay_spikes_keep_fp32_accuracy(op, chunk_size):
     ours = grads(OPS[op][0], torch.float32, precision="tf32x3", chunk_size=chunk_size)
     for name, x, s, t in zip(("o", "final_state", "dq", "dk", "dv", "dg"), ours, stable, truth):
         assert rel(x, t) <= 10 * max(rel(s, t), 1e-8), (name, rel(x, t), rel(s, t))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("gate_dtype", ["bf16", "fp16"])
+def test_a_16_bit_gate_gradient_is_rounded_once(op, gate_dtype):
+    """fp32 inputs with a 16-bit gate: dg is the reverse cumulative sum of fp32 partial gradients, summed
+    in fp32 and rounded to the gate's dtype only when stored; within 2x the error of the float64 truth
+    rounded to that dtype. Summing in the gate's dtype (a variant that once shipped) rounds at every
+    step: the GPU law run of 2026-11-26 caught it at 1.5e-2 where the bound was 7.6e-3."""
+    x, opts = gla_case(op, T=128, K=48, V=24, gate_dtype=gate_dtype)
+    do, dht = cotangents(x, opts)
+    ours = run(OPS[op][0], x, opts, do, dht, precision="tf32x3", chunk_size=128)[2]["g"]
+    truth = run(OPS[op][1], {n: t.double() for n, t in x.items()}, opts, do, dht)[2]["g"]
+    assert rel(ours, truth) <= 2 * rel(truth.to(DTYPES[gate_dtype]), truth), (rel(ours, truth),
+                                                                              rel(truth.to(DTYPES[gate_dtype]), truth))

@@ -118,8 +118,9 @@ def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bo
 def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTAL, C: tl.constexpr,
                   BD: tl.constexpr, X_HF: tl.constexpr, Y_HF: tl.constexpr, REVERSE: tl.constexpr):
     """One chunk and head: ``y = cumsum(sum_p x[p])`` over the chunk's rows (from its end with
-    ``REVERSE``), summed in y's dtype; x has ``NPART`` parts of ``TOTAL`` tokens; both ``[*, H, D]`` in
-    their layouts."""
+    ``REVERSE``), summed in fp64 where y is fp64 (``cumulative_gate_dtype``) and in fp32 otherwise (a
+    16-bit y, the gate's gradient, is rounded only when stored); x has ``NPART`` parts of ``TOTAL`` tokens;
+    both ``[*, H, D]`` in their layouts."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -129,7 +130,7 @@ def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTA
     for d0 in range(0, D, BD):
         cols = d0 + tl.arange(0, BD)
         cmask = cols < D
-        x = tl.zeros((C, BD), y_ptr.dtype.element_ty)
+        x = tl.zeros((C, BD), tl.float64 if y_ptr.dtype.element_ty == tl.float64 else tl.float32)
         for p in range(NPART):
             x += load_tile(x_ptr + p * TOTAL * H * D, rows, rmask, h, H, D, cols, cmask, T, X_HF).to(x.dtype)
         store_tile(y_ptr, tl.cumsum(x, axis=0, reverse=REVERSE), rows, rmask, h, H, D, cols, cmask, T, Y_HF)
