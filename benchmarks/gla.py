@@ -221,10 +221,11 @@ SERIAL_VARIANTS = (dict(split_k=True), dict(split_k=True, num_warps=8), dict(spl
 picks split at B=1 T=32768, 8 warps, and unsplit at B=8 T=4096, 4 warps)."""
 OUTPUT_VARIANTS = (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1), dict(BK=64, BV=128, num_warps=4, num_stages=1))
 """Launches of ``output_kernel`` (its ``output_ladder`` replaced), the default first."""
-UPDATE_DOTS = (dict(bf16x2=True),)
-"""The state passes' update dots on bf16 operands (``chunk.state.split_dot``: the fp32 operand in two bf16 parts)
-beside the default (tf32 on fp32 operands): interpreted at B=1, T=256, H=2, K=V=128, GLA's final state error
-3.9e-4 -> 2.4e-6 and o 1.99e-3 -> 1.98e-3 against float64; its speed is what this row measures."""
+UPDATE_DOTS = (dict(bf16x2=True), dict(bf16x2=False))
+"""The state passes' update dots forced on bf16 operands (``chunk.state.split_dot``: the fp32 operand in two bf16
+parts) and forced to tf32 on fp32 operands, beside the default (``chunk.update_in_bf16x2``: bf16x2 for an unsplit
+pass under "tf32"). Interpreted at B=1, T=256, H=2, K=V=128, bf16x2 took GLA's final state error 3.9e-4 -> 2.4e-6
+and o 1.99e-3 -> 1.98e-3 against float64."""
 STATES_DTYPES = (dict(hs="fp32"),)
 """The stored states in fp32 (``hs_dtype``) beside the default (``chunk.state_dtype``: the inputs' bf16), for the
 forward's two launches and ``grads_qk_kernel``, which read them."""
@@ -277,7 +278,7 @@ def profile_stage(d, stage, cfg):
     from refcheck.optimized.gla import chunk
     x, scale, cfg = d["x"], d["scale"], dict(cfg)
     hs_dtype = {"fp32": torch.float32, None: torch.bfloat16}[cfg.pop("hs", None)]
-    bf16x2 = cfg.pop("bf16x2", False)
+    bf16x2 = cfg.pop("bf16x2", None)
     common = (d["ch"], d["H"], d["T"], scale, False, d["scalar"], "tf32")
     if stage in ("states", "output"):
         launches = {"serial" if stage == "states" else "output": cfg or None}

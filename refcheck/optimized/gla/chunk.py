@@ -147,10 +147,20 @@ def chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
 
 @triton.jit
 def scalar_decays(G_ptr, grows, h, H, C: tl.constexpr):
-    """``D_ij = exp(G_i - G_j)`` for j <= i, 0 above (simple GLA's chunk decays, ``[C, C]``)."""
+    """``D_ij = exp(G_i - G_j)`` for j <= i, 0 above (simple GLA's chunk decays, ``[C, C]``). An fp64 gate
+    is split into fp32 parts ``hi + lo`` on its ``[C]`` rows and the difference taken as
+    ``(hi_i - hi_j) + (lo_i - lo_j)`` (exact to the difference's own rounding: two nearby ``hi`` subtract
+    exactly), so that no ``[C, C]`` tile is fp64: on an H200 (Triton 3.6) the fp64 tile, feeding the
+    gradient dots directly and transposed, gave dq and dk wrong by up to 0.66 in ``grads_qk_kernel``
+    (the same code in ``intra_kernel`` computed right; the interpreter computes both right)."""
     i = tl.arange(0, C)
     Gv = tl.load(G_ptr + row_offsets(grows, h, H, 1))
-    return decay(tl.where(i[:, None] >= i[None, :], Gv[:, None] - Gv[None, :], float("-inf")))
+    hi = Gv.to(tl.float32)
+    d = hi[:, None] - hi[None, :]
+    if G_ptr.dtype.element_ty == tl.float64:
+        lo = (Gv - hi.to(tl.float64)).to(tl.float32)
+        d += lo[:, None] - lo[None, :]
+    return tl.exp(tl.where(i[:, None] >= i[None, :], d, float("-inf")))
 
 
 @triton.jit
@@ -425,11 +435,28 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     return P
 
 
+def update_in_bf16x2(bf16x2: bool | None, dtype: torch.dtype, precision: str, split: bool) -> bool:
+    """Whether a state pass's update dot takes its values as stored in bf16 and its fp32 operand in two
+    bf16 parts (``chunk.state.split_dot``): ``bf16x2`` where given (``benchmarks/gla.py --profile``), else
+    for bf16 inputs under "tf32" in a pass not split by K-block. Measured on an H200 (bf16, H=16,
+    K=V=128, ``gla_profile_h200.json``, ms): at B=8, T=4096 (unsplit) GLA's forward state pass with the
+    output 0.917 -> 0.843 and its reverse pass 0.458 -> 0.378, simple GLA's 0.607 -> 0.579 and
+    0.315 -> 0.267; at B=1, T=32768 (split, 8 warps) they lose, GLA 1.896 -> 1.995 and 1.175 -> 1.277.
+    The fp32 operand keeps about 16 mantissa bits where "tf32" keeps 10 (the final state's error
+    3.9e-4 -> 2.4e-6, interpreted, ``tests/test_optimized_gla.py``); "ieee" and "tf32x3" keep their
+    fp32 dots."""
+    if bf16x2 is None:
+        bf16x2 = precision == "tf32" and not split
+    return bf16x2 and dtype == torch.bfloat16
+
+
 def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                      split_k: bool | None, serial: dict | None, reverse: bool = False):
+                      split_k: bool | None, serial: dict | None, bf16x2: bool | None, dtype: torch.dtype,
+                      reverse: bool = False):
     """``launch_serial`` of a GLA state pass, split by K-block as ``split_by_k_block`` says, state blocks
     at least ``MIN_BLOCK`` wide, a split pass at 8 warps, the unsplit ``reverse`` pass (``dstate``) with
-    its loads double-buffered; ``serial`` overrides the launch settings (and ``split_k``). Measured (bf16,
+    its loads double-buffered, the update's dot as ``update_in_bf16x2`` says for the values' ``dtype``;
+    ``serial`` overrides the launch settings (and ``split_k``). Measured (bf16,
     H=16, K=V=128, ``gla_profile_h200.json`` on an H200): 8 warps at B=1, T=32768, GLA's forward state
     pass with the output 2.23 -> 1.90 ms, its reverse pass 1.39 -> 1.16, simple GLA's unchanged (1.29,
     0.91); two stages for the reverse pass at B=8, T=4096: GLA 0.513 -> 0.456, simple GLA 0.395 -> 0.316
@@ -438,12 +465,13 @@ def launch_state_pass(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: 
     split = split_by_k_block(cfg.pop("split_k", split_k), chunks, H, V)
     if not serial:
         cfg = dict(num_warps=8) if split else dict(num_stages=2) if reverse else {}
+    constexprs = dict(constexprs, BF16X2=update_in_bf16x2(bf16x2, dtype, constexprs["PREC"], split))
     launch_serial(kernel, args, constexprs, chunks, H, K, V, cfg or None, split_k=split, min_block=MIN_BLOCK)
 
 
 def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
             precision: str, *, final: bool, split_k: bool | None = None, serial: dict | None = None,
-            output: dict | None = None, hs_dtype: torch.dtype | None = None, bf16x2: bool = False):
+            output: dict | None = None, hs_dtype: torch.dtype | None = None, bf16x2: bool | None = None):
     """``(o like v in q's dtype, final state [N, H, K, V] fp32 or None, entry states h [NC, H, K, V] in
     ``state_dtype``): the serial state pass, then the output of every chunk in parallel. ``serial`` and
     ``output`` replace the two launches' settings, ``hs_dtype`` the stored states' dtype, ``bf16x2`` (bf16
@@ -457,8 +485,7 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
                       (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H,
                        T, K, V),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision, BF16X2=bf16x2 and v.dtype == torch.bfloat16), chunks, H, K, V, split_k,
-                      serial)
+                           PREC=precision), chunks, H, K, V, split_k, serial, bf16x2, v.dtype)
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
                (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
@@ -469,7 +496,7 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
 
 def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, head_first: bool, scalar: bool,
            precision: str, want_dh0: bool, split_k: bool | None = None, serial: dict | None = None,
-           bf16x2: bool = False):
+           bf16x2: bool | None = None):
     """``(dh [NC, H, K, V] fp32, dh0 [N, H, K, V] fp32 or None)``; ``serial`` replaces the launch settings,
     ``bf16x2`` (bf16 inputs) the update's dot (``dstate_kernel``) (``benchmarks/gla.py --profile``)."""
     K = q.shape[-1]
@@ -480,8 +507,7 @@ def dstate(q, G, do, dht, chunks: Chunks, H: int, T: int, V: int, scale: float, 
                       (q, G, do, dht if dht is not None else dh, dh, dh0 if want_dh0 else dh, chunks.cu,
                        chunks.offsets, scale, H, T, K, V),
                       dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, HEAD_FIRST=head_first, SCALAR=scalar,
-                           PREC=precision, BF16X2=bf16x2 and do.dtype == torch.bfloat16), chunks, H, K, V, split_k,
-                      serial, reverse=True)
+                           PREC=precision), chunks, H, K, V, split_k, serial, bf16x2, do.dtype, reverse=True)
     return dh, dh0
 
 
