@@ -67,6 +67,8 @@ class Chunks:
     seq:     int32 ``[NC]`` the sequence of each chunk
     start:   int32 ``[NC]`` the first token of each chunk
     offsets: int32 ``[N+1]`` index of each sequence's first chunk (``offsets[-1] == NC``)
+    tokens:  the length ``B*T`` of the flattened token axis (``cu[-1] <= tokens``), known on the host:
+             buffers over the tokens take it, not ``cu[-1]``, whose read would wait for the GPU
     """
 
     cu: torch.Tensor
@@ -74,6 +76,7 @@ class Chunks:
     start: torch.Tensor
     offsets: torch.Tensor
     size: int
+    tokens: int
 
     @property
     def num_seqs(self) -> int:
@@ -100,7 +103,7 @@ def make_chunks(batch: int, length: int, cu_seqlens: torch.Tensor | None, size: 
     seq = torch.repeat_interleave(torch.arange(per_seq.numel(), device=device), per_seq, output_size=total)
     start = cu[seq] + (torch.arange(total, device=device) - offsets[seq]) * size
     i32 = torch.int32
-    return Chunks(cu.to(i32), seq.to(i32), start.to(i32), offsets.to(i32), size)
+    return Chunks(cu.to(i32), seq.to(i32), start.to(i32), offsets.to(i32), size, batch * length)
 
 
 def launch(kernel, grid, args, constexprs: dict, ladder: list[dict]):

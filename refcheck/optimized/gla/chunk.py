@@ -404,7 +404,7 @@ def chunk_cumsum(x: torch.Tensor, out: torch.Tensor, chunks: Chunks, H: int, T: 
     """``out = `` the chunk-local (reverse) cumulative sum of the sum of the ``parts`` parts of x."""
     if chunks.num_chunks and H:
         cumsum_kernel[(chunks.num_chunks, H)](
-            x, out, chunks.cu, chunks.seq, chunks.start, H, T, D, parts, int(chunks.cu[-1]) if parts > 1 else 0,
+            x, out, chunks.cu, chunks.seq, chunks.start, H, T, D, parts, chunks.tokens,
             C=chunks.size, BD=min(padded(D), 32), X_HF=x_head_first, Y_HF=out_head_first, REVERSE=reverse)
     return out
 
@@ -414,7 +414,7 @@ def intra(q, k, G, chunks: Chunks, H: int, T: int, scale: float, head_first: boo
     """P of every chunk: fp32 ``[tokens, H, C]``, scale included; ``config`` replaces the launch settings
     (``benchmarks/gla.py --profile``)."""
     K = q.shape[-1]
-    total = int(chunks.cu[-1])
+    total = chunks.tokens
     P = torch.empty(total, H, chunks.size, device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         # C = 64, measured on an H200 (bf16, B=8, T=4096, H=16, K=128, benchmarks/results/gla_profile_h200.json):
@@ -518,7 +518,7 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
     ``dv`` replace the launch settings of ``grads_qk_kernel`` and ``grads_v_kernel`` (``benchmarks/gla.py
     --profile``)."""
     K, V = q.shape[-1], v.shape[-1]
-    total = int(chunks.cu[-1])
+    total = chunks.tokens
     C = chunks.size
     # 4 warps, measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with grads_v_kernel,
     # benchmarks/results/gla_profile_h200.json): GLA 4.08 ms with three load stages (4.27 with two) against
