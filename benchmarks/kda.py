@@ -374,6 +374,8 @@ PROFILE_VARIANTS = (
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
+    + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
+                                                 dict(BK=32, BV=64, num_warps=4, num_stages=1))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_warps=8), dict(num_warps=8, BV=32),
                                                dict(num_warps=8, BK=16), dict(value=dict(BV=32, num_warps=8)))
@@ -384,6 +386,7 @@ PROFILE_VARIANTS = (
 
 def profile_data(name):
     """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
+    from refcheck.optimized.chunk.output import state_dtype
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     s = SHAPES[name]
@@ -394,23 +397,27 @@ def profile_data(name):
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, False, "tf32")
-    _, _, hs, U = chunk_fwd.recurrence(q, k, flat["v"], G, flat["beta"], T, P, None, ch, scale, "tf32",
-                                       output=False, final=False, keep=True)
+    _, hs, U = chunk_fwd.recurrence(k, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(q, k, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale)
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
+                hs_out=hs.to(state_dtype(flat["v"].dtype)))
 
 
 def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
+    from refcheck.optimized.chunk.output import output
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, gather, "tf32", cfg)
-    if stage.startswith("recurrence"):
+    if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
-        return lambda: chunk_fwd.recurrence(d["q"], d["k"], f["v"], d["G"], f["beta"], d["T"], d["P"], None, ch, sc,
-                                            "tf32", output=not keep, final=not keep, keep=keep, config=cfg)
+        return lambda: chunk_fwd.recurrence(d["k"], f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,
+                                            hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
+    if stage == "output":
+        H = d["k"].shape[1]
+        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage == "dstate":
         return lambda: chunk_bwd.dstate(d["q"], d["k"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc,
                                         "tf32", False, cfg)
@@ -432,7 +439,7 @@ def profile(names, jobs, stages=None):
     for name in names:
         d = data if name == names[0] else profile_data(name)
         for stage, cfg, safe, gather in (PROFILE_VARIANTS[i] for i in todo):
-            if name != "B8_T4096" and stage not in ("recurrence", "dstate"):
+            if name != "B8_T4096" and stage not in ("recurrence", "dstate", "output"):
                 continue
             try:
                 ms = do_bench(profile_stage(d, stage, cfg, safe, gather), return_mode="median")

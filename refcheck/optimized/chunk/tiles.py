@@ -15,6 +15,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+MIN_BLOCK = 32
+"""The narrowest channel or value block of the 8-warp kernels and of the serial kernels' state blocks
+(``padded(n, MIN_BLOCK)``) of GLA and of the chunk output (``chunk.output``). On an H100 (Triton 3.6),
+K = 16 with blocks of 16 at 8 warps and precision "tf32x3" made ``output_kernel``'s o wrong by up to 0.56
+(fp32, bf16 and fp16 inputs) and ``grads_qk_kernel`` lose the CUDA context
+(an illegal memory access); with blocks of 32 both are right
+(``benchmarks/results/gpu_gla_k16_h100.txt``). The interpreter computes both right: the compiled code is at
+fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lost the CUDA context at K = 13
+("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
+with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
+their blocks are 32 wide too."""
+
 
 @triton.jit
 def row_offsets(rows, h, H, D, T=1, HEAD_FIRST: tl.constexpr = False):
@@ -111,3 +123,12 @@ def chunk_span(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
     t0 = tl.load(start_ptr + c)
     eos = tl.load(cu_ptr + tl.load(seq_ptr + c) + 1)
     return t0, tl.minimum(eos - t0, C)
+
+
+@triton.jit
+def chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
+    """``(t0, n, i, rows, rmask, grows)`` of chunk c: its first token, valid rows, row indices, token
+    rows (masked past the end) and token rows clamped to the last valid one (for G)."""
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    return t0, n, i, t0 + i, i < n, t0 + tl.minimum(i, n - 1)

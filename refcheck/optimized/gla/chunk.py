@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..chunk.output import output as chunk_output
+from ..chunk.output import state_dtype, state_term, state_term_ladder
 from ..chunk.state import (
     dwrite_blocks,
     fills_gpu,
@@ -50,6 +52,8 @@ from ..chunk.state import (
     write_blocks,
 )
 from ..chunk.tiles import (
+    MIN_BLOCK,
+    chunk_rows,
     chunk_span,
     decay,
     load_gate,
@@ -65,30 +69,6 @@ from .pairs import colform, gram, rowform
 
 SUB = 16
 CHUNK_SIZES = (64, 128)
-MIN_BLOCK = 32
-"""The narrowest channel or value block of the 8-warp kernels and of the serial kernels' state blocks
-(``padded(n, MIN_BLOCK)``). On an H100 (Triton 3.6), K = 16 with blocks of 16 at 8 warps and precision
-"tf32x3" made ``output_kernel``'s o wrong by up to 0.56 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel``
-lose the CUDA context (an illegal memory access); with blocks of 32 both are right
-(``benchmarks/results/gpu_gla_k16_h100.txt``). The interpreter computes both right: the compiled code is at
-fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lost the CUDA context at K = 13
-("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
-with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
-their blocks are 32 wide too."""
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype in which the forward state pass stores the per-chunk entry states ``h`` that the parallel
-    kernels read: bf16 for bf16 inputs, fp32 otherwise (fp32 inputs: the precision modes' ground; fp16:
-    its range, 65504, cannot hold a state that grows with the sequence where bf16 has fp32's range).
-    The pass carries the state in fp32 and rounds only what it stores, so the final state stays fp32 and
-    no rounding accumulates along the sequence; the dots against a stored 16-bit state take their other
-    operand rounded to it (``state_term``), at twice the tensor-core rate. The stored states are the
-    largest traffic of the forward (``[NC, H, K, V]``, 0.5 GB in fp32 at B=8, T=4096, H=16, K=V=128),
-    read again by the output pass and the backward: in bf16 the forward took 1.246 -> 1.044 ms (GLA,
-    H200), o's error 1.84e-3 -> 2.01e-3 against FLA's 2.53e-3. The reverse pass's ``dh`` stays fp32:
-    in bf16 dv's error would reach 2.64e-3 against FLA's 2.68e-3 (interpreted, T=256)."""
-    return dtype if dtype == torch.bfloat16 else torch.float32
-
-
 def cumulative_gate_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the chunk-local cumulative gate ``G`` for inputs of ``dtype``: fp64 for fp32 inputs,
     fp32 otherwise. Every decay is ``exp(G_i - G_j)`` of two cumulative sums; in fp32 each sum carries
@@ -134,15 +114,6 @@ def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTA
         for p in range(NPART):
             x += load_tile(x_ptr + p * TOTAL * H * D, rows, rmask, h, H, D, cols, cmask, T, X_HF).to(x.dtype)
         store_tile(y_ptr, tl.cumsum(x, axis=0, reverse=REVERSE), rows, rmask, h, H, D, cols, cmask, T, Y_HF)
-
-
-@triton.jit
-def chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
-    """``(t0, n, i, rows, rmask, grows)`` of chunk c: its first token, valid rows, row indices, token
-    rows (masked past the end) and token rows clamped to the last valid one (for G)."""
-    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    i = tl.arange(0, C)
-    return t0, n, i, t0 + i, i < n, t0 + tl.minimum(i, n - 1)
 
 
 @triton.jit
@@ -214,43 +185,6 @@ def states_kernel(k_ptr, v_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, cu_ptr, off_ptr, 
                                       PREC, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask, kb0)
-
-
-@triton.jit
-def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, K, V, vv, vmask, scale,
-               BK: tl.constexpr, TO_LAST: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr,
-               PREC: tl.constexpr):
-    """``acc [C, BV] += (x * scale e^G) S`` (``TO_LAST``: ``e^{G_last - G}``) with ``x [C, K]`` the chunk's
-    rows of q or k and ``S = st[c, h, :, vv]`` ``[K, BV]`` a state of chunk c, K in blocks of BK; the
-    left operand is rounded to the state's dtype (16-bit states: a 16-bit dot)."""
-    base = st_ptr + (c.to(tl.int64) * H + h) * K * V
-    for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
-        kmask = kk < K
-        x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
-        if TO_LAST:
-            G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
-        S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-        acc += tl.dot((x * (decay(G) * scale)).to(S.dtype), S, input_precision=PREC)
-    return acc
-
-
-@triton.jit
-def output_kernel(q_ptr, v_ptr, G_ptr, P_ptr, hs_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
-                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                  SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One chunk, head and value block: ``O = P V + scale (q e^G) S0`` ``[C, BV]``, S0 = ``hs[c]``."""
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
-    vv = tl.program_id(2) * BV + tl.arange(0, BV)
-    vmask = vv < V
-    v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-    O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C), v, input_precision=PREC)
-    O = state_term(O, q_ptr, G_ptr, hs_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
-                   False, HEAD_FIRST, SCALAR, PREC)
-    store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
 
 
 @triton.jit
@@ -370,27 +304,6 @@ def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr,
 # row) and the chunk table of the flattened tokens.
 
 
-def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
-    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
-    BK = 64 (C = 64) or 32 (C = 128), value blocks of 64, at which neither spills on sm_90 for K = V = 128
-    with fp32 states (Triton 3.6; at 4 warps and C = 64: 440 and 456 B of stack); the narrowest blocks last."""
-    cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), 64), num_warps=8,
-               num_stages=1)
-    return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK)]
-
-
-def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
-    """Launch ladder of ``output_kernel``: all of V (up to 128) in one program, BK = 32 and 4 warps where
-    the stored states are 16-bit and C = 64 (q and G read once, not once per value block), else
-    ``state_term_ladder``. Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the forward's state pass
-    with the output, ``benchmarks/results/gla_profile_h200.json``): GLA 1.044 ms (value blocks of 64, 8
-    warps) -> 0.911, simple GLA 0.692 -> 0.616; with fp32 states all of V was slower (1.55-1.78 vs
-    1.47 ms, ``gla_profile_h100.json``)."""
-    wide = hs_dtype != torch.float32 and C == 64
-    return [dict(BK=MIN_BLOCK, BV=min(padded(V, MIN_BLOCK), 128), num_warps=4, num_stages=1),
-            *state_term_ladder(K, V, C)] if wide else state_term_ladder(K, V, C)
-
-
 def dv_ladder(K: int, V: int, C: int) -> list[dict]:
     """Launch ladder of ``grads_v_kernel``: at C = 64 ``state_term_ladder``'s blocks at 4 warps first,
     measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with ``grads_qk_kernel``,
@@ -480,17 +393,12 @@ def forward(q, k, v, G, P, h0, chunks: Chunks, H: int, T: int, scale: float, hea
     f32 = torch.float32
     ht = torch.empty(chunks.num_seqs, H, K, V, device=q.device, dtype=f32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=q.device, dtype=hs_dtype or state_dtype(q.dtype))
-    o = torch.empty(*v.shape, device=q.device, dtype=q.dtype)
     launch_state_pass(states_kernel,
                       (k, v, G, h0 if h0 is not None else hs, ht if final else hs, hs, chunks.cu, chunks.offsets, H,
                        T, K, V),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=final, HEAD_FIRST=head_first, SCALAR=scalar,
                            PREC=precision), chunks, H, K, V, split_k, serial, bf16x2, v.dtype)
-    if chunks.num_chunks and H:
-        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (q, v, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
-               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
-               [output] if output else output_ladder(K, V, chunks.size, hs.dtype))
+    o = chunk_output(q, v, G, P, hs, chunks, H, T, scale, head_first, scalar, precision, output)
     return o, ht, hs
 
 

@@ -15,6 +15,8 @@ import torch
 from refcheck.references.contract import check_cu_seqlens, check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
+from ..chunk.output import output as chunk_output
+from ..chunk.output import state_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
 from .chunk_fwd import CHUNK, intra, intra_kernel, recurrence
@@ -109,8 +111,11 @@ class KdaFunction(torch.autograd.Function):
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks)
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
-        o, ht, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,
-                                  output=True, final=cfg.final, keep=cfg.keep)
+        # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
+        # GLA's does (``chunk.output.state_dtype``)
+        ht, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
+                               hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype))
+        o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
         kept = (hs, U) if cfg.keep else ()
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
         ctx.cfg = cfg
@@ -126,8 +131,7 @@ class KdaFunction(torch.autograd.Function):
         if cfg.keep:
             hs, U = kept
         else:
-            _, _, hs, U = recurrence(qn, kn, v, G, beta, Tm, P, h0, cfg.chunks, cfg.scale, cfg.precision,
-                                     output=False, final=False, keep=True)
+            _, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
         dh, dY, dh0 = dstate(qn, kn, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
                              cfg.scale, cfg.precision, want_dh0=h0 is not None)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(

@@ -12,8 +12,10 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
 row of the chunk matrix); ``recurrence`` walks the chunks of each sequence in order, one program per
-(value block, sequence, head), keeping S in registers. It writes O and, for the backward, the entry
-state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``).
+(value block, sequence, head), keeping S in registers, and writes the entry state of every chunk
+(``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from them in parallel
+(``chunk.output``, GLA's output with U for v). The serial pass carries only what is serial: with O in
+it, each of its programs did the output's two dots too, and a long single sequence has few programs.
 """
 from __future__ import annotations
 
@@ -63,30 +65,23 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
 
 
 @triton.jit
-def recurrence_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, h0_ptr, o_ptr, ht_ptr, hs_ptr, u_ptr,
-                      cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                      BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_O: tl.constexpr, STORE_FINAL: tl.constexpr,
-                      STORE_H: tl.constexpr, PREC: tl.constexpr):
-    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV]."""
+def recurrence_kernel(k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr, cu_ptr, off_ptr, H, K, V,
+                      C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                      STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
+    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        if STORE_H:
-            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
-        Z = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask)
-        O = tl.zeros((C, BV), tl.float32)
-        Z, O = read_blocks(S0, S1, S2, S3, Z, O, q_ptr, k_ptr, G_ptr, rows, rmask, grows, h, H, K, scale, KB, NKB,
-                           STORE_O, PREC)
+        store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), k_ptr, G_ptr, rows, rmask,
+                        grows, h, H, K, KB, NKB, PREC)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
-        if STORE_H:
-            store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
-        if STORE_O:
-            P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
-            store_tile(o_ptr, O + tl.dot(P, U, input_precision=PREC), rows, rmask, h, H, V, vv, vmask)
+        store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC)
     if STORE_FINAL:
@@ -110,25 +105,19 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: b
     return T, P
 
 
-def recurrence(q, k, v, G, beta, T, P, initial_state, chunks: Chunks, scale: float, precision: str, *,
-               output: bool, final: bool, keep: bool, config: dict | None = None):
-    """Walk the chunks. Returns ``(o, final state, h, U)``, each None unless asked for:
-    o ``[T, H, V]`` in q's dtype (``output``), the fp32 final state ``[N, H, K, V]`` (``final``), and
-    the backward's intermediates (``keep``): entry states h ``[NC, H, K, V]`` and U ``[T, H, V]``, fp32.
+def recurrence(k, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
+               hs_dtype: torch.dtype = torch.float32, config: dict | None = None):
+    """Walk the chunks. Returns ``(final state, h, U)``: the fp32 final state ``[N, H, K, V]`` (None
+    unless ``final``), the entry states h ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32.
     ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     V = v.shape[-1]
     dev = k.device
-    f32 = torch.float32
-    o = torch.empty(total, H, V, device=dev, dtype=q.dtype) if output else None
-    ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=f32) if final else None
-    hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32) if keep else None
-    U = torch.empty(total, H, V, device=dev, dtype=f32) if keep else None
-    dummy = k
+    ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
+    hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
+    U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
     launch_serial(recurrence_kernel,
-                  (q, k, v, G, beta, T, P, initial_state if initial_state is not None else dummy,
-                   o if output else dummy, ht if final else dummy, hs if keep else dummy, U if keep else dummy,
-                   chunks.cu, chunks.offsets, scale, H, K, V),
-                  dict(HAS_H0=initial_state is not None, STORE_O=output, STORE_FINAL=final, STORE_H=keep,
-                       PREC=precision), chunks, H, K, V, config)
-    return o, ht, hs, U
+                  (k, v, G, beta, T, initial_state if initial_state is not None else hs, ht if final else hs, hs, U,
+                   chunks.cu, chunks.offsets, H, K, V),
+                  dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V, config)
+    return ht, hs, U
