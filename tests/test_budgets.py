@@ -6,6 +6,7 @@ import pytest
 from refcheck.model import budgets
 from refcheck.model.case import PRECISION_MODES
 from refcheck.model.ops import OPS
+from refcheck.model.ops.attention import FP8_DTYPES
 
 GOOD = '''
 [kda.o.bf16]
@@ -40,6 +41,15 @@ def test_shipped_defaults_cover_every_output_with_a_contract_bound():
                     b = loaded.get(name, output, dtype, mode, impl="someone:else")
                     assert b.metric == "naive_ratio" and not b.guard and b.value > 0 and b.reason
     assert budgets.DEFAULT_PATH.name == "tolerances.toml" and budgets.DEFAULT_PATH.parent.name == "refcheck"
+
+
+def test_shipped_fp8_attention_budgets_give_a_contract_bound_and_our_guard():
+    loaded = budgets.load()
+    for fp8 in FP8_DTYPES:
+        for output in ("o", "lse"):
+            contract = loaded.get("attention", output, fp8, "tf32", impl="someone:else")
+            guard = loaded.get("attention", output, fp8, "tf32", impl="triton")
+            assert contract.metric == "naive_ratio" and not contract.guard and guard.guard and guard.metric == "rel_rms"
 
 
 def test_every_line_of_the_shipped_file_is_short_or_a_reason():
@@ -94,6 +104,7 @@ def test_user_files_layer_over_the_defaults(tmp_path, monkeypatch):
     (GOOD.replace('reason = "the contract bound"\n', ""), r"t\.toml: \[kda\.o\.bf16\] missing reason"),
     (GOOD.replace("[kda.o.bf16]", "[kda.dz.bf16]"), r"t\.toml: \[kda\.dz\] unknown output"),
     (GOOD.replace("[kda.o.bf16]", "[kda.o.bf17]"), r"t\.toml: \[kda\.o\.bf17\] unknown dtype"),
+    (GOOD.replace("[kda.o.bf16]", "[kda.o.fp8]"), r"t\.toml: \[kda\.o\.fp8\] unknown dtype"),
     (GOOD.replace("ieee = 3", 'ieee = "3"', 1), r"ieee must be a finite number"),
     (GOOD.replace("ieee = 3", "ieee = inf", 1), r"ieee must be a finite number"),
     (GOOD.replace("ieee = 1e-2", "ieee = 1e-2\nslack = 1e-5"), r"slack applies to metric 'naive_ratio' only"),

@@ -18,8 +18,11 @@ DTYPES = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
+    "fp8e4m3": torch.float8_e4m3fn,
+    "fp8e5m2": torch.float8_e5m2,
 }
-"""Short dtype names used in budgets, cases and reports."""
+"""Short dtype names used in budgets, cases and reports. No op card draws fp8 cases: the fp8 names key
+the budgets of attention's fp8 forward (operands quantized per tensor, ``ops.attention.fp8_inputs``)."""
 
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 

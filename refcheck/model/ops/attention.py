@@ -64,6 +64,39 @@ def make_inputs(case: Case, device) -> Inputs:
     return Inputs(tensors, ("q", "k", "v"), case.opts)
 
 
+# --- fp8 forward: budgets [attention.{o,lse}.fp8e4m3|fp8e5m2], ours only (no law draws fp8 cases) --
+
+FP8_DTYPES = ("fp8e4m3", "fp8e5m2")
+"""Operand formats of an fp8 forward (``optimized.attention`` with per-tensor descales)."""
+
+
+def fp8_inputs(case: Case, device) -> tuple[dict[str, torch.Tensor | float], dict[str, torch.Tensor]]:
+    """The inputs of an fp8 ``case`` as an fp8 kernel takes them, and the values they hold.
+
+    q, k, v are drawn as for fp32 and quantized per tensor, the largest magnitude to the format's
+    largest finite value: the kernel gets ``x / x_descale`` in fp8 and the ``x_descale`` keywords,
+    the truth and the naive form the values ``stored * x_descale`` in float64 (cu_seqlens in both)."""
+    drawn = make_inputs(case.replace(dtype="fp32"), device).tensors
+    fp8 = case.torch_dtype
+    kernel: dict[str, torch.Tensor | float] = dict(drawn)
+    held = dict(drawn)
+    for name in ("q", "k", "v"):
+        descale = float(drawn[name].abs().max()) / torch.finfo(fp8).max
+        stored = (drawn[name] / descale).to(fp8)
+        kernel[name], kernel[f"{name}_descale"] = stored, descale
+        held[name] = stored.double() * descale
+    return kernel, held
+
+
+def fp8_references(case: Case, held: dict[str, torch.Tensor]) -> tuple[tuple, tuple]:
+    """``(o, lse)`` of the float64 truth on the values fp8 inputs hold (``fp8_inputs``), and of the
+    naive yardstick of the fp8 budgets: dequantize to bf16, then the bf16 naive form (the reference
+    evaluated in bf16; o in bf16, lse in float32) -- the same computation done naively."""
+    from ..naive import naive_form
+    bf16 = {name: x.bfloat16() if x.is_floating_point() else x for name, x in held.items()}
+    return references.attention(**held, **case.opts), naive_form("attention")(**bf16, **case.opts)
+
+
 @st.composite
 def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
                     varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
