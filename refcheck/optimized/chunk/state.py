@@ -260,13 +260,17 @@ def fills_gpu(V: int, programs: int) -> bool:
     return programs * triton.cdiv(V, 64) >= SMS
 
 
-def serial_launch(V: int, programs: int) -> dict:
+def serial_launch(V: int, programs: int, min_block: int = 16) -> dict:
     """Launch of a serial (chunk-by-chunk) kernel for ``programs`` (sequence, head) pairs: value blocks
-    of 64 when that gives every SM of an H100/H200 a program (``fills_gpu``), else 32 with loads
-    double-buffered (measured on an H200, B=8/T=4096/H=16 and B=1/T=32768/H=16, K=V=128: 1.23 vs 1.95 ms
-    and 5.7 vs 7.8 ms for the forward recurrence)."""
+    of 64 when that gives every SM of an H100/H200 a program (``fills_gpu``); else 32 with loads
+    double-buffered, or 16 (where ``min_block`` allows) when even blocks of 32 leave SMs without a
+    program. Measured on an H200 (B=8/T=4096/H=16 and B=1/T=32768/H=16, K=V=128, KDA's forward
+    recurrence, ``benchmarks/kda.py --profile``): 64 against 32 at B=8, 1.23 vs 1.95 ms; at B=1 (64
+    programs of 32 values, 128 of 16) 16 against 32, 4.11 vs 4.57 ms, and KDA's reverse pass 6.00 vs 6.47."""
     if padded(V) >= 64 and fills_gpu(V, programs):
         return dict(BV=64, num_warps=4, num_stages=1)
+    if min_block <= 16 and padded(V) > 16 and programs * triton.cdiv(V, 32) < SMS:
+        return dict(BV=16, num_warps=4, num_stages=2)
     return dict(BV=min(padded(V), 32), num_warps=4, num_stages=2)
 
 
@@ -292,6 +296,6 @@ def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int,
         return
     kb, nkb = state_blocks(K, min_block)
     splits = nkb if split_k else 1
-    cfg = serial_launch(V, N * H * splits) | (config or {})
+    cfg = serial_launch(V, N * H * splits, min_block) | (config or {})
     launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H, splits), args,
            dict(C=chunks.size, KB=kb, NKB=nkb // splits) | constexprs, single_stage(cfg))
