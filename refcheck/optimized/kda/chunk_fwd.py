@@ -93,7 +93,9 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: b
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=1) | (config or {})
+    # loads double-buffered on the general path only: measured on an H200 (bf16, B=8, T=4096, H=16, K=128,
+    # ``benchmarks/kda.py --profile``) 1.531 -> 1.443 ms, where the safe path loses (1.580 -> 1.669)
+    cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=1 if safe else 2) | (config or {})
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     if chunks.num_chunks and H:
@@ -101,7 +103,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: b
                (q, k, G, beta, T, P, chunks.cu, chunks.seq, chunks.start, scale, H, K),
                dict(C=chunks.size, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision,
                     DPREC=diag_precision(precision)),
-               [cfg, cfg | dict(BK=min(cfg["BK"], 16))])
+               [cfg, cfg | dict(num_stages=1), cfg | dict(BK=min(cfg["BK"], 16), num_stages=1)])
     return T, P
 
 
