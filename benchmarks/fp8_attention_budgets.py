@@ -1,7 +1,7 @@
 """Measure what the fp8 budgets of attention rest on (``[attention.{o,lse}.fp8e4m3|fp8e5m2]`` in
 ``tolerances.toml``): our fp8 forward (``optimized.attention`` with per-tensor descales, interpreted on
 the CPU, Hopper's fp8 accumulator modelled) against the float64 truth on the values its inputs hold,
-and the naive yardstick's error on the same case (``refcheck.model.ops.attention.fp8_references``).
+and the naive yardstick's error on the same case (``refcheck.model.naive.fp8_attention``).
 
     python benchmarks/fp8_attention_budgets.py --draws 600 --out benchmarks/results/fp8_attention_budgets_cpu.json
 
@@ -36,11 +36,13 @@ def main() -> int:
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
 
+    from refcheck import references
     from refcheck.engine.laws import path_knobs
     from refcheck.model import registry
     from refcheck.model.budgets import DEFAULT_FLOOR
     from refcheck.model.metrics import rel_rms
-    from refcheck.model.ops.attention import FP8_DTYPES, cases, fp8_inputs, fp8_references
+    from refcheck.model.naive import fp8_attention
+    from refcheck.model.ops.attention import FP8_DTYPES, cases, fp8_inputs
     from refcheck.strategies import Limits
 
     torch.set_num_threads(1)
@@ -52,7 +54,7 @@ def main() -> int:
         case = case.replace(dtype=fmt)
         kernel, held = fp8_inputs(case, "cpu")
         out = ours.fn(**kernel, **case.opts, **knobs)
-        truth, naive = fp8_references(case, held)
+        truth, naive = references.attention(**held, **case.opts), fp8_attention(held, **case.opts)
         for name, got, want, yardstick in zip(("o", "lse"), out, truth, naive):
             error, naive_error = rel_rms(got, want, DEFAULT_FLOOR), rel_rms(yardstick, want, DEFAULT_FLOOR)
             row = worst.setdefault(f"attention.{name}.{fmt}", {"error": 0.0, "ratio": 0.0, "naive": 0.0, "draws": 0})

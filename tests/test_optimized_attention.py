@@ -18,7 +18,8 @@ from refcheck import optimized, references  # noqa: E402
 from refcheck.model import budgets  # noqa: E402
 from refcheck.model.case import Case  # noqa: E402
 from refcheck.model.metrics import rel_rms  # noqa: E402
-from refcheck.model.ops.attention import fp8_inputs, fp8_references  # noqa: E402
+from refcheck.model.naive import fp8_attention  # noqa: E402
+from refcheck.model.ops.attention import fp8_inputs  # noqa: E402
 from refcheck.optimized.attention import forward as forward_module  # noqa: E402
 from refcheck.optimized.attention import tiles  # noqa: E402
 from refcheck.optimized.attention.api import DEFAULT_PRECISION  # noqa: E402
@@ -234,7 +235,7 @@ def test_fp8_forward_within_budgets(fp8, dims, lengths, causal, schedule):
     case = Case.make("attention", dims, fp8, 0, seqlens=seqlens, seqlens_k=seqlens_k, options={"causal": causal})
     kernel, held = fp8_inputs(case, "cpu")
     out = optimized.attention(**kernel, **case.opts, schedule=schedule)
-    truth, naive = fp8_references(case, held)
+    truth, naive = references.attention(**held, **case.opts), fp8_attention(held, **case.opts)
     assert out[0].dtype == torch.bfloat16 and torch.equal(torch.isneginf(out[1]), torch.isneginf(truth[1]))
     for name, got, want, yardstick in zip(("o", "lse"), out, truth, naive):
         budget = budgets.load().get("attention", name, fp8, DEFAULT_PRECISION, "triton")

@@ -41,6 +41,14 @@ def naive_form(op: str, chunked: bool = False) -> Callable:
     return naive
 
 
+def fp8_attention(held: dict, **options) -> tuple:
+    """The naive yardstick of attention's fp8 budgets: ``(o, lse)`` of the values an fp8 forward's inputs
+    hold (``ops.attention.fp8_inputs``, float64) dequantized to bf16, then the bf16 naive form (o in bf16,
+    lse in float32) -- the same computation done naively."""
+    bf16 = {name: x.bfloat16() if x.is_floating_point() else x for name, x in held.items()}
+    return naive_form("attention")(**bf16, **options)
+
+
 def __getattr__(name: str) -> Callable:
     """``refcheck.model.naive:OP`` and ``refcheck.model.naive:OP_chunked`` for every known op."""
     chunked = name.endswith(CHUNKED)

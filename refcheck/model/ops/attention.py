@@ -88,15 +88,6 @@ def fp8_inputs(case: Case, device) -> tuple[dict[str, torch.Tensor | float], dic
     return kernel, held
 
 
-def fp8_references(case: Case, held: dict[str, torch.Tensor]) -> tuple[tuple, tuple]:
-    """``(o, lse)`` of the float64 truth on the values fp8 inputs hold (``fp8_inputs``), and of the
-    naive yardstick of the fp8 budgets: dequantize to bf16, then the bf16 naive form (the reference
-    evaluated in bf16; o in bf16, lse in float32) -- the same computation done naively."""
-    from ..naive import naive_form
-    bf16 = {name: x.bfloat16() if x.is_floating_point() else x for name, x in held.items()}
-    return references.attention(**held, **case.opts), naive_form("attention")(**bf16, **case.opts)
-
-
 @st.composite
 def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
                     varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
