@@ -237,7 +237,7 @@ GRADS_VARIANTS = (dict(), dict(BK=32, BV=32, num_warps=8, num_stages=1), dict(BK
 DV_VARIANTS = (dict(BK=32, BV=128, num_warps=4, num_stages=1), dict(BK=64, BV=128, num_warps=4, num_stages=1),
                dict(BK=64, BV=64, num_warps=4, num_stages=1), dict(BK=32, BV=64, num_warps=4, num_stages=2),
                dict(BK=64, BV=128, num_warps=8, num_stages=1))
-"""Launches of ``grads_v_kernel`` (dv; its ``state_term_ladder`` replaced), timed with ``grads_qk_kernel``'s
+"""Launches of dv's ``output_kernel`` (``REVERSE``; its ``state_term_ladder`` replaced), timed with ``grads_qk_kernel``'s
 default beside the ``grads_qk`` stage's first row."""
 PROFILE = ([(op, "states", cfg) for op in OPS for cfg in (dict(), *STATES_DTYPES, *UPDATE_DOTS)]
            + [(op, "states", cfg) for op in OPS for cfg in SERIAL_VARIANTS]

@@ -8,7 +8,8 @@ intra-chunk matrix (scale included, lower triangular) and ``X [C, V]`` the value
     O = P X + scale (q e^G) S0                                      [C, V]
 
 One program per chunk, head and value block; nothing here is serial, so a long single sequence gets as
-many programs as it has chunks. ``state_term`` is also GLA's ``dv = ... + (k e^{G_last - G}) dS1``.
+many programs as it has chunks. The same kernel, transposed (``REVERSE``), is GLA's value gradient
+``dv = P^T dO + (k e^{G_last - G}) dS1`` with ``dS1`` the gradient of the chunk's exit state.
 """
 from __future__ import annotations
 
@@ -55,24 +56,29 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 
 
 @triton.jit
-def output_kernel(q_ptr, v_ptr, G_ptr, P_ptr, hs_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
+def output_kernel(x_ptr, y_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                  SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One chunk, head and value block: ``O = P V + scale (q e^G) S0`` ``[C, BV]``, S0 = ``hs[c]``."""
+                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr):
+    """One chunk, head and value block, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q,
+    Y = v or U, S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale
+    (x e^{G_last - G}) S`` (GLA's dv: x = k, Y = dO, S = the gradient of the chunk's exit state)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     vmask = vv < V
-    v = load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-    O = tl.dot(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C), v, input_precision=PREC)
-    O = state_term(O, q_ptr, G_ptr, hs_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
-                   False, HEAD_FIRST, SCALAR, PREC)
+    y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+    P = load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)
+    if REVERSE:
+        P = tl.trans(P)
+    O = tl.dot(P, y, input_precision=PREC)
+    O = state_term(O, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
+                   REVERSE, HEAD_FIRST, SCALAR, PREC)
     store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
 
 
 def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
-    """Launch ladder of the parallel kernels that take a ``state_term`` (``output``, ``grads_v``): 8 warps,
+    """Launch ladder of ``output_kernel`` (the output, and GLA's dv): 8 warps,
     BK = 64 (C = 64) or 32 (C = 128), value blocks of 64, at which neither spills on sm_90 for K = V = 128
     with fp32 states (Triton 3.6; at 4 warps and C = 64: 440 and 456 B of stack); the narrowest blocks last."""
     cfg = dict(BK=min(padded(K, MIN_BLOCK), 64 if C == 64 else 32), BV=min(padded(V, MIN_BLOCK), 64), num_warps=8,
@@ -92,15 +98,20 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
             *state_term_ladder(K, V, C)] if wide else state_term_ladder(K, V, C)
 
 
+def chunk_products(x, y, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
+                   scalar: bool, precision: str, ladder: list[dict], reverse: bool = False) -> torch.Tensor:
+    """``output_kernel`` over every chunk into ``out`` (like y), on the first step of ``ladder`` that fits."""
+    if chunks.num_chunks and H:
+        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(y.shape[-1], meta["BV"])),
+               (x, y, G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1], y.shape[-1]),
+               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse), ladder)
+    return out
+
+
 def output(q, x, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
            precision: str, config: dict | None = None) -> torch.Tensor:
     """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first) in q's dtype; ``config`` replaces
     ``output_ladder`` (``benchmarks/gla.py --profile``)."""
-    K, V = q.shape[-1], x.shape[-1]
     o = torch.empty(*x.shape, device=q.device, dtype=q.dtype)
-    if chunks.num_chunks and H:
-        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (q, x, G, P, hs, o, chunks.cu, chunks.seq, chunks.start, scale, H, T, K, V),
-               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision),
-               [config] if config else output_ladder(K, V, chunks.size, hs.dtype))
-    return o
+    ladder = [config] if config else output_ladder(q.shape[-1], x.shape[-1], chunks.size, hs.dtype)
+    return chunk_products(q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision, ladder)

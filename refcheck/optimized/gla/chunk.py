@@ -21,7 +21,7 @@ Backward, with ``dS1`` the gradient of a chunk's exit state (``dh``) and ``dP = 
     dS0 = Diag(e^{G_last}) dS1 + scale (q e^G)^T dO                 (``dstate``, last chunk first)
     dq  = scale e^G (dO S0^T) + scale rowform(dP, k)                (``grads_qk``)
     dk  = e^{G_last - G} (V dS1^T) + scale colform(dP, q)
-    dv  = P^T dO + (k e^{G_last - G}) dS1                           (``grads_v``)
+    dv  = P^T dO + (k e^{G_last - G}) dS1                           (``chunk.output``, transposed)
     dG  = q dq - k dk, plus on the last row sum_j k_j e^{G_last - G_j} (V dS1^T)_j + e^{G_last} rowsum(S0 dS1)
     dg  = the reverse cumulative sum of dG within the chunk (the adjoint of the cumulative sum;
           simple GLA first sums dG over the channels)
@@ -39,8 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..chunk.output import chunk_products, state_dtype, state_term_ladder
 from ..chunk.output import output as chunk_output
-from ..chunk.output import state_dtype, state_term, state_term_ladder
 from ..chunk.state import (
     dwrite_blocks,
     fills_gpu,
@@ -282,31 +282,14 @@ def grads_qk_kernel(q_ptr, k_ptr, v_ptr, G_ptr, hs_ptr, dh_ptr, do_ptr, dq_ptr, 
         store_tile(dG_ptr, dG, rows, rmask, h, H, K, kk, kmask)
 
 
-@triton.jit
-def grads_v_kernel(k_ptr, G_ptr, P_ptr, dh_ptr, do_ptr, dv_ptr, cu_ptr, seq_ptr, start_ptr, H, T, K, V,
-                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                   SCALAR: tl.constexpr, PREC: tl.constexpr):
-    """One chunk, head and value block: ``dv = P^T dO + (k e^{G_last - G}) dS1``."""
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
-    vv = tl.program_id(2) * BV + tl.arange(0, BV)
-    vmask = vv < V
-    do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-    dv = tl.dot(tl.trans(load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)), do, input_precision=PREC)
-    dv = state_term(dv, k_ptr, G_ptr, dh_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, 1.0, BK,
-                    True, HEAD_FIRST, SCALAR, PREC)
-    store_tile(dv_ptr, dv, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
-
-
 # ------------------------------------------------------------------------------------ launchers
 # Every launcher takes the token tensors in their layout (``head_first``, with T tokens per batch
 # row) and the chunk table of the flattened tokens.
 
 
 def dv_ladder(K: int, V: int, C: int) -> list[dict]:
-    """Launch ladder of ``grads_v_kernel``: at C = 64 ``state_term_ladder``'s blocks at 4 warps first,
-    measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with ``grads_qk_kernel``,
+    """Launch ladder of dv's ``chunk.output.output_kernel`` (``REVERSE``): at C = 64 ``state_term_ladder``'s
+    blocks at 4 warps first, measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with ``grads_qk_kernel``,
     ``benchmarks/results/gla_profile_h200.json``): GLA 4.11 -> 3.64 ms, simple GLA 1.70 -> 1.54."""
     ladder = state_term_ladder(K, V, C)
     return [ladder[0] | dict(num_warps=4), *ladder] if C == 64 else ladder
@@ -423,12 +406,12 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
           precision: str, qk: dict | None = None, dv: dict | None = None):
     """``(dq, dk, dv, dG)``: dq, dk, dv like q, k, v; dG fp32 ``[1, tokens, H, K]`` (simple GLA:
     ``[NKB, tokens, H]``, partial sums over channel blocks) before the reverse cumulative sum; ``qk`` and
-    ``dv`` replace the launch settings of ``grads_qk_kernel`` and ``grads_v_kernel`` (``benchmarks/gla.py
+    ``dv`` replace the launch settings of ``grads_qk_kernel`` and of dv's ``chunk.output.output_kernel`` (``benchmarks/gla.py
     --profile``)."""
     K, V = q.shape[-1], v.shape[-1]
     total = chunks.tokens
     C = chunks.size
-    # 4 warps, measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with grads_v_kernel,
+    # 4 warps, measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, with dv's kernel,
     # benchmarks/results/gla_profile_h200.json): GLA 4.08 ms with three load stages (4.27 with two) against
     # 6.23 at 8 warps and one stage, simple GLA 1.61 at BK = 64 and three stages (1.70 with two) against 2.61;
     # 8 warps and one stage where shared memory runs short. sm_90, C = 64 (Triton 3.6): BK = BV = 64 at 4 warps spills
@@ -444,6 +427,6 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
         launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
                (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
                flags | dict(BC=SUB, DPREC=diag_precision(precision)), ladder)
-        launch(grads_v_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(V, meta["BV"])),
-               (k, G, P, dh, do, dv_out, *table, H, T, K, V), flags, [dv] if dv else dv_ladder(K, V, C))
+    chunk_products(k, do, G, P, dh, dv_out, chunks, H, T, 1.0, head_first, scalar, precision,
+                   [dv] if dv else dv_ladder(K, V, C), reverse=True)
     return dq, dk, dv_out, dG
