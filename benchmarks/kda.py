@@ -397,11 +397,11 @@ def profile_data(name):
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
-    T, P, W, U0 = chunk_fwd.intra(q, k, flat["v"], G, flat["beta"], ch, scale, False, False, "tf32")
-    _, hs, U = chunk_fwd.recurrence(k, W, U0, G, None, ch, "tf32", final=False)
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, False, "tf32")
+    _, hs, U = chunk_fwd.recurrence(k, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(q, k, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, W=W, U0=U0, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
                 hs_out=hs.to(state_dtype(flat["v"].dtype)))
 
 
@@ -411,10 +411,10 @@ def profile_stage(d, stage, cfg, safe, gather):
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
-        return lambda: chunk_fwd.intra(d["q"], d["k"], f["v"], d["G"], f["beta"], ch, sc, safe, gather, "tf32", cfg)
+        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, gather, "tf32", cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
-        return lambda: chunk_fwd.recurrence(d["k"], d["W"], d["U0"], d["G"], None, ch, "tf32", final=not keep,
+        return lambda: chunk_fwd.recurrence(d["k"], f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,
                                             hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]

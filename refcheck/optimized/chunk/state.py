@@ -11,9 +11,8 @@ independent (GLA), one K-block per program (``launch_serial(split_k=True)``).
 The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in the terms
 they need, chosen by constexpr options with KDA's defaults: ``WITH_Y`` (state gradient: KDA's
 ``- Kg^T (beta dY)``), ``SCALAR`` (simple GLA's ``[T, H]`` gate, one decay per token), and the token
-layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` (``Z -= W S``, with
-``W = T Diag(beta) Kg`` formed in parallel) is KDA's only. Both ops form their output from the stored
-states in a parallel kernel (``chunk.output``).
+layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` (``Z -= Kg S``) is KDA's only.
+Both ops form their output from the stored states in a parallel kernel (``chunk.output``).
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
 same rows clamped to the last valid one (for G, so that padded rows decay nothing), ``last`` the
@@ -71,10 +70,12 @@ def decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR: tl.constexpr = False)
 
 
 @triton.jit
-def read_block(S, Z, w_ptr, rows, rmask, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr):
-    """Forward (KDA), block kb: ``Z -= W_b S_b`` with ``W [C, K]`` (fp32) read at the chunk's rows."""
+def read_block(S, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr):
+    """Forward (KDA), block kb: ``Z -= (k e^G) S_b``."""
     kk, kmask = block_cols(kb, KB, K)
-    return Z - tl.dot(load_tile(w_ptr, rows, rmask, h, H, K, kk, kmask), S, input_precision=PREC)
+    eG = decay(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask))
+    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
+    return Z - tl.dot(k * eG, S, input_precision=PREC)
 
 
 @triton.jit
@@ -161,16 +162,16 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 
 @triton.jit
-def read_blocks(S0, S1, S2, S3, Z, w_ptr, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
+def read_blocks(S0, S1, S2, S3, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
                 PREC: tl.constexpr):
-    """``read_block`` of every block: ``Z -= W S``."""
-    Z = read_block(S0, Z, w_ptr, rows, rmask, h, H, K, 0, KB, PREC)
+    """``read_block`` of every block: ``Z -= Kg S``."""
+    Z = read_block(S0, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 0, KB, PREC)
     if NKB > 1:
-        Z = read_block(S1, Z, w_ptr, rows, rmask, h, H, K, 1, KB, PREC)
+        Z = read_block(S1, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 1, KB, PREC)
     if NKB > 2:
-        Z = read_block(S2, Z, w_ptr, rows, rmask, h, H, K, 2, KB, PREC)
+        Z = read_block(S2, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 2, KB, PREC)
     if NKB > 3:
-        Z = read_block(S3, Z, w_ptr, rows, rmask, h, H, K, 3, KB, PREC)
+        Z = read_block(S3, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 3, KB, PREC)
     return Z
 
 

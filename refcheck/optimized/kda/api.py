@@ -110,13 +110,13 @@ class KdaFunction(torch.autograd.Function):
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks)
-        Tm, P, W, U0 = intra(qn, kn, v, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
-        ht, hs, U = recurrence(kn, W, U0, G, h0, cfg.chunks, cfg.precision, final=cfg.final,
+        ht, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype))
         o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
-        kept = (hs, U) if cfg.keep else (W, U0)
+        kept = (hs, U) if cfg.keep else ()
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
         ctx.cfg = cfg
         ctx.shape = (B, T)
@@ -131,7 +131,7 @@ class KdaFunction(torch.autograd.Function):
         if cfg.keep:
             hs, U = kept
         else:
-            _, hs, U = recurrence(kn, *kept, G, h0, cfg.chunks, cfg.precision, final=False)
+            _, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
         dh, dY, dh0 = dstate(qn, kn, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
                              cfg.scale, cfg.precision, want_dh0=h0 is not None)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
@@ -162,8 +162,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
       disable_recompute: keep the forward's chunk states ``h [NC, H, K, V]`` and U for the backward
                   instead of recomputing them there by a second pass of the state recurrence (fp32:
                   as much memory as bf16 q, k, v and g together at K = V; saves the pass, 0.9 ms
-                  at B=8, T=4096, H=16, K=V=128 on an H200); the recomputing pass keeps W and U0
-                  instead (fp32 ``[T, H, K]`` and ``[T, H, V]``). The WY factors T and Aqk (fp32
+                  at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
                   ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the whole
                   forward's intra-chunk kernel (1.6 to 3.0 ms there) for half the memory of the inputs.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.

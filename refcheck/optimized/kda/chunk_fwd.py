@@ -1,4 +1,4 @@
-"""Chunked KDA forward: the intra-chunk WY factors, the state recurrence, then the output.
+"""Chunked KDA forward: the intra-chunk WY factors, then the state recurrence fused with the output.
 
 Per head, a chunk of C rows (tokens) starts from state ``S0 [K, V]``. With ``G`` the chunk-local
 cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k e^{G_last - G}``,
@@ -6,17 +6,16 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
 
     A_ij = sum_d k_id k_jd e^{G_id - G_jd}  (j < i),    L = Diag(beta) A,    T = (I + L)^{-1}
     P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}  (j <= i)
-    W  = T Diag(beta) Kg,   U0 = T Diag(beta) V                     ([C, K], [C, V])
-    U  = T Diag(beta) (V - Kg S0) = U0 - W S0   (the values the delta rule writes, ``[C, V]``)
+    U  = T Diag(beta) (V - Kg S0)        (the values the delta rule writes, ``[C, V]``)
     O  = Qg S0 + P U
     S1 = Diag(gamma) S0 + Kd^T U
 
-``intra`` computes T, P, W and U0 for every chunk in parallel (``[T, H, *]`` fp32, row t of a chunk holds
-its row of each; T and P are what the backward reads); ``recurrence`` walks the chunks of each sequence
-in order, one program per (value block, sequence, head), keeping S in registers, and writes the entry
-state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from them
-in parallel (``chunk.output``, GLA's output with U for v). The serial pass carries only what is serial:
-two dots a chunk (``W S0`` and the update), every product with T formed in parallel before it.
+``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
+row of the chunk matrix); ``recurrence`` walks the chunks of each sequence in order, one program per
+(value block, sequence, head), keeping S in registers, and writes the entry state of every chunk
+(``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from them in parallel
+(``chunk.output``, GLA's output with U for v). The serial pass carries only what is serial: with O in
+it, each of its programs did the output's two dots too, and a long single sequence has few programs.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.state import launch_serial, load_blocks, read_blocks, serial_chunk, serial_program, store_blocks, write_blocks
-from ..chunk.tiles import chunk_span, decay, load_rowvec, load_tile, store_tile
+from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .subchunk import chunk_pairs, diag_precision, unit_lower_inverse
 
@@ -34,11 +33,10 @@ SUB = 16
 
 
 @triton.jit
-def intra_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, W_ptr, U0_ptr, cu_ptr, seq_ptr, start_ptr,
-                 scale, H, K, V, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                 SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """One chunk and head: ``T = (I + Diag(beta) A)^{-1}``, ``P`` (scale included), and from T in
-    registers ``W = T Diag(beta) Kg`` and ``U0 = T Diag(beta) V``."""
+def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
+                 USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """One chunk and head: ``T = (I + Diag(beta) A)^{-1}`` and ``P`` (scale included)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -64,31 +62,25 @@ def intra_kernel(q_ptr, k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, W_ptr, U0_p
     all_c = cc < C
     store_tile(T_ptr, T, rows, rmask, h, H, C, cc, all_c)
     store_tile(P_ptr, P * scale, rows, rmask, h, H, C, cc, all_c)
-    for k0 in range(0, K, BK):
-        cmask = k0 + ck < K
-        kg = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, cmask) * decay(load_tile(G_ptr + k0, grows, i < C, h, H,
-                                                                                          K, ck, cmask))
-        store_tile(W_ptr + k0, tl.dot(T, beta[:, None] * kg, input_precision=PREC), rows, rmask, h, H, K, ck, cmask)
-    cv = tl.arange(0, BV)
-    for v0 in range(0, V, BV):
-        vmask = v0 + cv < V
-        v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-        store_tile(U0_ptr + v0, tl.dot(T, beta[:, None] * v, input_precision=PREC), rows, rmask, h, H, V, cv, vmask)
 
 
 @triton.jit
-def recurrence_kernel(k_ptr, W_ptr, U0_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr, cu_ptr, off_ptr, H, K, V,
+def recurrence_kernel(k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr, cu_ptr, off_ptr, H, K, V,
                       C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (in hs's dtype) and ``U = U0 - W S0`` of every chunk (fp32)."""
+    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
-        U = read_blocks(S0, S1, S2, S3, load_tile(U0_ptr, rows, rmask, h, H, V, vv, vmask), W_ptr, rows, rmask, h, H,
-                        K, KB, NKB, PREC)
+        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), k_ptr, G_ptr, rows, rmask,
+                        grows, h, H, K, KB, NKB, PREC)
+        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
+        U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
                                       PREC)
@@ -96,42 +88,38 @@ def recurrence_kernel(k_ptr, W_ptr, U0_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
 
-def intra(q, k, v, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str,
+def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str,
           config: dict | None = None):
-    """``(T, P, W, U0)`` of every chunk, fp32: the inverse factor and the scaled Aqk ``[T, H, C]``, and
-    ``W [T, H, K]``, ``U0 [T, H, V]``. ``config`` overrides the launch (``BK``, ``num_warps``,
-    ``num_stages``)."""
+    """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
+    ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    V = v.shape[-1]
     # loads double-buffered on the general path only: measured on an H200 (bf16, B=8, T=4096, H=16, K=128,
     # ``benchmarks/kda.py --profile``) 1.531 -> 1.443 ms, where the safe path loses (1.580 -> 1.669)
     cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=1 if safe else 2) | (config or {})
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
-    W = torch.empty(total, H, K, device=k.device, dtype=torch.float32)
-    U0 = torch.empty(total, H, V, device=k.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         launch(intra_kernel, (chunks.num_chunks, H),
-               (q, k, v, G, beta, T, P, W, U0, chunks.cu, chunks.seq, chunks.start, scale, H, K, V),
-               dict(C=chunks.size, BC=SUB, BV=min(padded(V), 64), SAFE=safe, USE_GATHER=use_gather, PREC=precision,
+               (q, k, G, beta, T, P, chunks.cu, chunks.seq, chunks.start, scale, H, K),
+               dict(C=chunks.size, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision,
                     DPREC=diag_precision(precision)),
                [cfg, cfg | dict(num_stages=1), cfg | dict(BK=min(cfg["BK"], 16), num_stages=1)])
-    return T, P, W, U0
+    return T, P
 
 
-def recurrence(k, W, U0, G, initial_state, chunks: Chunks, precision: str, *, final: bool,
+def recurrence(k, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, config: dict | None = None):
     """Walk the chunks. Returns ``(final state, h, U)``: the fp32 final state ``[N, H, K, V]`` (None
     unless ``final``), the entry states h ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32.
     ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    V = U0.shape[-1]
+    V = v.shape[-1]
     dev = k.device
     ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
     U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
     launch_serial(recurrence_kernel,
-                  (k, W, U0, G, initial_state if initial_state is not None else hs, ht if final else hs, hs, U,
+                  (k, v, G, beta, T, initial_state if initial_state is not None else hs, ht if final else hs, hs, U,
                    chunks.cu, chunks.offsets, H, K, V),
                   dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V, config)
     return ht, hs, U
