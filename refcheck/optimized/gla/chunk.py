@@ -11,10 +11,10 @@ Per sequence and head the state ``S [K, V]`` follows ``S_t = Diag(exp(g_t)) S_{t
 
 Forward: ``chunk_cumsum`` (G), ``intra`` (P of every chunk, in parallel), ``states`` (one program per
 value block, K-block, sequence and head walks the chunks with its rows of S in registers and writes the
-entry state ``h [NC, H, K, V]`` of every chunk (in ``state_dtype``) and the final state; the update is
-KDA's ``chunk.state`` with the written values ``U = V``, its rows independent under GLA's diagonal
-decay), then ``output``
-(O of every chunk from P, V and h, in parallel: the serial pass carries only the state update).
+entry state ``h [NC, H, K, V]`` of every chunk (in ``chunk.output.state_dtype``) and the final state;
+the update is KDA's ``chunk.state`` with the written values ``U = V``, its rows independent under GLA's
+diagonal decay), then ``chunk.output`` (O of every chunk from P, V and h, in parallel, the kernel KDA's
+output shares: the serial pass carries only the state update).
 
 Backward, with ``dS1`` the gradient of a chunk's exit state (``dh``) and ``dP = lower(dO V^T)``:
 
@@ -31,7 +31,7 @@ rowform / colform are ``pairs.rowform`` / ``pairs.colform`` (safe for any decay)
 
 Layouts: q, k, v, g, o and their gradients are sequence-first ``[B, T, H, D]`` or head-first
 ``[B, H, T, D]`` (``HEAD_FIRST``, see ``chunk.tiles``); G, P and the partial gate gradients are
-sequence-first fp32 intermediates.
+sequence-first intermediates (G in ``cumulative_gate_dtype``, the rest fp32).
 """
 from __future__ import annotations
 
