@@ -6,7 +6,7 @@ GLA and simple GLA, fp16, T = 130 (three chunks of 64), K = 16, V = 8, scale 1: 
 k = 1, v = 2000, q = 1e-3. The entry state of the second chunk holds 64 x 2000 = 128000 per element,
 beyond fp16's 65504, while o is at most 4162 (float64). An implementation that stores its per-chunk
 states in the inputs' dtype returns inf there; ours keeps fp32 states for fp16 inputs
-(``optimized.gla.chunk.state_dtype``). Prints, per op and implementation, whether o is finite and its
+(``optimized.chunk.output.state_dtype``). Prints, per op and implementation, whether o is finite and its
 relative error against float64; FLA through refcheck's adapters (``model.ops``), where installed.
 """
 from __future__ import annotations

@@ -225,7 +225,7 @@ def test_head_first_with_a_unit_head_dim_is_the_sequence_first_call():
 def test_fp16_states_beyond_fp16_range_stay_finite(op):
     """fp16 inputs whose state outgrows fp16 (65504) while o does not: no decay, v = 2000, so the entry
     state of the second chunk holds 64 x 2000 per element; the stored states are fp32 for fp16 inputs
-    (``chunk.state_dtype``), where fp16 ones would be inf and o with them."""
+    (``chunk.output.state_dtype``), where fp16 ones would be inf and o with them."""
     T, K, V = 130, 16, 8
     q = torch.full((1, T, 1, K), 1e-3).half()
     k, v = torch.ones(1, T, 1, K).half(), torch.full((1, T, 1, V), 2000.0).half()
@@ -254,19 +254,17 @@ def test_log_decay_spikes_keep_fp32_accuracy(op, chunk_size):
     g = -torch.rand(*shape, generator=gen)
     g = torch.where(torch.rand(*shape, generator=gen) < 0.3, torch.full_like(g, -1000.0), g)
     do, dht = torch.randn(1, T, H, V, generator=gen), torch.randn(1, H, K, V, generator=gen)
-    chunked = getattr(references, f"{op}_chunked")
+    x, opts = dict(q=q, k=k, v=v, g=g), dict(cu_seqlens=None, output_final_state=True)
 
-    def grads(fn, dtype, **kw):
-        ins = [t.to(dtype).requires_grad_() for t in (q, k, v, g)]
-        o, ht = fn(*ins, output_final_state=True, **kw)
-        ((o * do.to(dtype)).sum() + (ht * dht.to(dtype)).sum()).backward()
-        return [o, ht] + [t.grad for t in ins]
+    def outputs(fn, inputs, **knobs):
+        o, ht, grads = run(fn, inputs, opts, do, dht, **knobs)
+        return [o, ht, *grads.values()]
 
-    truth = grads(OPS[op][1], torch.float64)
-    stable = grads(chunked, torch.float32, chunk_size=chunk_size, decays="stable")
-    ours = grads(OPS[op][0], torch.float32, precision="tf32x3", chunk_size=chunk_size)
-    for name, x, s, t in zip(("o", "final_state", "dq", "dk", "dv", "dg"), ours, stable, truth):
-        assert rel(x, t) <= 10 * max(rel(s, t), 1e-8), (name, rel(x, t), rel(s, t))
+    truth = outputs(OPS[op][1], {n: t.double() for n, t in x.items()})
+    stable = outputs(getattr(references, f"{op}_chunked"), x, chunk_size=chunk_size, decays="stable")
+    ours = outputs(OPS[op][0], x, precision="tf32x3", chunk_size=chunk_size)
+    for name, got, s, t in zip(("o", "final_state", "dq", "dk", "dv", "dg"), ours, stable, truth):
+        assert rel(got, t) <= 10 * max(rel(s, t), 1e-8), (name, rel(got, t), rel(s, t))
 
 
 @pytest.mark.parametrize("op", list(OPS))

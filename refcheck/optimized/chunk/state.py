@@ -55,7 +55,7 @@ def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask
 @triton.jit
 def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
     """Block kb of state ``idx``, rounded to the array's dtype (GLA stores its per-chunk states in bf16
-    for bf16 inputs, ``gla.chunk.state_dtype``)."""
+    for bf16 inputs, ``chunk.output.state_dtype``)."""
     p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
     tl.store(p, S.to(ptr.dtype.element_ty), mask=m)
 
