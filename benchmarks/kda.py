@@ -370,8 +370,7 @@ SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, n
                    dict(BV=32, num_warps=4, num_stages=2), dict(BV=32, num_warps=8, num_stages=2),
                    dict(BV=16, num_warps=4, num_stages=2), dict(BV=16, num_warps=4, num_stages=1))
 PROFILE_VARIANTS = (
-    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_warps=8), dict(BK=16), dict(BK=16, num_warps=8),
-                                             dict(num_stages=2), dict(BK=64), dict(BK=64, num_stages=2))
+    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=16), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
@@ -397,7 +396,7 @@ def profile_data(name):
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
-    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, False, "tf32")
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     _, hs, U = chunk_fwd.recurrence(k, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(q, k, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
@@ -411,7 +410,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
-        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, gather, "tf32", cfg)
+        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         return lambda: chunk_fwd.recurrence(d["k"], f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,

@@ -110,7 +110,7 @@ class KdaFunction(torch.autograd.Function):
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks)
-        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather, cfg.precision)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
         ht, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
@@ -156,9 +156,10 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                   "tf32": the tensor-core rate that Hopper needs here, with errors (~1e-3 relative)
                   below the bf16/fp16 rounding of the inputs and outputs that the kernel mostly
                   serves; ask for "tf32x3" (or "ieee") for fp32 accuracy.
-      use_gather: read a chunk's rows at other rows (sub-chunk reference rows) with ``tl.gather``
-                  from registers (True) or by loading them again (False, the default: the loads hit
-                  L1/L2 and were faster on an H200, e.g. intra-chunk kernel 3.21 vs 3.37 ms).
+      use_gather: the backward's pair sums read a chunk's rows at other rows (sub-chunk reference
+                  rows) with ``tl.gather`` from registers (True) or by loading them again (False, the
+                  default: the loads hit L1/L2 and were faster on an H200, e.g. the forward's former
+                  intra-chunk kernel 3.21 vs 3.37 ms). The forward always loads them.
       disable_recompute: keep the forward's chunk states ``h [NC, H, K, V]`` and U for the backward
                   instead of recomputing them there by a second pass of the state recurrence (fp32:
                   as much memory as bf16 q, k, v and g together at K = V; saves the pass, 0.9 ms

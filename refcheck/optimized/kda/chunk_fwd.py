@@ -1,4 +1,4 @@
-"""Chunked KDA forward: the intra-chunk WY factors, then the state recurrence fused with the output.
+"""Chunked KDA forward: the intra-chunk WY factors, the state recurrence, then the output.
 
 Per head, a chunk of C rows (tokens) starts from state ``S0 [K, V]``. With ``G`` the chunk-local
 cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k e^{G_last - G}``,
@@ -11,11 +11,19 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     S1 = Diag(gamma) S0 + Kd^T U
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
-row of the chunk matrix); ``recurrence`` walks the chunks of each sequence in order, one program per
-(value block, sequence, head), keeping S in registers, and writes the entry state of every chunk
-(``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from them in parallel
-(``chunk.output``, GLA's output with U for v). The serial pass carries only what is serial: with O in
-it, each of its programs did the output's two dots too, and a long single sequence has few programs.
+row of the chunk matrix), by sub-chunk blocks (``blocks``); ``recurrence`` walks the chunks of each
+sequence in order, one program per (value block, sequence, head), keeping S in registers, and writes the
+entry state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from
+them in parallel (``chunk.output``, GLA's output with U for v). The serial pass carries only what is
+serial: with O in it, each of its programs did the output's two dots too, and a long single sequence has
+few programs.
+
+Measured and not kept (H200, bf16, B=8, T=4096, H=16, K=V=128): forming ``W = T Diag(beta) Kg`` and
+``U0 = T Diag(beta) V`` in parallel so that the serial step is ``U = U0 - W S0``, two dots where it has
+three. The serial pass gains 0.19 ms (0.93 -> 0.74; 4.05 -> 3.22 at B=1, T=32768), but the products cost
+0.72 ms in their own kernel (two fp32 ``[T, H, 128]`` arrays written, four block rows read per block row)
+and 0.76 fused into ``intra``: a net loss of 0.57 ms at B=8, and a gain of 0.08 ms at B=1, too small for a
+second path.
 """
 from __future__ import annotations
 
@@ -26,7 +34,8 @@ import triton.language as tl
 from ..chunk.state import launch_serial, load_blocks, read_blocks, serial_chunk, serial_program, store_blocks, write_blocks
 from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
-from .subchunk import chunk_pairs, diag_precision, unit_lower_inverse
+from .blocks import NB, block_beta, pair_blocks, solve, store_lower
+from .subchunk import diag_precision
 
 CHUNK = 64
 SUB = 16
@@ -34,34 +43,16 @@ SUB = 16
 
 @triton.jit
 def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
-                 USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """One chunk and head: ``T = (I + Diag(beta) A)^{-1}`` and ``P`` (scale included)."""
-    c = tl.program_id(0)
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, PREC: tl.constexpr,
+                 DPREC: tl.constexpr):
+    """One chunk and head, by sub-chunk blocks (``blocks``): ``T = (I + Diag(beta) A)^{-1}`` and ``P``
+    (scale included)."""
+    tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
+    t0, n = chunk_span(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
-    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    i = tl.arange(0, C)
-    rows = t0 + i
-    rmask = i < n
-    grows = t0 + tl.minimum(i, n - 1)
-    stride = H * K
-    base = (t0.to(tl.int64) * H + h) * K
-    ck = tl.arange(0, BK)
-    A = tl.zeros((C, C), tl.float32)
-    P = tl.zeros((C, C), tl.float32)
-    for k0 in range(0, K, BK):
-        cmask = k0 + ck < K
-        k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, cmask)
-        q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, cmask)
-        G = load_tile(G_ptr + k0, grows, i < C, h, H, K, ck, cmask)
-        A, P = chunk_pairs(A, P, k, q, G, k_ptr + base + k0, G_ptr + base + k0, stride, ck, cmask, n, C, BC,
-                           SAFE, USE_GATHER, PREC, DPREC)
-    beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-    T = unit_lower_inverse(beta[:, None] * A, C, BC, PREC, DPREC)
-    cc = tl.arange(0, C)
-    all_c = cc < C
-    store_tile(T_ptr, T, rows, rmask, h, H, C, cc, all_c)
-    store_tile(P_ptr, P * scale, rows, rmask, h, H, C, cc, all_c)
+    A0, A1, A2, A3, P0, P1, P2, P3 = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, SAFE, PREC, DPREC)
+    store_lower(P_ptr, scale, P0, P1, P2, P3, t0, n, h, H, C, BC)
+    solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
 
 
 @triton.jit
@@ -88,21 +79,19 @@ def recurrence_kernel(k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_p
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
 
-def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str,
-          config: dict | None = None):
+def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    # loads double-buffered on the general path only: measured on an H200 (bf16, B=8, T=4096, H=16, K=128,
-    # ``benchmarks/kda.py --profile``) 1.531 -> 1.443 ms, where the safe path loses (1.580 -> 1.669)
-    cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=1 if safe else 2) | (config or {})
+    # measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``): two load stages
+    # 0.92 ms against one 1.18; channel blocks of 64 1.93
+    cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=2) | (config or {})
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     if chunks.num_chunks and H:
         launch(intra_kernel, (chunks.num_chunks, H),
                (q, k, G, beta, T, P, chunks.cu, chunks.seq, chunks.start, scale, H, K),
-               dict(C=chunks.size, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision,
-                    DPREC=diag_precision(precision)),
+               dict(C=chunks.size, BC=SUB, SAFE=safe, PREC=precision, DPREC=diag_precision(precision)),
                [cfg, cfg | dict(num_stages=1), cfg | dict(BK=min(cfg["BK"], 16), num_stages=1)])
     return T, P
 

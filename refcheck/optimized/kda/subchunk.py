@@ -1,10 +1,10 @@
-"""Intra-chunk algebra of chunked KDA: decayed pair sums over sub-chunks, and the unit-lower inverse.
+"""Intra-chunk algebra of chunked KDA's backward (and GLA's pair sums): decayed sums over sub-chunks.
 
 A chunk has C = 64 rows (tokens) i, cut into sub-chunks of BC = 16. ``G [C, BK]`` is the chunk-local
 cumulative log-decay (fp32; rows past the end of a partial chunk repeat the last valid row, so they
 decay nothing). Every kernel of the KDA chunk form reduces to three decayed sums over pairs j <= i:
 
-    pairs:    M_ij = sum_d X_id Y_jd exp(G_id - G_jd)        [C, C]  (forward: Akk, Aqk)
+    pairs:    M_ij = sum_d X_id Y_jd exp(G_id - G_jd)        [C, C]  (forward: Akk, Aqk; GLA's P)
     rowform:  R_id = sum_j M_ij Y_jd exp(G_id - G_jd)        [C, BK] (backward, i side)
     colform:  Q_jd = sum_i M_ij X_id exp(G_id - G_jd)        [C, BK] (backward, j side)
 
@@ -31,6 +31,11 @@ factor overflows. Pairs are split by where i and j sit:
 
 Rows are read at other rows (the reference rows, the diagonal's column r) with ``tl.gather`` on the
 registers (``USE_GATHER``) or, the fallback, by loading them again from memory (``take_rows``).
+
+Here every sum is taken on whole ``[C, C]`` and ``[C, BK]`` tiles, the pairs a level or the diagonal does
+not own masked off. KDA's forward takes the pairs by sub-chunk blocks instead (``blocks``: no masked-off
+product is computed, and the inverse is solved block by block); the same split of the exponent and the
+same choice between dots and the exact sum apply there.
 """
 from __future__ import annotations
 
@@ -115,83 +120,10 @@ def diag_precision(precision: str) -> str:
     return "tf32x3" if precision == "tf32" else precision
 
 
-# ----------------------------------------------------------------------------------------- pairs
-
-
-@triton.jit
-def pairs_level(A, P, k, q, G, G_ptr, stride, cols, cmask, n, S: tl.constexpr, C: tl.constexpr,
-                USE_GATHER: tl.constexpr, PREC: tl.constexpr):
-    """Add level S of ``A_ij = sum k_i k_j e^{G_i-G_j}`` and ``P_ij = sum q_i k_j e^{G_i-G_j}``."""
-    odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, S, C, USE_GATHER)
-    right = tl.trans(tl.where(odd[:, None], 0.0, k * e))
-    valid = level_pairs(S, C)
-    A += tl.where(valid, tl.dot(tl.where(odd[:, None], k * e, 0.0), right, input_precision=PREC), 0.0)
-    P += tl.where(valid, tl.dot(tl.where(odd[:, None], q * e, 0.0), right, input_precision=PREC), 0.0)
-    return A, P
-
-
 @triton.jit
 def expand_band(band, C: tl.constexpr, BC: tl.constexpr):
     """``[C, BC] -> [C, C]``: entry (i, j) is ``band[i, j % BC]`` (mask it to the diagonal blocks)."""
     return tl.reshape(tl.broadcast_to(band[:, None, :], (C, C // BC, BC)), (C, C))
-
-
-@triton.jit
-def pairs_diag_dots(A, P, k, q, el, er, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
-    """The diagonal blocks of ``A`` (j < i) and ``P`` (j <= i) by dots against the middle rows."""
-    i = tl.arange(0, C)
-    same = same_block(C, BC)
-    right = tl.trans(k * er)
-    A += tl.where(same & (i[:, None] > i[None, :]), tl.dot(k * el, right, input_precision=DPREC), 0.0)
-    P += tl.where(same & (i[:, None] >= i[None, :]), tl.dot(q * el, right, input_precision=DPREC), 0.0)
-    return A, P
-
-
-@triton.jit
-def pairs_diag_exact(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
-                     USE_GATHER: tl.constexpr):
-    """The diagonal blocks of ``A`` and ``P`` summed exactly: step r sums the pairs (i, 16*b(i) + r)
-    of every block for every row i at once into column r of a ``[C, BC]`` band, expanded at the end."""
-    i = tl.arange(0, C)
-    same = same_block(C, BC)
-    start = (i // BC) * BC
-    band_r = tl.arange(0, BC)[None, :]
-    band_a = tl.zeros((C, BC), tl.float32)
-    band_p = tl.zeros((C, BC), tl.float32)
-    for r in range(BC):
-        jr = start + r
-        k_r = take_rows(k, k_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
-        G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
-        ke = k_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
-        band_a += tl.where(band_r == r, tl.sum(k * ke, axis=1)[:, None], 0.0)
-        band_p += tl.where(band_r == r, tl.sum(q * ke, axis=1)[:, None], 0.0)
-    A += tl.where(same & (i[:, None] > i[None, :]), expand_band(band_a, C, BC), 0.0)
-    P += tl.where(same & (i[:, None] >= i[None, :]), expand_band(band_p, C, BC), 0.0)
-    return A, P
-
-
-@triton.jit
-def pairs_diag(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
-               SAFE: tl.constexpr, USE_GATHER: tl.constexpr, DPREC: tl.constexpr):
-    """Add the diagonal sub-chunk blocks: A strictly lower (j < i), P lower with the diagonal."""
-    el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-    if SAFE:
-        A, P = pairs_diag_dots(A, P, k, q, el, er, C, BC, DPREC)
-    else:
-        if dots:
-            A, P = pairs_diag_dots(A, P, k, q, el, er, C, BC, DPREC)
-        else:
-            A, P = pairs_diag_exact(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-    return A, P
-
-
-@triton.jit
-def chunk_pairs(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
-                SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """Add one channel block's share of ``A`` (j < i) and ``P`` (j <= i) for the chunk."""
-    A, P = pairs_level(A, P, k, q, G, G_ptr, stride, cols, cmask, n, 32, C, USE_GATHER, PREC)
-    A, P = pairs_level(A, P, k, q, G, G_ptr, stride, cols, cmask, n, 16, C, USE_GATHER, PREC)
-    return pairs_diag(A, P, k, q, G, k_ptr, G_ptr, stride, cols, cmask, n, C, BC, SAFE, USE_GATHER, DPREC)
 
 
 # ------------------------------------------------------------------------------- row/column forms
@@ -306,34 +238,3 @@ def colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, p
         m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
         Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * decay
     return Q
-
-
-# ---------------------------------------------------------------------------------------- solve
-
-
-@triton.jit
-def unit_lower_inverse(L, C: tl.constexpr, BC: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """``(I + L)^{-1}`` for a strictly lower triangular ``L [C, C]``, C = 4 BC, by exact doubling.
-
-    With ``X_s`` the inverse of ``I`` plus the part of L inside diagonal s-blocks, and ``E_s`` the
-    part of L that level s of ``level_pairs`` selects (i in an odd s-block, j in the even s-block
-    before it), ``X_{2s} = (I - X_s E_s) X_s``: exact, since ``(X_s E_s)^2 = 0``. ``X_1 = I`` and
-    ``X_2 = I - E_1`` need no dot; levels 2, 4, 8 (two dots each, at ``DPREC``) give the inverse
-    ``Td`` of the diagonal BC-blocks. Then ``I + L = (I + Ld)(I + N)`` with ``N = Td Lo`` (Lo: L
-    outside the diagonal blocks) strictly block-lower, ``N^4 = 0``, and
-    ``(I + L)^{-1} = (I - N + N^2 - N^3) Td`` by Horner: four dots at ``PREC``.
-
-    Every step is a tensor-core dot on ``[C, C]`` tiles: no serial substitution (which took 0.94 ms
-    for the 8192 chunks of B=8, T=4096, H=16 on an H200, half of the intra-chunk kernel).
-    """
-    tl.static_assert(BC == 16, "the doubling levels 2, 4, 8 assume sub-chunks of 16")
-    i = tl.arange(0, C)
-    eye = (i[:, None] == i[None, :]).to(tl.float32)
-    X = eye - tl.where(level_pairs(1, C), L, 0.0)
-    for lvl in tl.static_range(1, 4):
-        E = tl.where(level_pairs(1 << lvl, C), L, 0.0)
-        X = X - tl.dot(tl.dot(X, E, input_precision=DPREC), X, input_precision=DPREC)
-    N = tl.dot(X, tl.where(same_block(C, BC), 0.0, L), input_precision=PREC)
-    inner = X - tl.dot(N, X, input_precision=PREC)
-    inner = X - tl.dot(N, inner, input_precision=PREC)
-    return X - tl.dot(N, inner, input_precision=PREC)
