@@ -351,6 +351,12 @@ def gla_tf32_for_tf32x3(q, k, v, g, *, precision="ieee", **options):
 
 
 @mutant("gla", "precision_modes", knobs=PRECISION)
+def gla_tf32_for_ieee(q, k, v, g, *, precision="ieee", **options):
+    """tf32 where ieee was asked (the order ieee <= tf32x3, above the float32 form's noise floor)."""
+    return _gla_in("tf32" if precision == "ieee" else precision, q, k, v, g, **options)
+
+
+@mutant("gla", "precision_modes", knobs=PRECISION)
 def gla_always_tf32(q, k, v, g, *, precision="ieee", **options):
     """Every mode runs tf32."""
     return _gla_in("tf32", q, k, v, g, **options)

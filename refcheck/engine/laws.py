@@ -458,7 +458,14 @@ def path_agreement(t: Trial) -> None:
 PRECISION_SLACK = 4.0
 """error(ieee) <= SLACK * error(tf32x3) + NOISE and error(tf32x3) <= SLACK * error(tf32) + NOISE."""
 PRECISION_NOISE = 2e-6
-"""Absolute allowance for the order: ~16 fp32 ulps of relative error, below which modes are equal."""
+"""Absolute allowance for the order: ~16 fp32 ulps of relative error, below which modes are equal ...
+plus ``PRECISION_SLACK`` times the error of the op's naive form (the reference evaluated in float32,
+``verify.yardstick``) on that output: an output whose float32 computation is poorly conditioned is
+noise at that level in every fp32-accurate mode, and two modes that round differently order their
+noise at random. On an H200, KDA's dA_log (a sum over every token with cancellation; fp32, fp16 gate
+input, T=124) measured ieee 4.11e-5 against tf32x3 6.00e-6 (tf32 3.60e-3), with the float32
+reference's own error 1.88e-5 there: a correct kernel failed the order by noise. A mode that runs
+tf32 where ieee was asked stays ~100x above that floor (``tests/mutants.py``)."""
 TF32_GAIN = 8.0
 """tf32 must be at least this many times worse than ieee and tf32x3 (its operands keep 10 of 23
 mantissa bits: ~1000x in practice) ..."""
@@ -490,12 +497,15 @@ def precision_modes(t: Trial) -> None:
         with t.running():
             verdict = verify.verify(t.impl, t.case, mode=mode, device=t.device, grads=t.grads, **t.knobs)
         errors[mode] = {m.output: m.error for m in verdict.measurements}
+    outputs = verify.cotangent_names(t.op, registry.provides(t.impl))
+    fp32_noise = {m.output: verify.yardstick(t.case, m.output, m.budget.floor, grads=t.grads, outputs=outputs)[0] or 0.0
+                  for m in verdict.measurements}
     table = "\n".join(f"{n:<12} ieee {errors['ieee'][n]:9.2e}  tf32x3 {errors['tf32x3'][n]:9.2e}  "
                       f"tf32 {errors['tf32'][n]:9.2e}" for n in errors["ieee"])
     for name in errors["ieee"]:
         e = {m: errors[m][name] for m in errors}
-        if e["ieee"] > PRECISION_SLACK * e["tf32x3"] + PRECISION_NOISE or \
-                e["tf32x3"] > PRECISION_SLACK * e["tf32"] + PRECISION_NOISE:
+        noise = PRECISION_NOISE + PRECISION_SLACK * fp32_noise.get(name, 0.0)
+        if e["ieee"] > PRECISION_SLACK * e["tf32x3"] + noise or e["tf32x3"] > PRECISION_SLACK * e["tf32"] + noise:
             t.fail(f"{name}: errors not ordered ieee <= tf32x3 <= tf32 (slack {PRECISION_SLACK}x + "
                    f"{PRECISION_NOISE:g})\n{table}")
     def worse(n):
