@@ -377,8 +377,8 @@ PROFILE_VARIANTS = (
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES]
-    + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_warps=8), dict(num_warps=8, BV=32),
-                                               dict(num_warps=8, BK=16), dict(value=dict(BV=32, num_warps=8)))
+    + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=2), dict(num_warps=8), dict(BK=16),
+                                               dict(BK=64))
        for safe in (False, True)]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
 )
@@ -387,6 +387,7 @@ PROFILE_VARIANTS = (
 def profile_data(name):
     """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
     from refcheck.optimized.chunk.output import state_dtype
+    from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     s = SHAPES[name]
@@ -397,30 +398,34 @@ def profile_data(name):
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
-    _, hs, U = chunk_fwd.recurrence(k, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
+    keys = prepare_keys(k, G, ch, "tf32", q=q)
+    _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
     do = torch.randn_like(flat["v"])
-    dh, dY, _ = chunk_bwd.dstate(q, k, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
+    dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
                 hs_out=hs.to(state_dtype(flat["v"].dtype)))
 
 
 def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
     from refcheck.optimized.chunk.output import output
+    from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
-        return lambda: chunk_fwd.recurrence(d["k"], f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,
+        # the pass with its operands prepared, as the forward runs it
+        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
+                                            None, ch, "tf32", final=not keep,
                                             hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
         return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage == "dstate":
-        return lambda: chunk_bwd.dstate(d["q"], d["k"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc,
-                                        "tf32", False, cfg)
+        return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
+                                        False, cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",

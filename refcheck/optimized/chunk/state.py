@@ -8,10 +8,12 @@ every helper here reads the K-side tiles of one block only, right before its dot
 program holds are ``kb0 .. kb0 + NKB - 1``: all of them (``kb0 = 0``), or, where the state's rows are
 independent (GLA), one K-block per program (``launch_serial(split_k=True)``).
 
-The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in the terms
-they need, chosen by constexpr options with KDA's defaults: ``WITH_Y`` (state gradient: KDA's
-``- Kg^T (beta dY)``), ``SCALAR`` (simple GLA's ``[T, H]`` gate, one decay per token), and the token
-layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). ``read_blocks`` (``Z -= Kg S``) is KDA's only.
+The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in where their
+K-side tiles come from. GLA's helpers (``write_blocks``, ``dwrite_blocks``) form them from k or q and G
+right before each dot, chosen by constexpr options: ``SCALAR`` (simple GLA's ``[T, H]`` gate, one decay
+per token) and the token layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). KDA's read them
+prepared in parallel before the pass (``prepared``: ``read_blocks``, ``update_blocks``, ``dread_blocks``,
+``dupdate_blocks``), so that its serial steps only load and multiply.
 Both ops form their output from the stored states in a parallel kernel (``chunk.output``).
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
@@ -70,15 +72,6 @@ def decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR: tl.constexpr = False)
 
 
 @triton.jit
-def read_block(S, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr):
-    """Forward (KDA), block kb: ``Z -= (k e^G) S_b``."""
-    kk, kmask = block_cols(kb, KB, K)
-    eG = decay(load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask))
-    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
-    return Z - tl.dot(k * eG, S, input_precision=PREC)
-
-
-@triton.jit
 def split_dot(x, y, PREC: tl.constexpr):
     """``x @ y`` for an fp32 ``x``: one dot at ``PREC`` for an fp32 y; for a 16-bit y (values stored in
     bf16, taken as they are) x split into two parts of y's dtype, ``hi = round(x)`` and ``lo = round(x - hi)``,
@@ -103,29 +96,64 @@ def write_block(S, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb, KB: t
 
 
 @triton.jit
-def dread_block(dS, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, kb, KB: tl.constexpr,
-                PREC: tl.constexpr):
-    """Backward, block kb: ``dU += (k e^{G_last - G}) dS_b``."""
-    kk, kmask = block_cols(kb, KB, K)
-    _, e_d, _ = decays(G_ptr, grows, last, h, H, K, kk, kmask)
-    k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask)
-    return dU + tl.dot(k * e_d, dS, input_precision=PREC)
-
-
-@triton.jit
-def dwrite_block(dS, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb,
-                 KB: tl.constexpr, PREC: tl.constexpr, WITH_Y: tl.constexpr = True, T=1,
-                 HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
-    """Backward, block kb: ``dS_b <- e^{G_last} dS_b + scale (q e^G)^T dO - (k e^G)^T (beta dY)`` (the
-    last term with ``WITH_Y``, the delta rule's; the first by ``split_dot``)."""
+def dwrite_block(dS, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb, KB: tl.constexpr,
+                 PREC: tl.constexpr, T=1, HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False):
+    """Backward (GLA), block kb: ``dS_b <- e^{G_last} dS_b + scale (q e^G)^T dO`` (``split_dot``)."""
     kk, kmask = block_cols(kb, KB, K)
     eG, _, gamma = decays(G_ptr, grows, last, h, H, K, kk, kmask, SCALAR)
     q = load_tile(q_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-    dS = gamma[:, None] * dS + split_dot(tl.trans(q * (eG * scale)), do, PREC)
-    if WITH_Y:
-        k = load_tile(k_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        dS -= tl.dot(tl.trans(k * eG), bdY, input_precision=PREC)
-    return dS
+    return gamma[:, None] * dS + split_dot(tl.trans(q * (eG * scale)), do, PREC)
+
+
+# ------------------------------------------------------------------------- prepared operands (KDA)
+# KDA's passes read their K-side operands ``x = Diag(s) X`` prepared in parallel (``prepared``); the row
+# scales s stay outside the dots.
+
+
+@triton.jit
+def row_scales(s_ptr, rows, rmask, h, H, NKB, kb):
+    """The row scales ``s[rows, h, kb]`` of a prepared operand, ``[C]``."""
+    return tl.load(s_ptr + (rows.to(tl.int64) * H + h) * NKB + kb, mask=rmask, other=0.0)
+
+
+@triton.jit
+def rows_dot(S, x_ptr, s_ptr, rows, rmask, h, H, K, kb, KB: tl.constexpr, NKB, PREC: tl.constexpr):
+    """``x_b S_b = Diag(s) (X_b S_b)``, ``[C, BV]``: block kb of a prepared operand times block kb of a state."""
+    kk, kmask = block_cols(kb, KB, K)
+    x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
+    return row_scales(s_ptr, rows, rmask, h, H, NKB, kb)[:, None] * tl.dot(x, S, input_precision=PREC)
+
+
+@triton.jit
+def cols_dot(Y, x_ptr, s_ptr, rows, rmask, h, H, K, kb, KB: tl.constexpr, NKB, PREC: tl.constexpr):
+    """``x_b^T Y = X_b^T (Diag(s) Y)``, ``[KB, BV]``: block kb of a prepared operand, transposed, times Y."""
+    kk, kmask = block_cols(kb, KB, K)
+    x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
+    return tl.dot(tl.trans(x), row_scales(s_ptr, rows, rmask, h, H, NKB, kb)[:, None] * Y, input_precision=PREC)
+
+
+@triton.jit
+def block_gamma(G_ptr, last, h, H, K, kb, KB: tl.constexpr):
+    """``e^{G_last}`` of block kb, ``[KB]``."""
+    kk, kmask = block_cols(kb, KB, K)
+    return decay(load_gate_row(G_ptr, last, h, H, K, kk, kmask))
+
+
+@triton.jit
+def update_block(S, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, kb, KB: tl.constexpr, NKB,
+                 PREC: tl.constexpr):
+    """Forward (KDA), block kb: ``S_b <- e^{G_last} S_b + Kd_b^T U``."""
+    return block_gamma(G_ptr, last, h, H, K, kb, KB)[:, None] * S + cols_dot(U, kd_ptr, sd_ptr, rows, rmask, h, H,
+                                                                              K, kb, KB, NKB, PREC)
+
+
+@triton.jit
+def dupdate_block(dS, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, kb,
+                  KB: tl.constexpr, NKB, PREC: tl.constexpr):
+    """Backward (KDA), block kb: ``dS_b <- e^{G_last} dS_b + scale Qg_b^T dO - Kg_b^T (beta dY)``."""
+    dS = block_gamma(G_ptr, last, h, H, K, kb, KB)[:, None] * dS
+    dS += cols_dot(scale * do, qg_ptr, sq_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
+    return dS - cols_dot(bdY, kg_ptr, sg_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
 
 
 # --------------------------------------------------------------------------------- all the blocks
@@ -162,17 +190,31 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 
 @triton.jit
-def read_blocks(S0, S1, S2, S3, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
+def read_blocks(S0, S1, S2, S3, Z, kg_ptr, sg_ptr, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
                 PREC: tl.constexpr):
-    """``read_block`` of every block: ``Z -= Kg S``."""
-    Z = read_block(S0, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 0, KB, PREC)
+    """Forward (KDA): ``Z - Kg S`` (``rows_dot`` of every block)."""
+    Z -= rows_dot(S0, kg_ptr, sg_ptr, rows, rmask, h, H, K, 0, KB, NKB, PREC)
     if NKB > 1:
-        Z = read_block(S1, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 1, KB, PREC)
+        Z -= rows_dot(S1, kg_ptr, sg_ptr, rows, rmask, h, H, K, 1, KB, NKB, PREC)
     if NKB > 2:
-        Z = read_block(S2, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 2, KB, PREC)
+        Z -= rows_dot(S2, kg_ptr, sg_ptr, rows, rmask, h, H, K, 2, KB, NKB, PREC)
     if NKB > 3:
-        Z = read_block(S3, Z, k_ptr, G_ptr, rows, rmask, grows, h, H, K, 3, KB, PREC)
+        Z -= rows_dot(S3, kg_ptr, sg_ptr, rows, rmask, h, H, K, 3, KB, NKB, PREC)
     return Z
+
+
+@triton.jit
+def update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB: tl.constexpr,
+                  NKB: tl.constexpr, PREC: tl.constexpr):
+    """Forward (KDA): ``S <- Diag(gamma) S + Kd^T U`` (``update_block`` of every block)."""
+    S0 = update_block(S0, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 0, KB, NKB, PREC)
+    if NKB > 1:
+        S1 = update_block(S1, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 1, KB, NKB, PREC)
+    if NKB > 2:
+        S2 = update_block(S2, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 2, KB, NKB, PREC)
+    if NKB > 3:
+        S3 = update_block(S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 3, KB, NKB, PREC)
+    return S0, S1, S2, S3
 
 
 @triton.jit
@@ -195,35 +237,54 @@ def write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H
 
 
 @triton.jit
-def dread_blocks(dS0, dS1, dS2, dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB: tl.constexpr,
-                 NKB: tl.constexpr, PREC: tl.constexpr):
-    """``dread_block`` of every block: ``dU += Kd dS``."""
-    dU = dread_block(dS0, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 0, KB, PREC)
+def dread_blocks(dS0, dS1, dS2, dS3, dU, kd_ptr, sd_ptr, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
+                 PREC: tl.constexpr):
+    """Backward (KDA): ``dU + Kd dS`` (``rows_dot`` of every block)."""
+    dU += rows_dot(dS0, kd_ptr, sd_ptr, rows, rmask, h, H, K, 0, KB, NKB, PREC)
     if NKB > 1:
-        dU = dread_block(dS1, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 1, KB, PREC)
+        dU += rows_dot(dS1, kd_ptr, sd_ptr, rows, rmask, h, H, K, 1, KB, NKB, PREC)
     if NKB > 2:
-        dU = dread_block(dS2, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 2, KB, PREC)
+        dU += rows_dot(dS2, kd_ptr, sd_ptr, rows, rmask, h, H, K, 2, KB, NKB, PREC)
     if NKB > 3:
-        dU = dread_block(dS3, dU, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, 3, KB, PREC)
+        dU += rows_dot(dS3, kd_ptr, sd_ptr, rows, rmask, h, H, K, 3, KB, NKB, PREC)
     return dU
 
 
 @triton.jit
-def dwrite_blocks(dS0, dS1, dS2, dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
-                  KB: tl.constexpr, NKB: tl.constexpr, PREC: tl.constexpr, WITH_Y: tl.constexpr = True, T=1,
-                  HEAD_FIRST: tl.constexpr = False, SCALAR: tl.constexpr = False, kb0=0):
-    """``dwrite_block`` of every block: ``dS <- Diag(gamma) dS + Qg^T dO - Kg^T Diag(beta) dY``."""
-    dS0 = dwrite_block(dS0, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 0, KB, PREC,
-                       WITH_Y, T, HEAD_FIRST, SCALAR)
+def dupdate_blocks(dS0, dS1, dS2, dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K,
+                   scale, KB: tl.constexpr, NKB: tl.constexpr, PREC: tl.constexpr):
+    """Backward (KDA): ``dS <- Diag(gamma) dS + scale Qg^T dO - Kg^T Diag(beta) dY`` (``dupdate_block`` of every
+    block)."""
+    dS0 = dupdate_block(dS0, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 0, KB,
+                        NKB, PREC)
     if NKB > 1:
-        dS1 = dwrite_block(dS1, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 1, KB, PREC,
-                           WITH_Y, T, HEAD_FIRST, SCALAR)
+        dS1 = dupdate_block(dS1, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 1,
+                            KB, NKB, PREC)
     if NKB > 2:
-        dS2 = dwrite_block(dS2, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 2, KB, PREC,
-                           WITH_Y, T, HEAD_FIRST, SCALAR)
+        dS2 = dupdate_block(dS2, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 2,
+                            KB, NKB, PREC)
     if NKB > 3:
-        dS3 = dwrite_block(dS3, do, bdY, q_ptr, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 3, KB, PREC,
-                           WITH_Y, T, HEAD_FIRST, SCALAR)
+        dS3 = dupdate_block(dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 3,
+                            KB, NKB, PREC)
+    return dS0, dS1, dS2, dS3
+
+
+@triton.jit
+def dwrite_blocks(dS0, dS1, dS2, dS3, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, KB: tl.constexpr,
+                  NKB: tl.constexpr, PREC: tl.constexpr, T=1, HEAD_FIRST: tl.constexpr = False,
+                  SCALAR: tl.constexpr = False, kb0=0):
+    """Backward (GLA): ``dS <- Diag(gamma) dS + scale Qg^T dO`` (``dwrite_block`` of every block)."""
+    dS0 = dwrite_block(dS0, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 0, KB, PREC, T,
+                       HEAD_FIRST, SCALAR)
+    if NKB > 1:
+        dS1 = dwrite_block(dS1, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 1, KB, PREC, T,
+                           HEAD_FIRST, SCALAR)
+    if NKB > 2:
+        dS2 = dwrite_block(dS2, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 2, KB, PREC, T,
+                           HEAD_FIRST, SCALAR)
+    if NKB > 3:
+        dS3 = dwrite_block(dS3, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale, kb0 + 3, KB, PREC, T,
+                           HEAD_FIRST, SCALAR)
     return dS0, dS1, dS2, dS3
 
 

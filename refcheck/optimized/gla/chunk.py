@@ -206,8 +206,8 @@ def dstate_kernel(q_ptr, G_ptr, do_ptr, dht_ptr, dh_ptr, dh0_ptr, cu_ptr, off_pt
         do = load_operand(do_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
         if not BF16X2:
             do = do.to(tl.float32)
-        dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, do, q_ptr, q_ptr, G_ptr, rows, rmask, grows, last,
-                                           h, H, K, scale, KB, NKB, PREC, False, T, HEAD_FIRST, SCALAR, kb0)
+        dS0, dS1, dS2, dS3 = dwrite_blocks(dS0, dS1, dS2, dS3, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K,
+                                           scale, KB, NKB, PREC, T, HEAD_FIRST, SCALAR, kb0)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask, kb0)
 

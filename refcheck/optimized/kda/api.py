@@ -17,6 +17,7 @@ from refcheck.references.kda import check_kda_inputs
 
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
+from ..chunk.prepared import prepare_keys
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
 from .chunk_fwd import CHUNK, intra, intra_kernel, recurrence
@@ -113,7 +114,8 @@ class KdaFunction(torch.autograd.Function):
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
-        ht, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
+        ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
+                               cfg.precision, final=cfg.final,
                                hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype))
         o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
         kept = (hs, U) if cfg.keep else ()
@@ -128,11 +130,12 @@ class KdaFunction(torch.autograd.Function):
         q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept = ctx.saved_tensors
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
+        keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
         if cfg.keep:
             hs, U = kept
         else:
-            _, hs, U = recurrence(kn, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
-        dh, dY, dh0 = dstate(qn, kn, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
+            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
+        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
                              cfg.scale, cfg.precision, want_dh0=h0 is not None)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,

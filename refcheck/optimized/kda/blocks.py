@@ -201,9 +201,9 @@ def block_inverse(L, BC: tl.constexpr, DPREC: tl.constexpr):
 
 
 @triton.jit
-def block_beta(beta_ptr, t0, n, h, H, BC: tl.constexpr):
-    """beta of every block's rows, ``[NB, BC, 1]`` (zero past the chunk's end)."""
-    c, valid, _ = shifted_rows(t0, n, 0, 0, BC, BC)
+def block_beta(beta_ptr, t0, n, s: tl.constexpr, h, H, BC: tl.constexpr):
+    """beta of block ``b - s``'s rows in slice b, ``[NB, BC, 1]`` (zero past the chunk's end)."""
+    c, valid, _ = shifted_rows(t0, n, s, 0, BC, BC)
     return load_rows(beta_ptr, t0, c, valid, h, H, 1, 0, True)
 
 

@@ -31,7 +31,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..chunk.state import launch_serial, load_blocks, read_blocks, serial_chunk, serial_program, store_blocks, write_blocks
+from ..chunk.prepared import PreparedKeys
+from ..chunk.state import (
+    launch_serial,
+    load_blocks,
+    read_blocks,
+    serial_chunk,
+    serial_program,
+    store_blocks,
+    update_blocks,
+)
 from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .blocks import NB, block_beta, pair_blocks, solve, store_lower
@@ -39,6 +48,10 @@ from .subchunk import diag_precision
 
 CHUNK = 64
 SUB = 16
+PREPARED_LAUNCH = dict(num_stages=2)
+"""The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
+every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
+64, 0.558 -> 0.479 ms."""
 
 
 @triton.jit
@@ -52,29 +65,29 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
     h = tl.program_id(1)
     A0, A1, A2, A3, P0, P1, P2, P3 = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, SAFE, PREC, DPREC)
     store_lower(P_ptr, scale, P0, P1, P2, P3, t0, n, h, H, C, BC)
-    solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
+    solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
 
 
 @triton.jit
-def recurrence_kernel(k_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr, cu_ptr, off_ptr, H, K, V,
-                      C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr,
+                      cu_ptr, off_ptr, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
+                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32)."""
+    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32). ``Kg``, ``Kd`` prepared (``chunk.prepared``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
-        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), k_ptr, G_ptr, rows, rmask,
-                        grows, h, H, K, KB, NKB, PREC)
+        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, sg_ptr, rows, rmask,
+                        h, H, K, KB, NKB, PREC)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
-        S0, S1, S2, S3 = write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H, K, KB, NKB,
-                                      PREC)
+        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB, NKB,
+                                       PREC)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
@@ -84,8 +97,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     # measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``): two load stages
-    # 0.92 ms against one 1.18; channel blocks of 64 1.93
-    cfg = dict(BK=min(padded(K), 32), num_warps=4, num_stages=2) | (config or {})
+    # 0.917 ms against one 1.183, channel blocks of 16 0.947 and of 64 1.919; safe_gate 0.845, 1.105, 0.785, 1.046
+    cfg = dict(BK=min(padded(K), 16 if safe else 32), num_warps=4, num_stages=2) | (config or {})
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     if chunks.num_chunks and H:
@@ -96,19 +109,22 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     return T, P
 
 
-def recurrence(k, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
+def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, config: dict | None = None):
-    """Walk the chunks. Returns ``(final state, h, U)``: the fp32 final state ``[N, H, K, V]`` (None
-    unless ``final``), the entry states h ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32.
-    ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
-    total, H, K = k.shape
+    """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
+    U)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
+    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32. ``config`` overrides the launch (``BV``,
+    ``num_warps``, ``num_stages``)."""
+    total, H, K = keys.kg.shape
     V = v.shape[-1]
-    dev = k.device
+    dev = v.device
     ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
     U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
     launch_serial(recurrence_kernel,
-                  (k, v, G, beta, T, initial_state if initial_state is not None else hs, ht if final else hs, hs, U,
-                   chunks.cu, chunks.offsets, H, K, V),
-                  dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V, config)
+                  (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T,
+                   initial_state if initial_state is not None else hs, ht if final else hs, hs, U, chunks.cu,
+                   chunks.offsets, H, K, V),
+                  dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V,
+                  PREPARED_LAUNCH | (config or {}))
     return ht, hs, U

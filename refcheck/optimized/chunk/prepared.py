@@ -1,0 +1,96 @@
+"""Decayed operands of KDA's serial state passes, formed in parallel before them: ``k e^G``,
+``k e^{G_last - G}`` and (the backward's) ``q e^G`` per chunk, stored row-scaled in the precision the
+passes' dots use.
+
+The serial kernels walk the chunks of a sequence one after another, so each chunk's latency adds up: a
+step that loads k and G, forms ``e^G`` and ``e^{G_last - G}`` on ``[C, K]`` tiles and only then reaches
+its dots waits on all of it, and its loads cannot be issued ahead (the pipeliner prefetches loads that
+feed dots). Formed here, one program per (chunk, head, state block), the operands are plain loads
+into the serial step's dots, which the pass double-buffers.
+
+Stored as ``x = s * X`` with ``s [T, H, NKB]`` the largest magnitude of each row within each state block
+(``state.state_blocks``) and ``X`` in ``operand_dtype(precision)``: fp16 where the dots run at "tf32",
+which rounds its operands to the same 11 significant bits, so storing them in fp16 loses nothing the dot
+keeps (and the row scale keeps them in fp16's range whatever the input's magnitude); fp32 for "ieee"
+and "tf32x3". Half the bytes of the fp32 operands, and a third of what k (16-bit) and G (fp32) took
+read twice. The pass applies the row scales outside its dots:
+
+    (x S)_i = s_i (X S)_i,        x^T U = X^T (Diag(s) U)
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..common import Chunks, launch
+from .state import state_blocks
+from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile
+
+
+def operand_dtype(precision: str) -> torch.dtype:
+    """fp16 under "tf32" (the dot keeps 11 significant bits of an fp32 operand: fp16's), else fp32."""
+    return torch.float16 if precision == "tf32" else torch.float32
+
+
+@triton.jit
+def store_scaled(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
+    """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` and ``x / s`` in ``x_ptr``'s dtype."""
+    s = tl.max(tl.abs(x), axis=1)
+    s = tl.where(s > 0, s, 1.0)
+    off = (rows.to(tl.int64)[:, None] * H + h) * K + cols[None, :]
+    tl.store(x_ptr + off, (x / s[:, None]).to(x_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+    tl.store(s_ptr + (rows.to(tl.int64) * H + h) * NKB + kb, s, mask=rmask)
+
+
+@triton.jit
+def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, cu_ptr, seq_ptr, start_ptr,
+                   H, K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr):
+    """One chunk, head and state block: ``k e^G``, ``k e^{G_last - G}`` and with ``WITH_Q`` ``q e^G``,
+    row-scaled."""
+    t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
+    h = tl.program_id(1)
+    kb = tl.program_id(2)
+    cols = kb * KB + tl.arange(0, KB)
+    cmask = cols < K
+    k = load_tile(k_ptr, rows, rmask, h, H, K, cols, cmask)
+    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
+    G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask)
+    eG = decay(G)
+    store_scaled(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    store_scaled(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    if WITH_Q:
+        store_scaled(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
+                     kb, NKB, cols, cmask)
+
+
+class PreparedKeys(NamedTuple):
+    """A pass's prepared operands (``[T, H, K]`` in ``operand_dtype``) and their row scales (fp32
+    ``[T, H, NKB]``): ``k e^G``, ``k e^{G_last - G}``, and ``q e^G`` where the pass needs it (None else)."""
+
+    kg: torch.Tensor
+    sg: torch.Tensor
+    kd: torch.Tensor
+    sd: torch.Tensor
+    qg: torch.Tensor | None = None
+    sq: torch.Tensor | None = None
+
+
+def prepare_keys(k, G, chunks: Chunks, precision: str, q=None) -> PreparedKeys:
+    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G."""
+    total, H, K = k.shape
+    KB, NKB = state_blocks(K)
+
+    def operand():
+        return (torch.empty(total, H, K, device=k.device, dtype=operand_dtype(precision)),
+                torch.empty(total, H, NKB, device=k.device, dtype=torch.float32))
+    (kg, sg), (kd, sd) = operand(), operand()
+    qg, sq = operand() if q is not None else (None, None)
+    if chunks.num_chunks and H:
+        launch(prepare_kernel, (chunks.num_chunks, H, NKB),
+               (k, k if q is None else q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq,
+                chunks.cu, chunks.seq, chunks.start, H, K, NKB),
+               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [dict(num_warps=4, num_stages=1)])
+    return PreparedKeys(kg, sg, kd, sd, qg, sq)
