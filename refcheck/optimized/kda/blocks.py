@@ -5,7 +5,8 @@ A chunk of C = 64 rows is cut into four sub-chunks of BC = 16 (blocks b = 0..3, 
 (d = 0..3) is a ``[4, BC, BC]`` tile whose slice b is the block ``(b, b - d)`` (zero where b < d).
 Each product is a batched dot over the four slices, ``[4, BC, BK] x [4, BK, BC]``: no block above the
 diagonal is ever computed, and the warps split the slices (a ``[C, C]`` tile held 255 registers and
-spilled; ten separate ``[BC, BC]`` tiles each took a whole program's warps).
+spilled; ten separate ``[BC, BC]`` tiles, each replicated over the program's four warps, spilled 6 KB a
+thread, Triton 3.6 for sm_90).
 
 With ``G`` the chunk-local cumulative log-decay (non-increasing along the rows: ``g <= 0``):
 
