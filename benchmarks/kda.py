@@ -368,7 +368,8 @@ def check(names, jobs):
 
 SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, num_warps=8, num_stages=1),
                    dict(BV=32, num_warps=4, num_stages=2), dict(BV=32, num_warps=8, num_stages=2),
-                   dict(BV=16, num_warps=4, num_stages=2), dict(BV=16, num_warps=4, num_stages=1))
+                   dict(BV=16, num_warps=4, num_stages=2), dict(BV=16, num_warps=4, num_stages=1),
+                   dict(BV=64, num_warps=4, num_stages=1), dict(BV=64, num_warps=4, num_stages=2))
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=16), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
@@ -380,6 +381,7 @@ PROFILE_VARIANTS = (
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=2), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64))
        for safe in (False, True)]
+    + [("prepare", dict(), False, False), ("prepare_with_q", dict(), False, False)]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
 )
 
@@ -430,6 +432,9 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",
                                        f["q"].dtype, f["k"].dtype, cfg)
+    if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
+        q = d["q"] if stage == "prepare_with_q" else None
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])
