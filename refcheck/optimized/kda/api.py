@@ -165,10 +165,10 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                   intra-chunk kernel 3.21 vs 3.37 ms). The forward always loads them.
       disable_recompute: keep the forward's chunk states ``h [NC, H, K, V]`` and U for the backward
                   instead of recomputing them there by a second pass of the state recurrence (fp32:
-                  as much memory as bf16 q, k, v and g together at K = V; saves the pass, 0.9 ms
-                  at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
-                  ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the whole
-                  forward's intra-chunk kernel (1.6 to 3.0 ms there) for half the memory of the inputs.
+                  as much memory as bf16 q, k, v and g together at K = V; saves the pass, about
+                  0.6 ms at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
+                  ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the forward's
+                  intra-chunk kernel (0.9 ms there) for half the memory of the inputs.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.
     """
     check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
