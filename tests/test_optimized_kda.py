@@ -98,20 +98,14 @@ def test_kda_matches_float64(name):
     assert all(errors[n] <= limits[n] for n in errors), errors
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open finding: fp32 cumulative gates lose the "
-                   "decays' digits under spikes of -1000 (issue 17's note of 2026-11-26)")
-@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
-def test_log_decay_spikes_keep_fp32_accuracy(precision):
-    """fp32, log-decays of -1000 at half the steps (the chunk's cumulative gate reaches ``|G| ~ 3e4``, where
-    one fp32 ulp is 2e-3): o, the final state and every gradient within 10x the error of the chunked
-    reference in fp32 whose exponents are each summed from their own start ("stable").
+SPIKE_OUTPUTS = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta")
 
-    An open finding, kept here as a strict expected failure so that the fix turns it into a plain test:
-    our fp32 cumulative gate gives o 1.7e-4 and dg 3.9e-4 here where the stable reference errs 4.7e-8 to
-    1.2e-7 (the GPU law run of 2026-11-26 failed "agreement" on it at T=6, o 1.15e-5 and dq 1.65e-5 against
-    guards of 1e-5: ``benchmarks/results/gpu_properties_kda_h200_session3.txt``). An fp64 cumulative gate, as
-    GLA's (``gla.chunk.cumulative_gate_dtype``), passed this test interpreted (o 8.2e-8, at most
-    9.0e-7) but computed wrong on the H200 and was not landed."""
+
+def spike_errors(precision: str) -> dict[str, dict[str, float]]:
+    """fp32, log-decays of -1000 at half the steps (the chunk's cumulative gate reaches ``|G| ~ 3e4``,
+    where one fp32 ulp is 2e-3): the error against float64 of every output of ours and of the chunked
+    reference in fp32 with its exponents each summed from their own start ("stable") or differenced from
+    the fp32 cumulative gate as our kernels do ("differenced"): ``{form: {output: error}}``."""
     gen = torch.Generator().manual_seed(0)
     T, H, K, V = 150, 1, 32, 16
     q, v = torch.randn(1, T, H, K, generator=gen), torch.randn(1, T, H, V, generator=gen)
@@ -127,11 +121,33 @@ def test_log_decay_spikes_keep_fp32_accuracy(precision):
         return [o, ht, *grads.values()]
 
     truth = outputs(references.kda, {n: t.double() for n, t in x.items()})
-    stable = outputs(references.kda_chunked, x, decays="stable")
-    ours = outputs(optimized.kda, x, precision=precision)
-    errors = {name: (rel(got, t), rel(st, t)) for name, got, st, t in
-              zip(("o", "final_state", "dq", "dk", "dv", "dg", "dbeta"), ours, stable, truth)}
-    assert all(e <= 10 * max(st, 1e-8) for e, st in errors.values()), errors
+    forms = {"ours": outputs(optimized.kda, x, precision=precision)}
+    forms |= {d: outputs(references.kda_chunked, x, decays=d) for d in ("stable", "differenced")}
+    return {form: {n: rel(got, t) for n, got, t in zip(SPIKE_OUTPUTS, out, truth)} for form, out in forms.items()}
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_log_decay_spikes_cost_no_more_than_the_fp32_gate(precision):
+    """Under gate spikes our error is what differencing fp32 cumulative gates costs, no more: every output
+    within 2x the "differenced" reference's error (measured: o 1.7e-4 against 2.5e-4, at most 0.75x). A
+    kernel running tf32 where ieee was asked fails it by 2.2-5.7x."""
+    errors = spike_errors(precision)
+    assert all(errors["ours"][n] <= 2 * errors["differenced"][n] for n in SPIKE_OUTPUTS), errors
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="open finding: fp32 cumulative gates lose the "
+                   "decays' digits under spikes of -1000 (issue 17's note of 2026-11-26)")
+@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
+def test_log_decay_spikes_keep_fp32_accuracy(precision):
+    """Under gate spikes every output within 10x the "stable" reference's error: the accuracy the fp32
+    budgets ask for. An open finding, kept as a strict expected failure so that its fix turns it into a
+    plain test: ours errs o 1.7e-4 and dg 3.9e-4 where the stable reference errs 4.7e-8 to 1.2e-7 (the GPU
+    law run of 2026-11-26 failed "agreement" on it at T=6, o 1.15e-5 and dq 1.65e-5 against guards of
+    1e-5: ``benchmarks/results/gpu_properties_kda_h200_session3.txt``). An fp64 cumulative gate, as GLA's
+    (``gla.chunk.cumulative_gate_dtype``), passed this test interpreted (o 8.2e-8, at most 9.0e-7) but
+    computed wrong on the H200 and was not landed."""
+    errors = spike_errors(precision)
+    assert all(errors["ours"][n] <= 10 * max(errors["stable"][n], 1e-8) for n in SPIKE_OUTPUTS), errors
 
 
 def test_kda_empty_sequences_keep_the_state():

@@ -511,9 +511,12 @@ def precision_modes(t: Trial) -> None:
                       f"tf32 {errors['tf32'][n]:9.2e}" for n in errors["ieee"])
     for name in errors["ieee"]:
         e = {m: errors[m][name] for m in errors}
-        if disordered(e, PRECISION_NOISE) and disordered(e, PRECISION_NOISE + PRECISION_SLACK * fp32_noise(name)):
+        if not disordered(e, PRECISION_NOISE):
+            continue
+        floor = fp32_noise(name)
+        if disordered(e, PRECISION_NOISE + PRECISION_SLACK * floor):
             t.fail(f"{name}: errors not ordered ieee <= tf32x3 <= tf32 (slack {PRECISION_SLACK}x + "
-                   f"{PRECISION_NOISE:g} + {PRECISION_SLACK}x the float32 form's {fp32_noise(name):.2e})\n{table}")
+                   f"{PRECISION_NOISE:g} + {PRECISION_SLACK}x the float32 form's {floor:.2e})\n{table}")
     def worse(n):
         tf32, best = errors["tf32"][n], max(errors["ieee"][n], errors["tf32x3"][n])
         return tf32 >= TF32_MIN_ERROR and (tf32 >= TF32_GAIN * best or tf32 - best >= TF32_MIN_EXCESS)

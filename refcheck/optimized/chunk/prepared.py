@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..common import Chunks, launch
 from .state import state_blocks
-from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile
+from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile, row_offsets, store_tile
 
 
 def operand_dtype(precision: str) -> torch.dtype:
@@ -40,9 +40,8 @@ def store_scaled(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
     """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` and ``x / s`` in ``x_ptr``'s dtype."""
     s = tl.max(tl.abs(x), axis=1)
     s = tl.where(s > 0, s, 1.0)
-    off = (rows.to(tl.int64)[:, None] * H + h) * K + cols[None, :]
-    tl.store(x_ptr + off, (x / s[:, None]).to(x_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
-    tl.store(s_ptr + (rows.to(tl.int64) * H + h) * NKB + kb, s, mask=rmask)
+    store_tile(x_ptr, x / s[:, None], rows, rmask, h, H, K, cols, cmask)
+    tl.store(s_ptr + row_offsets(rows, h, H, NKB) + kb, s, mask=rmask)
 
 
 @triton.jit

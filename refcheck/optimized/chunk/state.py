@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .tiles import decay, load_gate, load_gate_row, load_tile
+from .tiles import decay, load_gate, load_gate_row, load_tile, row_offsets
 
 
 @triton.jit
@@ -113,7 +113,7 @@ def dwrite_block(dS, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
 @triton.jit
 def row_scales(s_ptr, rows, rmask, h, H, NKB, kb):
     """The row scales ``s[rows, h, kb]`` of a prepared operand, ``[C]``."""
-    return tl.load(s_ptr + (rows.to(tl.int64) * H + h) * NKB + kb, mask=rmask, other=0.0)
+    return tl.load(s_ptr + row_offsets(rows, h, H, NKB) + kb, mask=rmask, other=0.0)
 
 
 @triton.jit

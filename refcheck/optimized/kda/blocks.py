@@ -172,16 +172,22 @@ def load_diag(ptr, t0, n, s: tl.constexpr, d: tl.constexpr, h, H, C: tl.constexp
 
 
 @triton.jit
+def store_zeros_above(ptr, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
+    """Zeros into the blocks above the diagonal of a stored chunk matrix."""
+    zero = tl.zeros((NB, BC, BC), tl.float32)
+    store_diag(ptr, zero, t0, n, -1, h, H, C, BC)
+    store_diag(ptr, zero, t0, n, -2, h, H, C, BC)
+    store_diag(ptr, zero, t0, n, -3, h, H, C, BC)
+
+
+@triton.jit
 def store_lower(ptr, scale, X0, X1, X2, X3, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
     """A lower block-triangular chunk matrix times ``scale``, and zeros above the diagonal blocks."""
-    zero = tl.zeros((NB, BC, BC), tl.float32)
     store_diag(ptr, scale * X0, t0, n, 0, h, H, C, BC)
     store_diag(ptr, scale * X1, t0, n, 1, h, H, C, BC)
     store_diag(ptr, scale * X2, t0, n, 2, h, H, C, BC)
     store_diag(ptr, scale * X3, t0, n, 3, h, H, C, BC)
-    store_diag(ptr, zero, t0, n, -1, h, H, C, BC)
-    store_diag(ptr, zero, t0, n, -2, h, H, C, BC)
-    store_diag(ptr, zero, t0, n, -3, h, H, C, BC)
+    store_zeros_above(ptr, t0, n, h, H, C, BC)
 
 
 # -------------------------------------------------------------------------------------------- solve
@@ -232,7 +238,4 @@ def solve(T_ptr, A0, A1, A2, A3, beta, t0, n, h, H, C: tl.constexpr, BC: tl.cons
     T3 = -tl.dot(T0, tl.dot(L1, load_diag(T_ptr, t0, n, 1, 2, h, H, C, BC), S, input_precision=PREC),
                  input_precision=PREC)
     store_diag(T_ptr, T3, t0, n, 3, h, H, C, BC)
-    zero = tl.zeros((NB, BC, BC), tl.float32)
-    store_diag(T_ptr, zero, t0, n, -1, h, H, C, BC)
-    store_diag(T_ptr, zero, t0, n, -2, h, H, C, BC)
-    store_diag(T_ptr, zero, t0, n, -3, h, H, C, BC)
+    store_zeros_above(T_ptr, t0, n, h, H, C, BC)
