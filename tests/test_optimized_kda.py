@@ -2,6 +2,8 @@
 against the float64 references: forward and every gradient, each option once, and bad input."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -101,6 +103,7 @@ def test_kda_matches_float64(name):
 SPIKE_OUTPUTS = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta")
 
 
+@functools.cache  # both spike tests read the same evaluations
 def spike_errors(precision: str) -> dict[str, dict[str, float]]:
     """fp32, log-decays of -1000 at half the steps (the chunk's cumulative gate reaches ``|G| ~ 3e4``,
     where one fp32 ulp is 2e-3): the error against float64 of every output of ours and of the chunked
