@@ -12,6 +12,7 @@ Within one sequence consecutive rows are ``row_stride`` elements apart in either
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -26,6 +27,22 @@ fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lo
 ("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
 with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
 their blocks are 32 wide too."""
+
+
+def cumulative_gate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the chunk-local cumulative gate ``G`` for inputs of ``dtype``: fp64 for fp32 inputs,
+    fp32 otherwise. Every decay is ``exp(G_i - G_j)`` of two cumulative sums; in fp32 each sum carries
+    the rounding of its magnitude, so under strong decay (log-decays of -1000 in a chunk of 128 give
+    ``|G| ~ 1.7e4``, one fp32 ulp 2e-3) the difference of two nearby rows loses all its digits, where the
+    fp32 budgets ask for the recurrence's accuracy. In fp64 the difference is taken exactly enough and
+    only then rounded (``chunk.tiles.decay``): on log-decays of -1000 at 30% of the steps, o's error
+    against float64 went 3.5e-4 -> 1.3e-7 at chunk size 128 (interpreted, ``tests/test_optimized_gla.py``);
+    KDA's, on log-decays of -1000 at half the steps, 1.7e-4 -> 8.2e-8 at T=150 (``tests/test_optimized_kda.py``;
+    an H200 law run found it at T=6).
+    For 16-bit inputs fp32 stays (their budgets are three orders looser, and fp64 tiles would double the
+    gate's registers and traffic in the kernels timed against FLA)."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
 
 
 @triton.jit
@@ -86,7 +103,7 @@ def load_rowvec(ptr, rows, rmask, h, H, T=1, HEAD_FIRST: tl.constexpr = False):
 @triton.jit
 def load_gate(G_ptr, rows, rmask, h, H, K, cols, cmask, SCALAR: tl.constexpr = False):
     """``[R, BK]`` tile of a sequence-first cumulative gate in its stored dtype (fp32, or fp64 where the
-    differences must stay exact, ``gla.chunk.cumulative_gate_dtype``): ``G[rows, h, cols]`` of a
+    differences must stay exact, ``cumulative_gate_dtype``): ``G[rows, h, cols]`` of a
     ``[T, H, K]`` gate, or with ``SCALAR`` the ``[T, H]`` gate ``G[rows, h]`` broadcast over the columns.
     Exponents are differences of these tiles, taken in that dtype (``decay``)."""
     if SCALAR:

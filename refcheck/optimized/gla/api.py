@@ -21,8 +21,9 @@ import torch
 from refcheck.references.contract import check_cu_seqlens, check_scale, check_tensor
 from refcheck.references.gla import check_gla_inputs
 
+from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
-from .chunk import CHUNK_SIZES, chunk_cumsum, cumulative_gate_dtype, dstate, forward, grads, intra, intra_kernel
+from .chunk import CHUNK_SIZES, chunk_cumsum, dstate, forward, grads, intra, intra_kernel
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256

@@ -31,7 +31,7 @@ rowform / colform are ``pairs.rowform`` / ``pairs.colform`` (safe for any decay)
 
 Layouts: q, k, v, g, o and their gradients are sequence-first ``[B, T, H, D]`` or head-first
 ``[B, H, T, D]`` (``HEAD_FIRST``, see ``chunk.tiles``); G, P and the partial gate gradients are
-sequence-first intermediates (G in ``cumulative_gate_dtype``, the rest fp32).
+sequence-first intermediates (G in ``tiles.cumulative_gate_dtype``, the rest fp32).
 """
 from __future__ import annotations
 
@@ -69,19 +69,6 @@ from .pairs import colform, gram, rowform
 
 SUB = 16
 CHUNK_SIZES = (64, 128)
-def cumulative_gate_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the chunk-local cumulative gate ``G`` for inputs of ``dtype``: fp64 for fp32 inputs,
-    fp32 otherwise. Every decay is ``exp(G_i - G_j)`` of two cumulative sums; in fp32 each sum carries
-    the rounding of its magnitude, so under strong decay (log-decays of -1000 in a chunk of 128 give
-    ``|G| ~ 1.7e4``, one fp32 ulp 2e-3) the difference of two nearby rows loses all its digits, where the
-    fp32 budgets ask for the recurrence's accuracy. In fp64 the difference is taken exactly enough and
-    only then rounded (``chunk.tiles.decay``): on log-decays of -1000 at 30% of the steps, o's error
-    against float64 went 3.5e-4 -> 1.3e-7 at chunk size 128 (interpreted, ``tests/test_optimized_gla.py``).
-    For 16-bit inputs fp32 stays (their budgets are three orders looser, and fp64 tiles would double the
-    gate's registers and traffic in the kernels timed against FLA)."""
-    return torch.float64 if dtype == torch.float32 else torch.float32
-
-
 def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bool:
     """Whether a state pass runs one program per 64-row K-block of the state (GLA's state rows evolve
     independently: its decay is diagonal) as well as per value block, sequence and head: ``split_k``, or
@@ -98,7 +85,7 @@ def split_by_k_block(split_k: bool | None, chunks: Chunks, H: int, V: int) -> bo
 def cumsum_kernel(x_ptr, y_ptr, cu_ptr, seq_ptr, start_ptr, H, T, D, NPART, TOTAL, C: tl.constexpr,
                   BD: tl.constexpr, X_HF: tl.constexpr, Y_HF: tl.constexpr, REVERSE: tl.constexpr):
     """One chunk and head: ``y = cumsum(sum_p x[p])`` over the chunk's rows (from its end with
-    ``REVERSE``), summed in fp64 where y is fp64 (``cumulative_gate_dtype``) and in fp32 otherwise (a
+    ``REVERSE``), summed in fp64 where y is fp64 (``tiles.cumulative_gate_dtype``) and in fp32 otherwise (a
     16-bit y, the gate's gradient, is rounded only when stored); x has ``NPART`` parts of ``TOTAL`` tokens;
     both ``[*, H, D]`` in their layouts."""
     c = tl.program_id(0)

@@ -18,6 +18,7 @@ from refcheck.references.kda import check_kda_inputs
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
+from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
 from .chunk_fwd import CHUNK, intra, intra_kernel, recurrence
@@ -110,7 +111,7 @@ class KdaFunction(torch.autograd.Function):
         qn, kn = (l2norm_forward(q), l2norm_forward(k)) if cfg.l2norm else (q, k)
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
-        G = gate_cumsum(g, *gate_args, cfg.chunks)
+        G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..chunk.tiles import decay
 from .subchunk import DIAG_SPAN, level_pairs
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
@@ -51,21 +52,23 @@ def shifted_rows(t0, n, s: tl.constexpr, offset, R: tl.constexpr, BC: tl.constex
 
 @triton.jit
 def load_rows(ptr, t0, c, valid, h, H, D, cols, cmask):
-    """fp32 ``x[t0 + c, h, cols]`` of a ``[T, H, D]`` tensor (``cols`` ``[1, 1, BD]``), zero where not valid."""
+    """``x[t0 + c, h, cols]`` of a ``[T, H, D]`` tensor (``cols`` ``[1, 1, BD]``) in its stored dtype, zero
+    where not valid."""
     base = ptr + (t0.to(tl.int64) * H + h) * D
-    return tl.load(base + c * (H * D) + cols, mask=valid & cmask, other=0.0).to(tl.float32)
+    return tl.load(base + c * (H * D) + cols, mask=valid & cmask, other=0.0)
 
 
 @triton.jit
 def block_x(ptr, t0, n, s: tl.constexpr, h, H, D, cols, cmask, BC: tl.constexpr):
     """``x`` of block ``b - s`` in slice b, ``[NB, BC, BD]`` (zero where b < s)."""
     c, valid, _ = shifted_rows(t0, n, s, 0, BC, BC)
-    return load_rows(ptr, t0, c, valid, h, H, D, cols, cmask)
+    return load_rows(ptr, t0, c, valid, h, H, D, cols, cmask).to(tl.float32)
 
 
 @triton.jit
 def block_gate(G_ptr, t0, n, s: tl.constexpr, offset, R: tl.constexpr, h, H, K, cols, cmask, BC: tl.constexpr):
-    """``G`` at rows ``offset .. offset + R - 1`` of block ``b - s`` in slice b, rows clamped, ``[NB, R, BK]``."""
+    """``G`` at rows ``offset .. offset + R - 1`` of block ``b - s`` in slice b, rows clamped, ``[NB, R, BK]``, in
+    its stored dtype (fp64 for fp32 inputs: exponents are differences taken in it, ``decay``)."""
     _, _, clamped = shifted_rows(t0, n, s, offset, R, BC)
     return load_rows(G_ptr, t0, clamped, clamped >= 0, h, H, K, cols, cmask)
 
@@ -81,7 +84,7 @@ def below(A, P, k_left, q_left, k_ptr, G_ptr, G_r, t0, n, d: tl.constexpr, h, H,
     """Add one channel block to diagonal d >= 1: the left operands carry ``e^{G_i - G_r}``, the right one
     ``e^{G_r - G_j}`` is formed here from block ``b - d``'s k and G."""
     G_j = block_gate(G_ptr, t0, n, d, 0, BC, h, H, K, cols, cmask, BC)
-    right = trans3(block_x(k_ptr, t0, n, d, h, H, K, cols, cmask, BC) * tl.exp(G_r - G_j))
+    right = trans3(block_x(k_ptr, t0, n, d, h, H, K, cols, cmask, BC) * decay(G_r - G_j))
     return A + tl.dot(k_left, right, input_precision=PREC), P + tl.dot(q_left, right, input_precision=PREC)
 
 
@@ -90,8 +93,8 @@ def diag_dots(A, P, k, q, G, G_m, BC: tl.constexpr, DPREC: tl.constexpr):
     """Add one channel block to the diagonal blocks by dots against their middle rows m:
     ``e^{G_i - G_m} e^{G_m - G_j}`` (A strictly lower, P with the diagonal)."""
     i = tl.arange(0, BC)
-    right = trans3(k * tl.exp(G_m - G))
-    el = tl.exp(G - G_m)
+    right = trans3(k * decay(G_m - G))
+    el = decay(G - G_m)
     A += tl.where((i[:, None] > i[None, :])[None], tl.dot(k * el, right, input_precision=DPREC), 0.0)
     P += tl.where((i[:, None] >= i[None, :])[None], tl.dot(q * el, right, input_precision=DPREC), 0.0)
     return A, P
@@ -105,9 +108,9 @@ def diag_exact(A, P, k, q, G, k_ptr, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.
     j = tl.arange(0, BC)[None, None, :]
     for r in range(BC):
         c, valid, clamped = shifted_rows(t0, n, 0, r, 1, BC)
-        k_r = load_rows(k_ptr, t0, c, valid, h, H, K, cols, cmask)
+        k_r = load_rows(k_ptr, t0, c, valid, h, H, K, cols, cmask).to(tl.float32)
         G_r = load_rows(G_ptr, t0, clamped, clamped >= 0, h, H, K, cols, cmask)
-        ke = k_r * tl.exp(tl.where(i >= r, G - G_r, float("-inf")))
+        ke = k_r * decay(tl.where(i >= r, G - G_r, float("-inf")))
         A += tl.where((j == r) & (i > r), tl.sum(k * ke, axis=2)[:, :, None], 0.0)
         P += tl.where(j == r, tl.sum(q * ke, axis=2)[:, :, None], 0.0)
     return A, P
@@ -128,7 +131,7 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
         q = block_x(qp, t0, n, 0, h, H, K, ck, cmask, BC)
         G = block_gate(Gp, t0, n, 0, 0, BC, h, H, K, ck, cmask, BC)
         G_r = block_gate(Gp, t0, n, 0, 0, 1, h, H, K, ck, cmask, BC)
-        e = tl.exp(G - G_r)
+        e = decay(G - G_r)
         A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC)
         A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
         A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
@@ -211,7 +214,7 @@ def block_inverse(L, BC: tl.constexpr, DPREC: tl.constexpr):
 def block_beta(beta_ptr, t0, n, s: tl.constexpr, h, H, BC: tl.constexpr):
     """beta of block ``b - s``'s rows in slice b, ``[NB, BC, 1]`` (zero past the chunk's end)."""
     c, valid, _ = shifted_rows(t0, n, s, 0, BC, BC)
-    return load_rows(beta_ptr, t0, c, valid, h, H, 1, 0, True)
+    return load_rows(beta_ptr, t0, c, valid, h, H, 1, 0, True).to(tl.float32)
 
 
 @triton.jit

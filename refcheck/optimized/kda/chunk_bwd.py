@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.state import dread_blocks, dupdate_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
-from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
+from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
@@ -120,7 +120,7 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.const
     base = (t0.to(tl.int64) * H + h) * K + k0
     k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, kmask)
     q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, kmask)
-    G = load_tile(G_ptr + k0, t0 + tl.minimum(i, n - 1), i < C, h, H, K, ck, kmask)
+    G = load_gate(G_ptr + k0, t0 + tl.minimum(i, n - 1), i < C, h, H, K, ck, kmask)  # its dtype: fp64 for fp32 inputs
     return c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G
 
 
@@ -152,12 +152,12 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_
         dYh += tl.dot(load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
         dgamma += tl.sum(hs * dh, axis=1)
     G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
-    eG = tl.exp(G)
+    eG = decay(G)
     dq = scale * eG * dQg
     dKg = -load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * eG * dYh  # through Kg = k e^G (Z = V - Kg S0)
-    dKd_d = tl.exp(G_last[None, :] - G) * dKd                             # through Kd = k e^{G_last - G}
+    dKd_d = decay(G_last[None, :] - G) * dKd                              # through Kd = k e^{G_last - G}
     dG = q * dq + k * (dKg - dKd_d)
-    dG += tl.where(i[:, None] == n - 1, (tl.sum(k * dKd_d, axis=0) + tl.exp(G_last) * dgamma)[None, :], 0.0)
+    dG += tl.where(i[:, None] == n - 1, (tl.sum(k * dKd_d, axis=0) + decay(G_last) * dgamma)[None, :], 0.0)
     store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
     store_tile(dk_ptr + k0, dKg + dKd_d, rows, rmask, h, H, K, ck, kmask)
     store_tile(dG_ptr + k0, dG, rows, rmask, h, H, K, ck, kmask)

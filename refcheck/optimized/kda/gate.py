@@ -84,7 +84,8 @@ def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, cu_ptr, seq_ptr, sta
                         C: tl.constexpr, BK: tl.constexpr, USE_GATE: tl.constexpr, HAS_BIAS: tl.constexpr,
                         USE_LB: tl.constexpr, CUMSUM: tl.constexpr):
     """One chunk of C tokens and one head: ``out = gate(g)`` (``USE_GATE``) or ``g``, then the
-    inclusive cumulative sum over the chunk's tokens when ``CUMSUM``; fp32 ``[T, H, K]``."""
+    inclusive cumulative sum over the chunk's tokens when ``CUMSUM``, summed and stored in out's dtype
+    ``[T, H, K]``."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0 = tl.load(start_ptr + c)
@@ -101,7 +102,7 @@ def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, cu_ptr, seq_ptr, sta
         if USE_GATE:
             x = tl.where(rmask[:, None], gate_value(x, rate, lower_bound, USE_LB), 0.0)
         if CUMSUM:
-            x = tl.cumsum(x, axis=0)
+            x = tl.cumsum(x.to(out_ptr.dtype.element_ty), axis=0)
         off = ((t0 + i).to(tl.int64)[:, None] * H + h) * K + cols[None, :]
         tl.store(out_ptr + off, x, mask=rmask[:, None] & cmask[None, :])
 
@@ -144,11 +145,13 @@ def gate_backward_kernel(dgate_ptr, g_ptr, alog_ptr, bias_ptr, dg_ptr, da_ptr, d
 
 
 def gate_cumsum(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
-                lower_bound: float | None, chunks: Chunks, cumsum: bool = True) -> torch.Tensor:
-    """fp32 ``[T, H, K]``: the gate of g (``A_log`` given) or g itself, cumulated per chunk when
-    ``cumsum``. g is ``[T, H, K]`` (tokens flattened), any float dtype, read as is."""
+                lower_bound: float | None, chunks: Chunks, cumsum: bool = True,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[T, H, K]`` in ``dtype``: the gate of g (``A_log`` given) or g itself, cumulated per chunk when
+    ``cumsum`` (in ``dtype``: fp64 for fp32 inputs, ``chunk.tiles.cumulative_gate_dtype``). g is
+    ``[T, H, K]`` (tokens flattened), any float dtype, read as is."""
     total, H, K = g.shape
-    out = torch.empty(total, H, K, device=g.device, dtype=torch.float32)
+    out = torch.empty(total, H, K, device=g.device, dtype=dtype)
     if chunks.num_chunks and H:
         bk = min(padded(K), 64)
         use_gate = A_log is not None

@@ -178,7 +178,7 @@ def rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride
         jr = start + r
         y_r = take_rows(y, y_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
         G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
-        ye = y_r * tl.exp(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
+        ye = y_r * decay(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
         m1 = tl.load(L_ptr + i * mstride + jr, mask=i < n, other=0.0)  # M1[i, jr]
         m2 = tl.load(P_ptr + i * mstride + jr, mask=i < n, other=0.0)
         R1 += m1[:, None] * ye
@@ -231,10 +231,10 @@ def colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, p
         x1_r = take_rows(x1, x1_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
         x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
         G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
-        decay = tl.exp(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
+        e = decay(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
         live = ir < n
         m1 = tl.load(L_ptr + ir * mstride + i, mask=live, other=0.0)  # dL[ir, i]
         m1 *= tl.load(beta_ptr + ir * bstride, mask=live, other=0.0).to(tl.float32)
         m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
-        Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * decay
+        Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * e
     return Q
