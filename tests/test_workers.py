@@ -156,3 +156,32 @@ def test_a_lost_context_names_the_kernel_whose_launch_raised(monkeypatch):
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
     assert workers.crash_site(wrapped) == f" in {name}"
     assert workers.failed_launch(RuntimeError("no launch")) is None
+
+
+def test_n_auto_on_a_gpu_takes_refcheck_count_before_xdist(monkeypatch):
+    """``-n auto --device cuda`` gives refcheck's worker count (at most ``MAX_GPU_JOBS`` a GPU), not
+    xdist's core count: refcheck's hook answers first although xdist registers its own after a plugin
+    given with ``-p`` (an H100 law run got 16 workers and ran out of GPU memory)."""
+    import pluggy
+    import torch
+    import xdist.newhooks
+    import xdist.plugin
+
+    from refcheck.commands import pytest_plugin
+    from refcheck.runtime import workers
+
+    manager = pluggy.PluginManager("pytest")
+    manager.add_hookspecs(xdist.newhooks)
+    manager.register(pytest_plugin)     # as ``-p refcheck.commands.pytest_plugin`` does, first
+    manager.register(xdist.plugin)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(workers, "cores", lambda: 4 * workers.MAX_GPU_JOBS)
+
+    class Config:
+        option = type("Option", (), {"numprocesses": "auto"})()
+
+        @staticmethod
+        def getoption(name, default=None):
+            return "cuda" if name == "--device" else default
+    assert manager.hook.pytest_xdist_auto_num_workers(config=Config()) == workers.MAX_GPU_JOBS

@@ -113,10 +113,11 @@ def activate(config) -> RefcheckConfig:
         # workers share the cores for the float64 references, and go round the host's GPUs.
         import torch
 
-        from ..runtime.workers import pin_gpu, threads_per_process
-        torch.set_num_threads(threads_per_process(selection.device, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+        from ..runtime.workers import share_gpu, threads_per_process
+        jobs = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        torch.set_num_threads(threads_per_process(selection.device, jobs))
         if selection.device != "cpu":
-            pin_gpu(xdist_worker_index(os.environ["PYTEST_XDIST_WORKER"]))
+            share_gpu(xdist_worker_index(os.environ["PYTEST_XDIST_WORKER"]), jobs)
     elif selection.device == "cpu":
         import torch
         torch.set_num_threads(1)
@@ -138,11 +139,13 @@ def xdist_worker_index(worker_id: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` on a GPU: as many workers as ``refcheck.runtime.workers.default_jobs`` gives (at most 8
-    a GPU: they share its memory and time-slice its engine; each worker on one GPU, ``activate``);
-    None elsewhere (xdist's own count)."""
+    a GPU: they share its memory and time-slice its engine; each worker on one GPU with its share of the
+    memory, ``share_gpu``); None elsewhere (xdist's own count). ``tryfirst``: xdist's own implementation,
+    registered after a plugin given with ``-p``, answered first before (the core count: 16 workers on an
+    H100, whose 80 GB they exhausted, FLA's laws failing with out of memory)."""
     device = config.getoption("--device", None)
     if device == "cpu":
         return None

@@ -106,10 +106,17 @@ def _init_worker(device: str, jobs: int = 1, slot: int = 0) -> None:
     configure_backend(device)
     torch.set_num_threads(threads_per_process(device, jobs))
     if torch.device(device).type == "cuda":
-        pin_gpu(slot)
-        sharing = -(-jobs // gpu_count())           # the workers on this GPU
-        if sharing > 1:
-            torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / sharing)
+        share_gpu(slot, jobs)
+
+
+def share_gpu(slot: int, jobs: int) -> None:
+    """Worker ``slot`` of ``jobs`` on a GPU host: its own GPU (``pin_gpu``) and its share of that GPU's
+    memory (``GPU_MEMORY_SHARE``)."""
+    import torch
+    pin_gpu(slot)
+    sharing = -(-jobs // gpu_count())           # the workers on this GPU
+    if sharing > 1:
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_SHARE / sharing)
 
 
 CONTEXT_LOST = 70
