@@ -55,3 +55,16 @@ def test_a_wrong_gradient_where_it_vanishes_fails(op, name, options):
 def test_no_allowance_where_the_gradient_does_not_vanish(op, name, options):
     m = measured(case(op, 40, options), name, lambda natural: 0.0)
     assert m.cancellation == 0 and m.natural_scale > 0
+
+
+def test_precision_modes_allow_the_residue_where_the_gradient_vanishes():
+    """Law 8 orders the modes' errors up to the same residue: our KDA kernel's dg at T = 1 without a
+    state (truth 0) is 3.0e-6 under ieee and exactly 0 under tf32x3 (a fuzz run's counterexample), the
+    rounding of ``q * dq - k * dk``, not a mode ignored."""
+    from refcheck.engine.reproduce import law
+    law("precision_modes", "triton", Case.make(
+        "kda", {"B": 1, "H": 1, "K": 1, "T": 1, "V": 16}, "fp32", 0,
+        options={"lower_bound": None, "output_final_state": False, "safe_gate": False, "scale": None,
+                 "use_gate_in_kernel": False, "use_qk_l2norm": False},
+        draw={"gate_dtype": "fp32", "initial_state": False, "mask_p": 0.0, "normalizer": 1.0, "spike_p": 0.0}),
+        mode="ieee", knobs={"use_gather": True, "disable_recompute": False})
