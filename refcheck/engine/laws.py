@@ -494,7 +494,8 @@ def precision_modes(t: Trial) -> None:
     if not any(bool((torch.isfinite(x) & (x != 0)).any()) for x in truth.values()):
         t.vacuous("its float64 truth has no finite nonzero value, so no precision mode rounds anything")
         return
-    errors, residue = {}, {}
+    errors: dict[str, dict[str, float]] = {}
+    residue: dict[str, float] = {}
     for mode in ("ieee", "tf32x3", "tf32"):
         with t.running():
             verdict = verify.verify(t.impl, t.case, mode=mode, device=t.device, grads=t.grads, **t.knobs)
