@@ -44,7 +44,6 @@ def cumulative_gate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float32 else torch.float32
 
 
-
 @triton.jit
 def row_offsets(rows, h, H, D, T=1, HEAD_FIRST: tl.constexpr = False):
     """int64 offset of ``x[row, h, 0]`` for every row of ``rows`` (see the module docstring)."""
