@@ -400,11 +400,11 @@ def profile_data(name):
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
-    keys = prepare_keys(k, flat["v"], G, flat["beta"], T, ch, "tf32", q=q)
-    _, hs, U = chunk_fwd.recurrence(keys, G, None, ch, "tf32", final=False)
+    keys = prepare_keys(k, G, ch, "tf32", q=q)
+    _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
     do = torch.randn_like(flat["v"])
-    dh, dU, _ = chunk_bwd.dstate(keys, G, P, do, None, ch, scale, "tf32", False)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dU=dU, scale=scale,
+    dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
                 hs_out=hs.to(state_dtype(flat["v"].dtype)))
 
 
@@ -419,22 +419,22 @@ def profile_stage(d, stage, cfg, safe, gather):
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
-        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], f["v"], d["G"], f["beta"], d["T"], ch, "tf32"), d["G"],
+        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
                                             None, ch, "tf32", final=not keep,
                                             hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
         return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage == "dstate":
-        return lambda: chunk_bwd.dstate(d["keys"], d["G"], d["P"], d["do"], None, ch, sc, "tf32", False, cfg)
+        return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
+                                        False, cfg)
     if stage == "grads":
-        # grads overwrites dU with dY = T^T dU at every call: the values drift, the work does not
-        return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["T"], d["hs"], d["dh"],
-                                       d["U"], d["dU"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",
+        return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
+                                       d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",
                                        f["q"].dtype, f["k"].dtype, cfg)
     if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
         q = d["q"] if stage == "prepare_with_q" else None
-        return lambda: prepare_keys(d["k"], f["v"], d["G"], f["beta"], d["T"], ch, "tf32", q=q)
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])

@@ -148,12 +148,12 @@ def update_block(S, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, kb, KB
 
 
 @triton.jit
-def dupdate_block(dS, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows, rmask, last, h, H, K, scale, kb,
+def dupdate_block(dS, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, kb,
                   KB: tl.constexpr, NKB, PREC: tl.constexpr):
-    """Backward (KDA), block kb: ``dS_b <- e^{G_last} dS_b + scale Qg_b^T dO - W_b^T dU``."""
+    """Backward (KDA), block kb: ``dS_b <- e^{G_last} dS_b + scale Qg_b^T dO - Kg_b^T (beta dY)``."""
     dS = block_gamma(G_ptr, last, h, H, K, kb, KB)[:, None] * dS
     dS += cols_dot(scale * do, qg_ptr, sq_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
-    return dS - cols_dot(dU, w_ptr, sw_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
+    return dS - cols_dot(bdY, kg_ptr, sg_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
 
 
 # --------------------------------------------------------------------------------- all the blocks
@@ -190,17 +190,17 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 
 @triton.jit
-def read_blocks(S0, S1, S2, S3, U, w_ptr, sw_ptr, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
+def read_blocks(S0, S1, S2, S3, Z, kg_ptr, sg_ptr, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
                 PREC: tl.constexpr):
-    """Forward (KDA): ``U0 - W S`` for ``U = U0`` (``rows_dot`` of every block)."""
-    U -= rows_dot(S0, w_ptr, sw_ptr, rows, rmask, h, H, K, 0, KB, NKB, PREC)
+    """Forward (KDA): ``Z - Kg S`` (``rows_dot`` of every block)."""
+    Z -= rows_dot(S0, kg_ptr, sg_ptr, rows, rmask, h, H, K, 0, KB, NKB, PREC)
     if NKB > 1:
-        U -= rows_dot(S1, w_ptr, sw_ptr, rows, rmask, h, H, K, 1, KB, NKB, PREC)
+        Z -= rows_dot(S1, kg_ptr, sg_ptr, rows, rmask, h, H, K, 1, KB, NKB, PREC)
     if NKB > 2:
-        U -= rows_dot(S2, w_ptr, sw_ptr, rows, rmask, h, H, K, 2, KB, NKB, PREC)
+        Z -= rows_dot(S2, kg_ptr, sg_ptr, rows, rmask, h, H, K, 2, KB, NKB, PREC)
     if NKB > 3:
-        U -= rows_dot(S3, w_ptr, sw_ptr, rows, rmask, h, H, K, 3, KB, NKB, PREC)
-    return U
+        Z -= rows_dot(S3, kg_ptr, sg_ptr, rows, rmask, h, H, K, 3, KB, NKB, PREC)
+    return Z
 
 
 @triton.jit
@@ -251,20 +251,20 @@ def dread_blocks(dS0, dS1, dS2, dS3, dU, kd_ptr, sd_ptr, rows, rmask, h, H, K, K
 
 
 @triton.jit
-def dupdate_blocks(dS0, dS1, dS2, dS3, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows, rmask, last, h, H, K,
+def dupdate_blocks(dS0, dS1, dS2, dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K,
                    scale, KB: tl.constexpr, NKB: tl.constexpr, PREC: tl.constexpr):
-    """Backward (KDA): ``dS <- Diag(gamma) dS + scale Qg^T dO - W^T dU`` (``dupdate_block`` of every
+    """Backward (KDA): ``dS <- Diag(gamma) dS + scale Qg^T dO - Kg^T Diag(beta) dY`` (``dupdate_block`` of every
     block)."""
-    dS0 = dupdate_block(dS0, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 0, KB,
+    dS0 = dupdate_block(dS0, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 0, KB,
                         NKB, PREC)
     if NKB > 1:
-        dS1 = dupdate_block(dS1, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 1,
+        dS1 = dupdate_block(dS1, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 1,
                             KB, NKB, PREC)
     if NKB > 2:
-        dS2 = dupdate_block(dS2, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 2,
+        dS2 = dupdate_block(dS2, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 2,
                             KB, NKB, PREC)
     if NKB > 3:
-        dS3 = dupdate_block(dS3, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 3,
+        dS3 = dupdate_block(dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 3,
                             KB, NKB, PREC)
     return dS0, dS1, dS2, dS3
 

@@ -115,7 +115,7 @@ class KdaFunction(torch.autograd.Function):
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
-        ht, hs, U = recurrence(prepare_keys(kn, v, G, beta, Tm, cfg.chunks, cfg.precision), G, h0, cfg.chunks,
+        ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                cfg.precision, final=cfg.final,
                                hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype))
         o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
@@ -131,15 +131,15 @@ class KdaFunction(torch.autograd.Function):
         q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept = ctx.saved_tensors
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
-        keys = prepare_keys(kn, v, G, beta, Tm, cfg.chunks, cfg.precision, q=qn)
+        keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
         if cfg.keep:
             hs, U = kept
         else:
-            _, hs, U = recurrence(keys, G, h0, cfg.chunks, cfg.precision, final=False)
-        dh, dU, dh0 = dstate(keys, G, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
+            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
+        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
                              cfg.scale, cfg.precision, want_dh0=h0 is not None)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
-            qn, kn, v, g, G, beta, Tm, hs, dh, U, dU, do, A_log if cfg.use_gate else None, dt_bias,
+            qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
             cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather,
             cfg.precision, torch.float32 if cfg.l2norm else q.dtype, torch.float32 if cfg.l2norm else k.dtype)
         if cfg.l2norm:

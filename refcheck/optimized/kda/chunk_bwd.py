@@ -4,16 +4,15 @@ Forward per chunk (see ``chunk_fwd``): ``Z = V - Kg S0``, ``U = T Diag(beta) Z``
 ``S1 = Diag(gamma) S0 + Kd^T U``, with ``T = (I + Diag(beta) A)^{-1}``. Given ``dO`` and ``dS1``:
 
     dU  = P^T dO + Kd dS1                 dY = T^T dU   (gradient of Y = Diag(beta) Z)
-    dS0 = Diag(gamma) dS1 + Qg^T dO - Kg^T Diag(beta) dY = Diag(gamma) dS1 + Qg^T dO - W^T dU
+    dS0 = Diag(gamma) dS1 + Qg^T dO - Kg^T Diag(beta) dY
 
-with ``W = T Diag(beta) Kg`` (``chunk.prepared``). ``dstate`` runs this backwards over the chunks of each
-sequence (one program per value block, sequence and head), storing ``dS1`` of every chunk
-(``dh [NC, H, K, V]``) and ``dU`` (``[T, H, V]``): a step is two dependent dots, ``Kd dS1`` and ``W^T dU``.
+``dstate`` runs this backwards over the chunks of each sequence (one program per value block,
+sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``).
 ``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``: first the value
-side (``grads_v``: ``dY = T^T dU`` in place of dU, dv, and dL, dP stored for the key side), then the key
-side, one program per channel block, in three kernels that pass fp32 partials of dq, dk and dG along
-(``grads_state``: the terms of the chunk states; ``grads_row``: the row form, completing dq;
-``grads_col``: the column form, completing dk and dg). Fused into one kernel they do not fit in registers: it took 8.1 ms at
+side (``grads_v``: dv, and dL, dP stored for the key side), then the key side, one program per
+channel block, in three kernels that pass fp32 partials of dq, dk and dG along (``grads_state``:
+the terms of the chunk states; ``grads_row``: the row form, completing dq; ``grads_col``: the column
+form, completing dk and dg). Fused into one kernel they do not fit in registers: it took 8.1 ms at
 B=8, T=4096, H=16, K=V=128 on an H200 where the parts took 1.2, 1.9 and 1.9 ms alone (two kernels,
 state + row fused: 5.3 + 2.8 ms; three: 1.9 + 2.9 + 2.8 ms).
 
@@ -43,11 +42,12 @@ from .subchunk import chunk_colform, chunk_rowform, diag_precision
 
 
 @triton.jit
-def dstate_kernel(qg_ptr, sq_ptr, w_ptr, sw_ptr, kd_ptr, sd_ptr, G_ptr, P_ptr, do_ptr, dht_ptr, dh_ptr, du_ptr,
-                  dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                  BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, PREC: tl.constexpr):
-    """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks, and dU of
-    every chunk; ``Qg``, ``W``, ``Kd`` prepared (``chunk.prepared``)."""
+def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr,
+                  dh_ptr, dy_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr,
+                  NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+                  PREC: tl.constexpr):
+    """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; ``Qg``,
+    ``Kg``, ``Kd`` prepared (``chunk.prepared``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     cc = tl.arange(0, C)
     dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT)
@@ -60,19 +60,21 @@ def dstate_kernel(qg_ptr, sq_ptr, w_ptr, sw_ptr, kd_ptr, sd_ptr, G_ptr, P_ptr, d
         P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
         dU = dread_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd_ptr, rows,
                           rmask, h, H, K, KB, NKB, PREC)
-        store_tile(du_ptr, dU, rows, rmask, h, H, V, vv, vmask)
-        dS0, dS1, dS2, dS3 = dupdate_blocks(dS0, dS1, dS2, dS3, do, dU, qg_ptr, sq_ptr, w_ptr, sw_ptr, G_ptr, rows,
+        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
+        dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
+        store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
+        bdY = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * dY
+        dS0, dS1, dS2, dS3 = dupdate_blocks(dS0, dS1, dS2, dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows,
                                             rmask, last, h, H, K, scale, KB, NKB, PREC)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask)
 
 
 @triton.jit
-def grads_v_kernel(v_ptr, beta_ptr, T_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr, cu_ptr, seq_ptr,
+def grads_v_kernel(v_ptr, beta_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr, cu_ptr, seq_ptr,
                    start_ptr, H, V, C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
-    """One chunk and head, the value side: ``dY = T^T dU`` (over dU at ``dy_ptr``, for the key side), dv,
-    ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)`` (both stored, fp32 ``[T, H, C]``) and dbeta's
-    value part ``sum_v V dY``."""
+    """One chunk and head, the value side: dv, ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)``
+    (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -82,7 +84,6 @@ def grads_v_kernel(v_ptr, beta_ptr, T_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr
     rows = t0 + i
     rmask = i < n
     beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-    Tt = tl.trans(load_tile(T_ptr, rows, rmask, h, H, C, i, i < C))
     cv = tl.arange(0, BV)
     dP = tl.zeros((C, C), tl.float32)
     dYU = tl.zeros((C, C), tl.float32)
@@ -90,8 +91,7 @@ def grads_v_kernel(v_ptr, beta_ptr, T_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
         U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-        dY = tl.dot(Tt, load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask), input_precision=PREC)
-        store_tile(dy_ptr + v0, dY, rows, rmask, h, H, V, cv, vmask)
+        dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         dP += tl.dot(do, tl.trans(U), input_precision=PREC)
@@ -223,30 +223,30 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
         store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
 
 
-def dstate(keys: PreparedKeys, G, P, do, dht, chunks: Chunks, scale: float, precision: str, want_dh0: bool,
-           config: dict | None = None):
-    """``(dh [NC, H, K, V], dU [T, H, V], dh0 [N, H, K, V] or None)``, fp32, on the operands ``prepare_keys``
-    formed with q. ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
-    total, H, K = keys.w.shape
+def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
+           want_dh0: bool, config: dict | None = None):
+    """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``, fp32, on the operands
+    ``prepare_keys`` formed from k, q and G. ``config`` overrides the launch (``BV``, ``num_warps``,
+    ``num_stages``)."""
+    total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
     dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
-    dU = torch.empty(total, H, V, device=dev, dtype=f32)
+    dY = torch.empty(total, H, V, device=dev, dtype=f32)
     dh0 = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=f32) if want_dh0 else None
     launch_serial(dstate_kernel,
-                  (keys.qg, keys.sq, keys.w, keys.sw, keys.kd, keys.sd, G, P, do,
-                   dht if dht is not None else dh, dh, dU, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets, scale,
+                  (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
+                   dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets, scale,
                    H, K, V),
                   dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision), chunks, H, K, V,
                   config)
-    return dh, dU, dh0
+    return dh, dY, dh0
 
 
-def grads(q, k, v, g, G, beta, T, hs, dh, U, dU, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,
+def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,
           safe: bool, use_gather: bool, precision: str, dq_dtype, dk_dtype, config: dict | None = None):
-    """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``; dU (``dstate``)
-    is overwritten by dY.
+    """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``.
 
     dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
     raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
@@ -274,13 +274,13 @@ def grads(q, k, v, g, G, beta, T, hs, dh, U, dU, do, A_log, dt_bias, lower_bound
     da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
     if NC and H:
-        launch(grads_v_kernel, (NC, H), (v, beta, T, U, dU, do, dv, dL, dP, dbeta, chunks.cu, chunks.seq, chunks.start,
+        launch(grads_v_kernel, (NC, H), (v, beta, U, dY, do, dv, dL, dP, dbeta, chunks.cu, chunks.seq, chunks.start,
                                          H, V), dict(C=C, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)]
         launch(grads_state_kernel, (NC, H, nkb),
-               (q, k, G, beta, hs, dh, U, dU, do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V,
+               (q, k, G, beta, hs, dh, U, dY, do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V,
                 total), dict(C=C, PREC=precision), ladder)
         no_bv = [{n: v for n, v in step.items() if n != "BV"} for step in ladder]
         launch(grads_row_kernel, (NC, H, nkb),

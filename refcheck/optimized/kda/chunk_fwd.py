@@ -11,12 +11,19 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     S1 = Diag(gamma) S0 + Kd^T U
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
-row of the chunk matrix), by sub-chunk blocks (``blocks``); ``chunk.prepared`` forms ``W = T Diag(beta) Kg``,
-``U0 = T Diag(beta) V`` and ``Kd`` in parallel, so that ``U = U0 - W S0``; ``recurrence`` walks the chunks
-of each sequence in order, one program per (value block, sequence, head), keeping S in registers, and
-writes the entry state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then
-follows from them in parallel (``chunk.output``, GLA's output with U for v). The serial pass carries only
-what is serial: a step is two dependent dots, ``W S0`` and ``Kd^T U``.
+row of the chunk matrix), by sub-chunk blocks (``blocks``); ``recurrence`` walks the chunks of each
+sequence in order, one program per (value block, sequence, head), keeping S in registers, and writes the
+entry state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from
+them in parallel (``chunk.output``, GLA's output with U for v). The serial pass carries only what is
+serial: with O in it, each of its programs did the output's two dots too, and a long single sequence has
+few programs.
+
+Measured and not kept (H200, bf16, B=8, T=4096, H=16, K=V=128): forming ``W = T Diag(beta) Kg`` and
+``U0 = T Diag(beta) V`` in parallel so that the serial step is ``U = U0 - W S0``, two dots where it has
+three. The serial pass gains 0.19 ms (0.93 -> 0.74; 4.05 -> 3.22 at B=1, T=32768), but the products cost
+0.72 ms in their own kernel (two fp32 ``[T, H, 128]`` arrays written, four block rows read per block row)
+and 0.76 fused into ``intra``: a net loss of 0.57 ms at B=8, and a gain of 0.08 ms at B=1, too small for a
+second path.
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, load_tile, store_tile
+from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .blocks import NB, block_beta, pair_blocks, solve, store_lower
 from .subchunk import diag_precision
@@ -62,19 +69,22 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
 
 
 @triton.jit
-def recurrence_kernel(w_ptr, sw_ptr, kd_ptr, sd_ptr, u0_ptr, G_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr, cu_ptr, off_ptr, H,
-                      K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
+def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr,
+                      cu_ptr, off_ptr, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (in hs's dtype) and ``U = U0 - W S0`` of every chunk (fp32). W, Kd and U0 prepared
-    (``chunk.prepared``)."""
+    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32). ``Kg``, ``Kd`` prepared (``chunk.prepared``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
-        U = read_blocks(S0, S1, S2, S3, load_tile(u0_ptr, rows, rmask, h, H, V, vv, vmask), w_ptr, sw_ptr, rows, rmask,
+        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, sg_ptr, rows, rmask,
                         h, H, K, KB, NKB, PREC)
+        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
+        U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB, NKB,
                                        PREC)
@@ -106,19 +116,20 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     return T, P
 
 
-def recurrence(keys: PreparedKeys, G, initial_state, chunks: Chunks, precision: str, *, final: bool,
+def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, config: dict | None = None):
-    """Walk the chunks, on the operands ``prepare_keys`` formed. Returns ``(final state, h, U)``: the fp32
-    final state ``[N, H, K, V]`` (None unless ``final``), the entry states h ``[NC, H, K, V]`` in ``hs_dtype``
-    and U ``[T, H, V]`` fp32. ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
-    total, H, K = keys.w.shape
-    V = keys.u0.shape[-1]
-    dev = keys.u0.device
+    """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
+    U)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
+    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32. ``config`` overrides the launch (``BV``,
+    ``num_warps``, ``num_stages``)."""
+    total, H, K = keys.kg.shape
+    V = v.shape[-1]
+    dev = v.device
     ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
     U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
     launch_serial(recurrence_kernel,
-                  (keys.w, keys.sw, keys.kd, keys.sd, keys.u0, G,
+                  (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T,
                    initial_state if initial_state is not None else hs, ht if final else hs, hs, U, chunks.cu,
                    chunks.offsets, H, K, V),
                   dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V,
