@@ -17,7 +17,8 @@ With ``G`` the chunk-local cumulative log-decay (non-increasing along the rows: 
 * on the diagonal (d = 0), as ``subchunk`` sums the ``[C, C]`` forms (its docstring has the bounds): by
   dots against each block's middle row where the decay inside the blocks allows it (the ``SAFE`` path
   always, the general path where ``max |G - G_m| <= DIAG_SPAN`` over the chunk's channel block), else
-  exactly, one column per step.
+  by levels inside the sub-chunk (``diag_levels``: 8, 4, 2, 1 rows, each against a reference row that
+  keeps both factors in (0, 1], as below the diagonal), for any decay.
 
 The inverse ``T = (I + L)^{-1}``, ``L = Diag(beta) A``: the diagonal blocks by exact doubling inside
 each 16 x 16 slice (at ``DPREC``), then block forward substitution, one block diagonal at a time (at
@@ -101,19 +102,27 @@ def diag_dots(A, P, k, q, G, G_m, BC: tl.constexpr, DPREC: tl.constexpr):
 
 
 @triton.jit
-def diag_exact(A, P, k, q, G, k_ptr, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.constexpr):
-    """Add one channel block to the diagonal blocks exactly: step r sums the pairs (i, r) of every block
-    for every row i at once, ``e^{G_i - G_r}`` formed as one exponential."""
-    i = tl.arange(0, BC)[None, :, None]
-    j = tl.arange(0, BC)[None, None, :]
-    for r in range(BC):
-        c, valid, clamped = shifted_rows(t0, n, 0, r, 1, BC)
-        k_r = load_rows(k_ptr, t0, c, valid, h, H, K, cols, cmask).to(tl.float32)
-        G_r = load_rows(G_ptr, t0, clamped, clamped >= 0, h, H, K, cols, cmask)
-        ke = k_r * decay(tl.where(i >= r, G - G_r, float("-inf")))
-        A += tl.where((j == r) & (i > r), tl.sum(k * ke, axis=2)[:, :, None], 0.0)
-        P += tl.where(j == r, tl.sum(q * ke, axis=2)[:, :, None], 0.0)
-    return A, P
+def diag_levels(A, P, k, q, G, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.constexpr, DPREC: tl.constexpr):
+    """Add one channel block to the diagonal blocks for any decay, by levels inside the sub-chunks: level S
+    (8, 4, 2, 1) takes the pairs with i in an odd S-block and j in the S-block just before it, against
+    the first row r of i's S-block, ``e^{G_i - G_r} e^{G_r - G_j}`` with both factors in (0, 1]; every
+    pair j < i of a sub-chunk is in one level. One exponential per row serves both sides (``e^{G_i - G_r}``
+    on odd-block rows, ``e^{G_r - G_j}`` on even-block rows, r their common reference row). Then the
+    diagonal of P, ``q_i . k_i``."""
+    i = tl.arange(0, BC)
+    b = tl.arange(0, NB)[:, None, None]
+    for lvl in tl.static_range(4):
+        blk = i // (8 >> lvl)
+        odd = (blk % 2) == 1
+        ref = tl.where(odd, blk, blk + 1) * (8 >> lvl)
+        rows = tl.minimum(b * BC + ref[None, :, None], n - 1)
+        G_ref = load_rows(G_ptr, t0, rows, rows >= 0, h, H, K, cols, cmask)
+        e = decay(tl.where(odd[None, :, None], G - G_ref, G_ref - G))
+        right = trans3(k * e)
+        pairs = level_pairs(8 >> lvl, BC)[None]
+        A += tl.where(pairs, tl.dot(k * e, right, input_precision=DPREC), 0.0)
+        P += tl.where(pairs, tl.dot(q * e, right, input_precision=DPREC), 0.0)
+    return A, P + tl.where((i[:, None] == i[None, :])[None], tl.sum(q * k, axis=2)[:, :, None], 0.0)
 
 
 @triton.jit
@@ -142,7 +151,7 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
             if tl.max(tl.abs(G - G_m)) <= DIAG_SPAN:
                 A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
             else:
-                A0, P0 = diag_exact(A0, P0, k, q, G, kp, Gp, t0, n, h, H, K, ck, cmask, BC)
+                A0, P0 = diag_levels(A0, P0, k, q, G, Gp, t0, n, h, H, K, ck, cmask, BC, DPREC)
     return A0, A1, A2, A3, P0, P1, P2, P3
 
 

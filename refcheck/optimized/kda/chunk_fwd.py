@@ -100,11 +100,12 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     # 0.917 ms against one 1.183, channel blocks of 16 0.947 and of 64 1.919; safe_gate 0.845, 1.105, 0.785, 1.046
     cfg = dict(BK=min(padded(K), 16 if safe else 32), num_warps=4, num_stages=2) | (config or {})
     if not safe and torch.float32 in (q.dtype, k.dtype) and not (config and "num_stages" in config):
-        # Triton 3.6 for sm_90 mis-pipelines the exact diagonal path (``blocks.diag_exact``, a loop inside
-        # a branch of the pipelined channel loop) when q and k are fp32: A and P came out wrong by O(1)
-        # wherever a chunk's decay took that path, in tf32 and tf32x3 (an H100 law run with --bucket-seed
-        # 3997324711; the H200 run of the session before showed the same). bf16 inputs, ieee, one load
-        # stage and the interpreter were right; so was no rewrite of the loop that still pipelined it
+        # Triton 3.6 for sm_90 mis-pipelined the former exact diagonal path (a 16-step loop inside a branch
+        # of the pipelined channel loop, where ``blocks.diag_levels`` is now) when q and k are fp32: A and P
+        # came out wrong by O(1) wherever a chunk's decay took that path, in tf32 and tf32x3 (an H100 law run
+        # with --bucket-seed 3997324711; the H200 run of the session before showed the same). bf16 inputs,
+        # ieee, one load stage and the interpreter were right; so was no rewrite of the loop that still
+        # pipelined it. The levels have no loop; one stage stays until a GPU shows two right on them
         cfg["num_stages"] = 1
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
