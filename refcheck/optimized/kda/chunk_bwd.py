@@ -175,9 +175,11 @@ def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dq_
                                                                        start_ptr, H, K, C, BK)
     k0 = kb * BK
     i = tl.arange(0, C)
+    mbase = (t0.to(tl.int64) * H + h) * C
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    R_L, R_P = chunk_rowform(dL, dP, k, G, G_ptr + base, H * K, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
+    R_L, R_P = chunk_rowform(dL, dP, k, G, dL_ptr + mbase, dP_ptr + mbase, H * C, k_ptr + base, G_ptr + base,
+                             H * K, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
     dq_row = scale * R_P
     dk_row = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * R_L
     dq = load_tile(dqp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + dq_row
@@ -203,10 +205,12 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
     k0 = kb * BK
     i = tl.arange(0, C)
     beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+    mbase = (t0.to(tl.int64) * H + h) * C
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, G_ptr + base, H * K, ck, kmask, n, C, BC, SAFE,
-                       USE_GATHER, PREC, DPREC)
+    Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, dL_ptr + mbase, dP_ptr + mbase, H * C,
+                       beta_ptr + t0.to(tl.int64) * H + h, H, scale, k_ptr + base, q_ptr + base, G_ptr + base,
+                       H * K, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
     dk = load_tile(dkp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + Qc
     dgate = tl.cumsum(load_tile(dGp_ptr + k0, rows, rmask, h, H, K, ck, kmask) - k * Qc, axis=0, reverse=True)
     store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)

@@ -22,23 +22,23 @@ factor overflows. Pairs are split by where i and j sit:
     relative accuracy; the entries j > i that the mask drops are at most e^80 |X||Y|, finite in fp32
     for the unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
     ``DPREC`` (``diag_precision``).
-  - for any decay, four more levels S = 8, 4, 2, 1 inside the sub-chunks, as above (both factors in
-    (0, 1]), and the diagonal i = j (``exp(0) = 1``): four masked dots per operand where the middle
-    row takes one. They replaced an exact elementwise sum, one column of every block per step (16
-    steps), that cost the general path 2.2 ms more at B=8, T=4096 under strong decay on an H100.
-  The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the middle row: there
-  ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m), and the levels
-  are not compiled. The general path measures the span of each tile (one chunk, one channel block)
-  and takes the middle row where it is at most ``DIAG_SPAN``, the levels elsewhere: their cost is paid
-  only where the decay inside a sub-chunk is strong.
+  - an exact elementwise sum, one column r of every block per step (16 steps), for any decay.
+  The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the dots: there
+  ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m), and the exact sum
+  is not compiled. The general path measures the span of each tile (one chunk, one channel block)
+  and takes the dots where it is at most ``DIAG_SPAN``, the exact sum elsewhere: the cost of the
+  exact sum is paid only where the decay inside a sub-chunk is strong.
 
-Rows are read at other rows (the reference rows) with ``tl.gather`` on the registers (``USE_GATHER``)
-or, the fallback, by loading them again from memory (``take_rows``).
+Rows are read at other rows (the reference rows, the diagonal's column r) with ``tl.gather`` on the
+registers (``USE_GATHER``) or, the fallback, by loading them again from memory (``take_rows``).
 
 Here every sum is taken on whole ``[C, C]`` and ``[C, BK]`` tiles, the pairs a level or the diagonal does
 not own masked off. KDA's forward takes the pairs by sub-chunk blocks instead (``blocks``: no masked-off
-product is computed, and the inverse is solved block by block); the same split of the exponent and the
-same choice between the middle row and the levels apply there.
+product is computed, and the inverse is solved block by block), with the same split of the exponent;
+where a tile's span is too large there, it continues the levels inside the sub-chunks (8, 4, 2, 1 rows:
+``blocks.diag_levels``) instead of the exact sum. Here those levels did not pay: on whole ``[C, C]``
+tiles at "tf32x3" they took the backward under strong decay from 12.1 to 21.3 ms (B=8, T=4096, H100)
+and made the row and column kernels spill 936 and 1600 B a thread (224 and 408 with the exact sum).
 """
 from __future__ import annotations
 
@@ -117,8 +117,8 @@ def same_block(C: tl.constexpr, BC: tl.constexpr):
 def diag_precision(precision: str) -> str:
     """Precision of the dots inside diagonal sub-chunk blocks (``DPREC``): the SAFE path's pair sums
     and the doubling steps of ``unit_lower_inverse``. Under strong decay those blocks carry most of
-    the weight of every pair sum, so "tf32" is raised to "tf32x3" there (and in the general path's levels
-    inside the sub-chunks). Measured: it brings safe_gate's tf32 errors down to the
+    the weight of every pair sum, so "tf32" is raised to "tf32x3" there (the general path sums the
+    pairs exactly in fp32). Measured: it brings safe_gate's tf32 errors down to the
     general path's (o 1.8e-3 -> 1.1e-3, dg 4.2e-3 -> 1.1e-3, fp32 inputs, lower_bound -5)."""
     return "tf32x3" if precision == "tf32" else precision
 
@@ -130,39 +130,25 @@ def expand_band(band, C: tl.constexpr, BC: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------- row/column forms
-# The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) are in registers.
-# Level ``lvl`` is S = C/2 >> lvl: 0 and 1 (S = 32, 16) pair different sub-chunks, 2 to 5 (S = 8, 4, 2,
-# 1) the rows inside a sub-chunk, the diagonal blocks' sum for any decay.
+# The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) are both in
+# registers (for the tensor-core levels) and in memory at ``L_ptr``/``P_ptr`` (chunk row 0, row
+# stride ``mstride``), where the exact diagonal steps read their band entries.
 
 
 @triton.jit
-def diagonal(M, C: tl.constexpr):
-    """``M_ii`` of a ``[C, C]`` tile, ``[C, 1]``."""
-    i = tl.arange(0, C)
-    return tl.sum(tl.where(i[:, None] == i[None, :], M, 0.0), axis=1)[:, None]
-
-
-@triton.jit
-def rowform_levels(R1, R2, M1, M2, y, G, G_ptr, stride, cols, cmask, n, FIRST: tl.constexpr, LAST: tl.constexpr,
-                   C: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr):
-    """Levels FIRST .. LAST - 1 of the row form: ``R += e_i (M restricted to the level's pairs) (y e_j)``."""
-    for lvl in tl.static_range(FIRST, LAST):
-        odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, (C // 2) >> lvl, C, USE_GATHER)
-        valid = level_pairs((C // 2) >> lvl, C)
+def chunk_rowform(M1, M2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
+                  BC: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
+                  DPREC: tl.constexpr):
+    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for M1 = dL, M2 = dP."""
+    R1 = tl.zeros(y.shape, tl.float32)
+    R2 = tl.zeros(y.shape, tl.float32)
+    for lvl in tl.static_range(2):
+        odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, 32 >> lvl, C, USE_GATHER)
+        valid = level_pairs(32 >> lvl, C)
         right = tl.where(odd[:, None], 0.0, y * e)
         left = tl.where(odd[:, None], e, 0.0)
         R1 += left * tl.dot(tl.where(valid, M1, 0.0), right, input_precision=PREC)
         R2 += left * tl.dot(tl.where(valid, M2, 0.0), right, input_precision=PREC)
-    return R1, R2
-
-
-@triton.jit
-def chunk_rowform(M1, M2, y, G, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, SAFE: tl.constexpr,
-                  USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for M1 = dL, M2 = dP."""
-    R1 = tl.zeros(y.shape, tl.float32)
-    R2 = tl.zeros(y.shape, tl.float32)
-    R1, R2 = rowform_levels(R1, R2, M1, M2, y, G, G_ptr, stride, cols, cmask, n, 0, 2, C, USE_GATHER, PREC)
     el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     if SAFE:
         R1, R2 = rowform_diag_dots(R1, R2, M1, M2, y, el, er, C, BC, DPREC)
@@ -170,9 +156,8 @@ def chunk_rowform(M1, M2, y, G, G_ptr, stride, cols, cmask, n, C: tl.constexpr, 
         if dots:
             R1, R2 = rowform_diag_dots(R1, R2, M1, M2, y, el, er, C, BC, DPREC)
         else:
-            R1, R2 = rowform_levels(R1, R2, M1, M2, y, G, G_ptr, stride, cols, cmask, n, 2, 6, C, USE_GATHER, DPREC)
-            R1 += diagonal(M1, C) * y
-            R2 += diagonal(M2, C) * y
+            R1, R2 = rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n,
+                                        C, BC, USE_GATHER)
     return R1, R2
 
 
@@ -187,25 +172,36 @@ def rowform_diag_dots(R1, R2, M1, M2, y, el, er, C: tl.constexpr, BC: tl.constex
 
 
 @triton.jit
-def colform_levels(Q, M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, FIRST: tl.constexpr, LAST: tl.constexpr,
-                   C: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr):
-    """Levels FIRST .. LAST - 1 of the column form: ``Q += e_j (M restricted to the level's pairs)^T (x e_i)``."""
-    for lvl in tl.static_range(FIRST, LAST):
-        odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, (C // 2) >> lvl, C, USE_GATHER)
-        valid = level_pairs((C // 2) >> lvl, C)
-        acc = tl.dot(tl.trans(tl.where(valid, M1, 0.0)), tl.where(odd[:, None], x1 * e, 0.0), input_precision=PREC)
-        acc += tl.dot(tl.trans(tl.where(valid, M2, 0.0)), tl.where(odd[:, None], x2 * e, 0.0), input_precision=PREC)
-        Q += tl.where(odd[:, None], 0.0, e) * acc
-    return Q
+def rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
+                       BC: tl.constexpr, USE_GATHER: tl.constexpr):
+    """The diagonal blocks' share of the row form, exactly: column r of every block per step."""
+    i = tl.arange(0, C)
+    start = (i // BC) * BC
+    for r in range(BC):
+        jr = start + r
+        y_r = take_rows(y, y_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
+        G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
+        ye = y_r * decay(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
+        m1 = tl.load(L_ptr + i * mstride + jr, mask=i < n, other=0.0)  # M1[i, jr]
+        m2 = tl.load(P_ptr + i * mstride + jr, mask=i < n, other=0.0)
+        R1 += m1[:, None] * ye
+        R2 += m2[:, None] * ye
+    return R1, R2
 
 
 @triton.jit
-def chunk_colform(M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr,
-                  SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """``Q_jd = sum_{i >= j} (M1_ij x1_id + M2_ij x2_id) e^{G_id - G_jd}`` (the backward: M1 = Diag(beta) dL,
-    M2 = scale dP)."""
-    Q = colform_levels(tl.zeros(x1.shape, tl.float32), M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, 0, 2, C,
-                       USE_GATHER, PREC)
+def chunk_colform(M1, x1, M2, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr, G_ptr,
+                  stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, SAFE: tl.constexpr,
+                  USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """``Q_jd = sum_{i >= j} (M1_ij x1_id + M2_ij x2_id) e^{G_id - G_jd}`` for M1 = Diag(beta) dL,
+    M2 = pscale dP (beta at ``beta_ptr``, row stride ``bstride``)."""
+    Q = tl.zeros(x1.shape, tl.float32)
+    for lvl in tl.static_range(2):
+        odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, 32 >> lvl, C, USE_GATHER)
+        valid = level_pairs(32 >> lvl, C)
+        acc = tl.dot(tl.trans(tl.where(valid, M1, 0.0)), tl.where(odd[:, None], x1 * e, 0.0), input_precision=PREC)
+        acc += tl.dot(tl.trans(tl.where(valid, M2, 0.0)), tl.where(odd[:, None], x2 * e, 0.0), input_precision=PREC)
+        Q += tl.where(odd[:, None], 0.0, e) * acc
     el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     if SAFE:
         Q = colform_diag_dots(Q, M1, x1, M2, x2, el, er, C, BC, DPREC)
@@ -213,8 +209,8 @@ def chunk_colform(M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, C: tl.conste
         if dots:
             Q = colform_diag_dots(Q, M1, x1, M2, x2, el, er, C, BC, DPREC)
         else:
-            Q = colform_levels(Q, M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, 2, 6, C, USE_GATHER, DPREC)
-            Q += diagonal(M1, C) * x1 + diagonal(M2, C) * x2
+            Q = colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr,
+                                   G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
     return Q
 
 
@@ -225,3 +221,23 @@ def colform_diag_dots(Q, M1, x1, M2, x2, el, er, C: tl.constexpr, BC: tl.constex
     acc = tl.dot(tl.trans(tl.where(same, M1, 0.0)), x1 * el, input_precision=DPREC)
     acc += tl.dot(tl.trans(tl.where(same, M2, 0.0)), x2 * el, input_precision=DPREC)
     return Q + er * acc
+
+
+@triton.jit
+def colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr, G_ptr,
+                       stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, USE_GATHER: tl.constexpr):
+    """The diagonal blocks' share of the column form, exactly: row r of every block per step."""
+    i = tl.arange(0, C)
+    start = (i // BC) * BC
+    for r in range(BC):
+        ir = start + r
+        x1_r = take_rows(x1, x1_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
+        x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
+        G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
+        e = decay(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
+        live = ir < n
+        m1 = tl.load(L_ptr + ir * mstride + i, mask=live, other=0.0)  # dL[ir, i]
+        m1 *= tl.load(beta_ptr + ir * bstride, mask=live, other=0.0).to(tl.float32)
+        m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
+        Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * e
+    return Q
