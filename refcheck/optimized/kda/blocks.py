@@ -108,20 +108,20 @@ def diag_levels(A, P, k, q, G, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.conste
     the first row r of i's S-block, ``e^{G_i - G_r} e^{G_r - G_j}`` with both factors in (0, 1]; every
     pair j < i of a sub-chunk is in one level. One exponential per row serves both sides (``e^{G_i - G_r}``
     on odd-block rows, ``e^{G_r - G_j}`` on even-block rows, r their common reference row). Then the
-    diagonal of P, ``q_i . k_i``. A loop, not unrolled: unrolled, the four levels' tiles were live at once
-    and ``intra_kernel`` spilled 448 B a thread (56 B as a loop; 32 B with the former exact sum)."""
+    diagonal of P, ``q_i . k_i``. Unrolled: as a loop (inside the branch of ``pair_blocks``' pipelined
+    channel loop) Triton 3.6 for sm_90 miscompiled it for bf16 inputs too, o wrong by 0.92 on an H100
+    (``benchmarks/kda.py``), as it did the former exact sum's loop for fp32 (``chunk_fwd.intra``)."""
     i = tl.arange(0, BC)
     b = tl.arange(0, NB)[:, None, None]
-    for lvl in range(4):
-        S = 8 >> lvl
-        blk = i // S
+    for lvl in tl.static_range(4):
+        blk = i // (8 >> lvl)
         odd = (blk % 2) == 1
-        ref = tl.where(odd, blk, blk + 1) * S
+        ref = tl.where(odd, blk, blk + 1) * (8 >> lvl)
         rows = tl.minimum(b * BC + ref[None, :, None], n - 1)
         G_ref = load_rows(G_ptr, t0, rows, rows >= 0, h, H, K, cols, cmask)
         e = decay(tl.where(odd[None, :, None], G - G_ref, G_ref - G))
         right = trans3(k * e)
-        pairs = (odd[:, None] & (i[None, :] // S == blk[:, None] - 1))[None]
+        pairs = level_pairs(8 >> lvl, BC)[None]
         A += tl.where(pairs, tl.dot(k * e, right, input_precision=DPREC), 0.0)
         P += tl.where(pairs, tl.dot(q * e, right, input_precision=DPREC), 0.0)
     return A, P + tl.where((i[:, None] == i[None, :])[None], tl.sum(q * k, axis=2)[:, :, None], 0.0)
