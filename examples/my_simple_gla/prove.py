@@ -22,6 +22,7 @@ PYTEST = ["pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider",
 REFCHECK = ["refcheck"]     # the commands as the user types them, from the active environment
 rows: list[tuple[str, str, str, str]] = []   # (kernel, command, expected, got)
 problems: list[str] = []
+reproducers: list[tuple[str, str, list[str] | str]] = []   # (kernel, what, command): run at the end, two at a time
 
 
 def run(args: list[str], timeout: int = 900) -> tuple[int, str, float]:
@@ -40,7 +41,8 @@ def expect(kernel: str, what: str, code: int, want: int | str, output: str, seco
 
 
 def reproduces(kernel: str, what: str, command: list[str] | str) -> None:
-    """A printed reproducer, run on its own, fails again (and says why)."""
+    """A printed reproducer, run on its own, fails again (and says why); ``reproducers`` holds them
+    until the end."""
     args = shlex.split(command) if isinstance(command, str) else command
     code, out, seconds = run(args, timeout=600)
     failed = code != 0 and ("LawViolation" in out or "PointFailure" in out)
@@ -55,7 +57,7 @@ def printed_reproducer(kernel: str, what: str, output: str) -> None:
     if command is None:
         problems.append(f"{kernel}: {what} printed no reproducer")
     else:
-        reproduces(kernel, what, command.group(1))
+        reproducers.append((kernel, what, command.group(1)))
 
 
 def shrunk(output: str) -> str:
@@ -80,8 +82,10 @@ def usage_errors() -> None:
         (REFCHECK + ["fuzz", "simple_gla", "--impl", "mykernels:CHUNK"], 2, "fuzz, not a callable"),
         (REFCHECK + ["--version"], 0, "refcheck --version"),
     ]
-    for args, want, what in checks:
-        code, out, seconds = run(args)
+    # no kernel runs in these: each is a process importing torch on one core, two at a time
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda check: run(check[0]), checks))
+    for (_, want, what), (code, out, seconds) in zip(checks, results):
         expect("-", what, code, want, out, seconds)
     bad.unlink()
 
@@ -119,7 +123,7 @@ def fuzz(kernel: str, correct: bool) -> None:
         if not files:
             problems.append(f"{kernel}: fuzz wrote no reproducer")
         else:
-            reproduces(kernel, "fuzz file", ["python", str(files[0])])
+            reproducers.append((kernel, "fuzz file", ["python", str(files[0])]))
 
 
 def layered_budgets() -> None:
@@ -150,6 +154,9 @@ def main() -> int:
     # kernel's search stops at its first counterexample and runs alone, so that load cannot hide its bug)
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda kernel: fuzz(kernel, True), CORRECT))
+    # each reproducer is one process on one core (a single example, interpreted)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda job: reproduces(*job), reproducers))
     order = ["-", *CORRECT, *BUGS]
     rows.sort(key=lambda row: order.index(row[0]))   # stable: each kernel's checks in the order they ran
     width = max(len(r[1]) for r in rows)
