@@ -96,9 +96,10 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    # measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``): two load stages
-    # 0.917 ms against one 1.183, channel blocks of 16 0.947 and of 64 1.919; safe_gate 0.845, 1.105, 0.785, 1.046
-    cfg = dict(BK=min(padded(K), 16 if safe else 32), num_warps=4, num_stages=2) | (config or {})
+    # measured on an H100 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``, the general path
+    # with ``blocks.diag_levels``): channel blocks of 16 0.995 ms against 32 1.095 and 64 2.049, one load
+    # stage 1.334, 8 warps 1.659; safe_gate 0.775 at 16 and at 32 (``results/kda_profile_intra_levels_h100.txt``)
+    cfg = dict(BK=min(padded(K), 16), num_warps=4, num_stages=2) | (config or {})
     if not safe and torch.float32 in (q.dtype, k.dtype) and not (config and "num_stages" in config):
         # Triton 3.6 for sm_90 mis-pipelined the former exact diagonal path (a 16-step loop inside a branch
         # of the pipelined channel loop, where ``blocks.diag_levels`` is now) when q and k are fp32: A and P
