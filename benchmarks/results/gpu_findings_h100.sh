@@ -21,3 +21,9 @@ REFCHECK_BUCKET_SEED=3997324711 python -c "from refcheck.engine.reproduce import
 # ours, kda, fp32, log-decay spikes of -1000 (2026-11-26, H100): o 1.39e-5, dq 1.72e-5 against guards of 1e-5 with the fp32
 # cumulative gate (gpu_properties_kda_h100_session4_spikes.txt); the gate is fp64 for fp32 inputs now (chunk.tiles.cumulative_gate_dtype)
 REFCHECK_BUCKET_SEED=378734248 python -c "from refcheck.engine.reproduce import law; from refcheck.model.case import Case; law('state_chaining', 'triton', Case.make('kda', {'B': 1, 'H': 1, 'K': 16, 'T': 5, 'V': 16}, 'fp32', 2, options={'lower_bound': None, 'output_final_state': False, 'safe_gate': False, 'scale': None, 'use_gate_in_kernel': False, 'use_qk_l2norm': False}, draw={'gate_dtype': 'fp32', 'initial_state': False, 'mask_p': 0.2, 'normalizer': 1.0, 'spike': 1000.0, 'spike_p': 0.05}), mode='ieee', knobs={'disable_recompute': False, 'use_gather': True}, params={'split': 1}, device='cuda')"
+#
+# ours, kda, bf16, the diagonal levels of intra_kernel written as a loop (`for lvl in range(4)`) inside the span branch of the
+# pipelined channel loop (commit f1156eb; 2026-11-26, H100, Triton 3.6): o wrong by 0.92 and gradients by 0.8 to 1.7 against
+# float64 at every shape of `benchmarks/kda.py`, normal decay included; unrolled (tl.static_range, c5bf824 on) right. No
+# reproducer line: the code that shows it is not in the tree; `git checkout f1156eb && bash benchmarks/gpu_session.sh bench`
+# (its error columns) shows it.
