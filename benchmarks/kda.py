@@ -371,7 +371,7 @@ SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, n
                    dict(BV=16, num_warps=4, num_stages=2), dict(BV=16, num_warps=4, num_stages=1),
                    dict(BV=64, num_warps=4, num_stages=1), dict(BV=64, num_warps=4, num_stages=2))
 PROFILE_VARIANTS = (
-    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=16), dict(BK=64), dict(num_warps=8))
+    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]

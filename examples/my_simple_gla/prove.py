@@ -41,8 +41,8 @@ def expect(kernel: str, what: str, code: int, want: int | str, output: str, seco
 
 
 def reproduces(kernel: str, what: str, command: list[str] | str) -> None:
-    """A printed reproducer, run on its own, fails again (and says why); ``reproducers`` holds them
-    until the end."""
+    """A printed reproducer, run on its own, fails again (and says why). The checks queue theirs in
+    ``reproducers``; ``main`` runs them last."""
     args = shlex.split(command) if isinstance(command, str) else command
     code, out, seconds = run(args, timeout=600)
     failed = code != 0 and ("LawViolation" in out or "PointFailure" in out)

@@ -38,7 +38,7 @@ product is computed, and the inverse is solved block by block), with the same sp
 where a tile's span is too large there, it continues the levels inside the sub-chunks (8, 4, 2, 1 rows:
 ``blocks.diag_levels``) instead of the exact sum. Here those levels did not pay: on whole ``[C, C]``
 tiles at "tf32x3" they took the backward under strong decay from 12.1 to 21.3 ms (B=8, T=4096, H100)
-and made the row and column kernels spill 936 and 1600 B a thread (224 and 408 with the exact sum).
+and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact sum).
 """
 from __future__ import annotations
 
