@@ -9,6 +9,7 @@
 #   fp16-range  benchmarks/fp16_state_range.py: an fp16 input whose state outgrows fp16 (ours and FLA's gla, simple_gla)
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
+#   ncu         benchmarks/kda.py --ncu-step under Nsight Compute: what bounds each kernel, ours and FLA's
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
@@ -146,6 +147,14 @@ for step in "$@"; do
       timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" ${PROFILE_STAGES:+--stages $PROFILE_STAGES} \
         > "$OUT/kda_profile.log" 2>&1
       echo "profile exit $?" >> "$OUT/kda_profile.log" ;;
+    ncu)
+      # hardware counters of every kernel of one B=8 forward+backward, ours and FLA's (each kernel replayed
+      # once per counter pass; the clocks left alone, METHOD.md)
+      timeout -s INT "${NCU_S:-300}" ncu --profile-from-start off --clock-control none --csv --page raw --print-units base \
+        --metrics "$(python3 benchmarks/kda.py --ncu-metrics)" python3 benchmarks/kda.py --ncu-step \
+        > "$OUT/kda_ncu.csv" 2> "$OUT/kda_ncu.err"
+      echo "ncu exit $?" >> "$OUT/kda_ncu.err"
+      python3 benchmarks/kda.py --ncu-table "$OUT/kda_ncu.csv" --out "$OUT/kda_ncu.json" > "$OUT/kda_ncu.txt" 2>&1 ;;
     check)
       timeout -s INT "${CHECK_S:-200}" python3 benchmarks/kda.py --check --jobs "$JOBS" > "$OUT/kda_check.log" 2>&1
       echo "check exit $?" >> "$OUT/kda_check.log" ;;
@@ -197,6 +206,7 @@ for step in "$@"; do
     fp16-range) echo "== fp16 state range =="; grep -v Warn "$OUT/fp16_state_range.log" | tail -8 ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
+    ncu) echo "== kda ncu =="; cat "$OUT/kda_ncu.txt"; tail -3 "$OUT/kda_ncu.err" ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
     attention-bench) echo "== attention benchmark =="; tail -30 "$OUT/attention_bench.log" ;;
     attention-sweep) echo "== attention launch settings =="; grep -E "^==|^  |compiled|exit" "$OUT/attention_sweep.log" \

@@ -4,6 +4,10 @@
                                                 then the CUDA time of each kernel (torch.profiler), ours and FLA's
     python benchmarks/kda.py --check --jobs 8   correctness against float64 over a set of configurations
     python benchmarks/kda.py --profile --jobs 8 time each kernel stage under several launch configurations
+    python benchmarks/kda.py --ncu-step         under Nsight Compute (``gpu_session.sh ncu`` gives the command):
+                                                one B=8 forward+backward, ours and FLA's; then
+    python benchmarks/kda.py --ncu-table k.csv  what bounds each kernel (hardware counters: DRAM and SM
+                                                throughput, tensor pipe, occupancy, top stall reasons)
 
 Timing: ``triton.testing.do_bench`` medians (L2 flushed between runs), forward under ``no_grad`` and
 forward+backward through ``torch.autograd.grad`` (no gradient accumulation), for ``optimized.kda``
@@ -284,6 +288,86 @@ def kernel_times(fla, shape="B8_T4096"):
     return bench_util.kernel_times(steps)
 
 
+# ---------------------------------------------------------------------------- hardware counters (ncu)
+
+NCU_METRICS = {
+    "ms": "gpu__time_duration.sum",
+    "dram%": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram MB": "dram__bytes.sum",
+    "sm%": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "tensor%": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "issue%": "sm__inst_issued.avg.pct_of_peak_sustained_elapsed",
+    "occ%": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "regs": "launch__registers_per_thread",
+    "grid": "launch__grid_size",
+    "local MB": "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
+}
+STALLS = ("long_scoreboard", "barrier", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle",
+          "lg_throttle", "not_selected", "membar", "dispatch_stall", "no_instruction", "branch_resolving",
+          "drain", "imc_miss", "sleeping", "tex_throttle", "misc", "selected")
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def ncu_metrics() -> str:
+    return ",".join([*NCU_METRICS.values(), *(STALL_METRIC.format(s) for s in STALLS)])
+
+
+def ncu_step(shape="B8_T4096"):
+    """One forward+backward of ours and of FLA (safe_gate off) between cudaProfilerStart/Stop, after an
+    untimed one of each that compiles and autotunes: what ``ncu --profile-from-start off`` measures."""
+    x, cu = shape_inputs(shape)
+    fla, why = fla_impl()
+    runs = [("ours", optimized.kda)] + ([("fla", fla)] if fla is not None else [])
+    for _, impl in runs * 2:
+        leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+        o, _ = call(impl, leaves, cu, False)
+        torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+    torch.cuda.synchronize()
+    for name, impl in runs:
+        leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+        torch.cuda.nvtx.range_push(name)
+        torch.cuda.cudart().cudaProfilerStart()
+        o, _ = call(impl, leaves, cu, False)
+        torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+        torch.cuda.nvtx.range_pop()
+    if why:
+        print(why, file=sys.stderr)
+
+
+def ncu_table(path, out=None):
+    """The table of an ``ncu --csv --page raw`` file of ``ncu_step``: per kernel (in launch order) the
+    ``NCU_METRICS`` and the three largest stall reasons (warps stalled per issued instruction)."""
+    import csv
+    with open(path) as fh:
+        lines = fh.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    rows = list(csv.DictReader(lines[start:]))[1:]  # the row after the header gives the units
+    scale = {"ms": 1e-6, "dram MB": 1e-6, "local MB": 1e-6}
+    table = []
+    for r in rows:
+        def num(metric):
+            v = r.get(metric, "").replace(",", "")
+            try:
+                return float(v)
+            except ValueError:
+                return float("nan")
+        entry = {"kernel": r["Kernel Name"][:48]}
+        entry |= {k: num(m) * scale.get(k, 1.0) for k, m in NCU_METRICS.items()}
+        stalls = sorted(((num(STALL_METRIC.format(s)), s) for s in STALLS), reverse=True)
+        entry["stalls"] = {s: round(v, 2) for v, s in stalls[:3]}
+        table.append(entry)
+    cols = list(NCU_METRICS)
+    print(f"{'kernel':48} " + " ".join(f"{c:>8}" for c in cols) + "  top stalls (warps per issue)")
+    for e in table:
+        print(f"{e['kernel']:48} " + " ".join(f"{e[c]:8.3f}" if c in ("ms",) else f"{e[c]:8.1f}" for c in cols)
+              + "  " + ", ".join(f"{s} {v}" for s, v in e["stalls"].items()))
+    if out:
+        with open(out, "w") as fh:
+            json.dump(table, fh, indent=1)
+
+
 # ------------------------------------------------------------------------------------ correctness
 
 CHECKS = {
@@ -468,11 +552,20 @@ def main():
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
     ap.add_argument("--stages", nargs="*", help="--profile: only these stages (intra, recurrence, dstate, ...)")
+    ap.add_argument("--ncu-step", action="store_true", help="the profiled step of ncu (see the module docstring)")
+    ap.add_argument("--ncu-metrics", action="store_true", help="print the metrics ncu is to collect")
+    ap.add_argument("--ncu-table", help="tabulate an ncu --csv --page raw file of --ncu-step (JSON with --out)")
     ap.add_argument("--check-one", help=argparse.SUPPRESS)
     ap.add_argument("--profile-one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--warm-one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.warm_one:
+    if args.ncu_metrics:
+        print(ncu_metrics())
+    elif args.ncu_step:
+        ncu_step()
+    elif args.ncu_table:
+        ncu_table(args.ncu_table, args.out)
+    elif args.warm_one:
         warm_one(args.warm_one[0], args.warm_one[1] == "True")
     elif args.profile_one is not None:
         stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
