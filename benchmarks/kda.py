@@ -508,7 +508,8 @@ def profile_stage(d, stage, cfg, safe, gather):
                                             hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
+        return lambda: output(d["q"], d["U"].x, d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg,
+                              x_scales=d["U"].s)
     if stage == "dstate":
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, cfg)
