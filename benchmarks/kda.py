@@ -459,6 +459,7 @@ PROFILE_VARIANTS = (
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
+    + [("recurrence_fp32_u", dict(), False, False)]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES]
@@ -500,6 +501,17 @@ def profile_stage(d, stage, cfg, safe, gather):
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
+    if stage == "recurrence_fp32_u":  # the forward's pass with U stored in fp32, as under "ieee" (no column scales)
+        from unittest import mock
+
+        from refcheck.optimized.chunk import prepared
+
+        def fp32_u():  # prepare_keys inside, as the "recurrence" stage times it
+            keys = prepare_keys(d["k"], d["G"], ch, "tf32")
+            with mock.patch.object(prepared, "operand_dtype", lambda precision: torch.float32):
+                return chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=True,
+                                            hs_dtype=d["hs_out"].dtype, config=cfg)
+        return fp32_u
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it

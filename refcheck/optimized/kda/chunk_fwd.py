@@ -86,9 +86,11 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
-        store_chunk_scaled(u_ptr, us_ptr, U, c_first + it, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB, NKB,
                                        PREC)
+        # after the update, off the chain of dots from one chunk's state to the next: U's column scales take
+        # a reduction across the warps
+        store_chunk_scaled(u_ptr, us_ptr, U, c_first + it, rows, rmask, h, H, V, vv, vmask)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
