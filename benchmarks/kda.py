@@ -459,11 +459,10 @@ PROFILE_VARIANTS = (
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
-    + [("recurrence_fp32_u", dict(), False, False)]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES]
-    + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=2), dict(num_warps=8), dict(BK=16),
+    + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64))
        for safe in (False, True)]
     + [("prepare", dict(), False, False), ("prepare_with_q", dict(), False, False)]
@@ -501,17 +500,6 @@ def profile_stage(d, stage, cfg, safe, gather):
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
-    if stage == "recurrence_fp32_u":  # the forward's pass with U stored in fp32, as under "ieee" (no column scales)
-        from unittest import mock
-
-        from refcheck.optimized.chunk import prepared
-
-        def fp32_u():  # prepare_keys inside, as the "recurrence" stage times it
-            keys = prepare_keys(d["k"], d["G"], ch, "tf32")
-            with mock.patch.object(prepared, "operand_dtype", lambda precision: torch.float32):
-                return chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=True,
-                                            hs_dtype=d["hs_out"].dtype, config=cfg)
-        return fp32_u
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
@@ -520,8 +508,7 @@ def profile_stage(d, stage, cfg, safe, gather):
                                             hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U"].x, d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg,
-                              x_scales=d["U"].s)
+        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage == "dstate":
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, cfg)

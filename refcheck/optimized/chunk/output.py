@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .tiles import MIN_BLOCK, chunk_rows, decay, load_chunk_scaled, load_gate, load_gate_row, load_tile, store_tile
+from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_tile, store_tile
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -56,22 +56,18 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 
 
 @triton.jit
-def output_kernel(x_ptr, y_ptr, ys_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
+def output_kernel(x_ptr, y_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SCALED: tl.constexpr):
+                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr):
     """One chunk, head and value block, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q,
     Y = v or U, S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale
-    (x e^{G_last - G}) S`` (GLA's dv: x = k, Y = dO, S = the gradient of the chunk's exit state).
-    ``Y_SCALED``: Y stored with column scales at ``ys_ptr`` (``tiles.store_chunk_scaled``)."""
+    (x e^{G_last - G}) S`` (GLA's dv: x = k, Y = dO, S = the gradient of the chunk's exit state)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     vmask = vv < V
-    if Y_SCALED:
-        y = load_chunk_scaled(y_ptr, ys_ptr, c, rows, rmask, h, H, V, vv, vmask)
-    else:
-        y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+    y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
     P = load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)
     if REVERSE:
         P = tl.trans(P)
@@ -103,25 +99,19 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
 
 
 def chunk_products(x, y, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
-                   scalar: bool, precision: str, ladder: list[dict], reverse: bool = False,
-                   y_scales: torch.Tensor | None = None) -> torch.Tensor:
-    """``output_kernel`` over every chunk into ``out`` (like y), on the first step of ``ladder`` that fits;
-    ``y_scales``: y's column scales (``prepared.ChunkScaled``; sequence-first y only)."""
+                   scalar: bool, precision: str, ladder: list[dict], reverse: bool = False) -> torch.Tensor:
+    """``output_kernel`` over every chunk into ``out`` (like y), on the first step of ``ladder`` that fits."""
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(y.shape[-1], meta["BV"])),
-               (x, y, y if y_scales is None else y_scales, G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale,
-                H, T, x.shape[-1], y.shape[-1]),
-               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
-                    Y_SCALED=y_scales is not None), ladder)
+               (x, y, G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1], y.shape[-1]),
+               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse), ladder)
     return out
 
 
 def output(q, x, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-           precision: str, config: dict | None = None, x_scales: torch.Tensor | None = None) -> torch.Tensor:
-    """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first) in q's dtype; ``x_scales``: x's column
-    scales where x is stored scaled (KDA's U, ``prepared.ChunkScaled``); ``config`` replaces
+           precision: str, config: dict | None = None) -> torch.Tensor:
+    """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first) in q's dtype; ``config`` replaces
     ``output_ladder`` (``benchmarks/gla.py --profile``)."""
     o = torch.empty(*x.shape, device=q.device, dtype=q.dtype)
     ladder = [config] if config else output_ladder(q.shape[-1], x.shape[-1], chunks.size, hs.dtype)
-    return chunk_products(q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision, ladder,
-                          y_scales=x_scales)
+    return chunk_products(q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision, ladder)

@@ -16,13 +16,6 @@ and "tf32x3". Half the bytes of the fp32 operands, and a third of what k (16-bit
 read twice. The pass applies the row scales outside its dots:
 
     (x S)_i = s_i (X S)_i,        x^T U = X^T (Diag(s) U)
-
-The values a state pass writes for the parallel kernels (KDA's ``U [T, H, V]``) are stored the same
-way (``ChunkScaled``, ``tiles.store_chunk_scaled``), scaled by column: ``u = X Diag(s_c)`` with ``s_c [V]`` per
-chunk c a power of two (the column's largest magnitude in the chunk, to within 2^15), so that ``X s_c`` is
-exactly the fp16 rounding of u and every dot that reads it ("tf32": 11 significant bits) sees what it
-would have taken from the fp32 u. Half of U's traffic: written once, read by the output and twice by the
-backward.
 """
 from __future__ import annotations
 
@@ -70,26 +63,6 @@ def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, 
     if WITH_Q:
         store_scaled(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
                      kb, NKB, cols, cmask)
-
-
-class ChunkScaled(NamedTuple):
-    """Values ``[T, H, D]`` a state pass wrote in ``operand_dtype`` (``store_chunk_scaled``) and, where
-    that is 16-bit, their column scales (fp32 ``[NC, H, D]``; else None)."""
-
-    x: torch.Tensor
-    s: torch.Tensor | None
-
-    @staticmethod
-    def empty(total: int, H: int, D: int, chunks: Chunks, precision: str, device) -> ChunkScaled:
-        dtype = operand_dtype(precision)
-        scales = None if dtype == torch.float32 else torch.empty(chunks.num_chunks, H, D, device=device,
-                                                                  dtype=torch.float32)
-        return ChunkScaled(torch.empty(total, H, D, device=device, dtype=dtype), scales)
-
-    @property
-    def scales(self) -> torch.Tensor:
-        """The scale pointer a kernel takes (x itself, unread, where there are none)."""
-        return self.x if self.s is None else self.s
 
 
 class PreparedKeys(NamedTuple):

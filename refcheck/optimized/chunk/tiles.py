@@ -148,34 +148,3 @@ def chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     i = tl.arange(0, C)
     return t0, n, i, t0 + i, i < n, t0 + tl.minimum(i, n - 1)
-
-
-@triton.jit
-def column_scales(x):
-    """The power of two ``s [BD]`` of each column of ``x [C, BD]`` that takes its largest magnitude into
-    (2^14, 2^15] (fp16's largest finite value is 65504), 1 for a zero column."""
-    m = tl.max(tl.abs(x), axis=0)
-    e = tl.where(m > 0, tl.ceil(tl.log2(m)) - 15.0, 0.0)
-    e = tl.minimum(tl.maximum(e, -126.0), 127.0)
-    return ((e.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def store_chunk_scaled(x_ptr, s_ptr, x, c, rows, rmask, h, H, D, cols, cmask):
-    """``x [C, BD]``, rows of chunk c, into ``x_ptr[rows, h, cols]``: as it is for an fp32 array, else as
-    ``x / s`` with its ``column_scales`` s in ``s_ptr[c, h, cols]`` (dividing by a power of two is exact)."""
-    if x_ptr.dtype.element_ty == tl.float32:
-        store_tile(x_ptr, x, rows, rmask, h, H, D, cols, cmask)
-    else:
-        s = column_scales(x)
-        store_tile(x_ptr, x / s[None, :], rows, rmask, h, H, D, cols, cmask)
-        tl.store(s_ptr + (c.to(tl.int64) * H + h) * D + cols, s, mask=cmask)
-
-
-@triton.jit
-def load_chunk_scaled(x_ptr, s_ptr, c, rows, rmask, h, H, D, cols, cmask):
-    """fp32 ``x[rows, h, cols]`` of chunk c as ``store_chunk_scaled`` stored it."""
-    x = load_tile(x_ptr, rows, rmask, h, H, D, cols, cmask)
-    if x_ptr.dtype.element_ty != tl.float32:
-        x *= tl.load(s_ptr + (c.to(tl.int64) * H + h) * D + cols, mask=cmask, other=1.0)[None, :]
-    return x

@@ -17,7 +17,7 @@ from refcheck.references.kda import check_kda_inputs
 
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
-from ..chunk.prepared import ChunkScaled, prepare_keys
+from ..chunk.prepared import prepare_keys
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
@@ -118,9 +118,8 @@ class KdaFunction(torch.autograd.Function):
         ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                cfg.precision, final=cfg.final,
                                hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype))
-        o = chunk_output(qn, U.x, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision,
-                         x_scales=U.s)
-        kept = (hs, *U) if cfg.keep else ()
+        o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
+        kept = (hs, U) if cfg.keep else ()
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
         ctx.cfg = cfg
         ctx.shape = (B, T)
@@ -134,7 +133,7 @@ class KdaFunction(torch.autograd.Function):
         do = do.reshape(v.shape).contiguous()
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
         if cfg.keep:
-            hs, U = kept[0], ChunkScaled(*kept[1:])
+            hs, U = kept
         else:
             _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,

@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..chunk.prepared import ChunkScaled, PreparedKeys
+from ..chunk.prepared import PreparedKeys
 from ..chunk.state import dread_blocks, dupdate_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
-from ..chunk.tiles import chunk_span, decay, load_chunk_scaled, load_gate, load_rowvec, load_tile, store_tile
+from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
@@ -71,7 +71,7 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
 
 
 @triton.jit
-def grads_v_kernel(v_ptr, beta_ptr, u_ptr, us_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr, cu_ptr, seq_ptr,
+def grads_v_kernel(v_ptr, beta_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr, cu_ptr, seq_ptr,
                    start_ptr, H, V, C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     """One chunk and head, the value side: dv, ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)``
     (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``."""
@@ -90,7 +90,7 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, us_ptr, dy_ptr, do_ptr, dv_ptr, dL_pt
     dbeta = tl.zeros((C,), tl.float32)
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
-        U = load_chunk_scaled(u_ptr, us_ptr, c, rows, rmask, h, H, V, v0 + cv, vmask)
+        U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
@@ -105,10 +105,13 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, us_ptr, dy_ptr, do_ptr, dv_ptr, dL_pt
 
 @triton.jit
 def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.constexpr, BK: tl.constexpr):
-    """The tiles of one channel block and chunk (program axis 0, ``chunk * NKB + block``: the blocks of a
-    chunk run side by side, so the value-side tiles and the ``[C, C]`` matrices that each of them reads
-    whole come from DRAM once and from L2 after) and head (axis 1) that every key-side kernel starts from:
-    ``(c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G)``."""
+    """The tiles of one channel block and chunk (program axis 0, ``chunk * NKB + block``) and head (axis 1)
+    that every key-side kernel starts from: ``(c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G)``.
+    The channel blocks of a chunk run side by side, so that the tiles each of them reads whole (U, dY, dO,
+    the ``[C, C]`` dL and dP) come from DRAM once and from L2 after: with the chunk on axis 0 and the block
+    on axis 2 they were read once per block (H100, bf16, B=8, T=4096, H=16, K=V=128, ncu: DRAM traffic of
+    ``grads_state`` 5.30 -> 3.11 GB, ``grads_row`` 3.48 -> 2.63, ``grads_col`` 2.61 -> 1.76; together 6.12 ->
+    5.62 ms, ``results/kda_ncu_h100*.json``)."""
     nkb = tl.cdiv(K, BK)
     c = tl.program_id(0) // nkb
     kb = tl.program_id(0) % nkb
@@ -128,7 +131,7 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.const
 
 
 @triton.jit
-def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, us_ptr, dy_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr,
+def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr,
                        dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V, TOTAL, C: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
     """Key side, part 1 (the state terms): ``dQg = dO h^T``, ``dKd = U dh^T``, ``dYh = dY h^T`` and
@@ -151,8 +154,7 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, us_
         hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
         dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
         dQg += tl.dot(load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
-        dKd += tl.dot(load_chunk_scaled(u_ptr, us_ptr, c, rows, rmask, h, H, V, v0 + cv, vmask), tl.trans(dh),
-                      input_precision=PREC)
+        dKd += tl.dot(load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(dh), input_precision=PREC)
         dYh += tl.dot(load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
         dgamma += tl.sum(hs * dh, axis=1)
     G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
@@ -248,7 +250,7 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     return dh, dY, dh0
 
 
-def grads(q, k, v, g, G, beta, hs, dh, U: ChunkScaled, dY, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,
+def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,
           safe: bool, use_gather: bool, precision: str, dq_dtype, dk_dtype, config: dict | None = None):
     """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``.
 
@@ -265,7 +267,9 @@ def grads(q, k, v, g, G, beta, hs, dh, U: ChunkScaled, dY, do, A_log, dt_bias, l
     use_gate = A_log is not None
     config = dict(config or {})
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
-    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 64), num_warps=4, num_stages=1) | config
+    # two load stages: on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``) the
+    # three key-side kernels with grads_v took 5.49 ms against 5.86 at one stage (safe_gate 5.45 vs 5.81)
+    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 64), num_warps=4, num_stages=2) | config
     nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
@@ -278,14 +282,15 @@ def grads(q, k, v, g, G, beta, hs, dh, U: ChunkScaled, dY, do, A_log, dt_bias, l
     da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
     if NC and H:
-        launch(grads_v_kernel, (NC, H), (v, beta, U.x, U.scales, dY, do, dv, dL, dP, dbeta, chunks.cu, chunks.seq,
-                                         chunks.start, H, V), dict(C=C, PREC=precision), [vcfg, vcfg | dict(BV=16)])
+        launch(grads_v_kernel, (NC, H), (v, beta, U, dY, do, dv, dL, dP, dbeta, chunks.cu, chunks.seq, chunks.start,
+                                         H, V), dict(C=C, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
-        ladder = [kcfg, kcfg | dict(BV=16), kcfg | dict(BV=16, num_warps=8)]
+        ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
+                  kcfg | dict(BV=16, num_warps=8, num_stages=1)]
         launch(grads_state_kernel, (NC * nkb, H),
-               (q, k, G, beta, hs, dh, U.x, U.scales, dY, do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H,
-                K, V, total), dict(C=C, PREC=precision), ladder)
+               (q, k, G, beta, hs, dh, U, dY, do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V,
+                total), dict(C=C, PREC=precision), ladder)
         no_bv = [{n: v for n, v in step.items() if n != "BV"} for step in ladder]
         launch(grads_row_kernel, (NC * nkb, H),
                (q, k, G, beta, dL, dP, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..chunk.prepared import ChunkScaled, PreparedKeys
+from ..chunk.prepared import PreparedKeys
 from ..chunk.state import (
     launch_serial,
     load_blocks,
@@ -41,7 +41,7 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_chunk_scaled
+from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .blocks import NB, block_beta, pair_blocks, solve, store_lower
 from .subchunk import diag_precision
@@ -70,11 +70,10 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
 
 @triton.jit
 def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr,
-                      us_ptr, cu_ptr, off_ptr, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
+                      cu_ptr, off_ptr, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (``chunk.prepared.store_chunk_scaled``). ``Kg``, ``Kd``
-    prepared (``chunk.prepared``)."""
+    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32). ``Kg``, ``Kd`` prepared (``chunk.prepared``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
@@ -86,11 +85,9 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
+        store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB, NKB,
                                        PREC)
-        # after the update, off the chain of dots from one chunk's state to the next: U's column scales take
-        # a reduction across the warps
-        store_chunk_scaled(u_ptr, us_ptr, U, c_first + it, rows, rmask, h, H, V, vv, vmask)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
@@ -125,18 +122,17 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                hs_dtype: torch.dtype = torch.float32, config: dict | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
     U)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
-    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` in ``operand_dtype(precision)`` with its column
-    scales (``ChunkScaled``). ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
+    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32. ``config`` overrides the launch (``BV``,
+    ``num_warps``, ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
     ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
-    U = ChunkScaled.empty(total, H, V, chunks, precision, dev)
+    U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
     launch_serial(recurrence_kernel,
                   (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T,
-                   initial_state if initial_state is not None else hs, ht if final else hs, hs, U.x, U.scales,
-                   chunks.cu,
+                   initial_state if initial_state is not None else hs, ht if final else hs, hs, U, chunks.cu,
                    chunks.offsets, H, K, V),
                   dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V,
                   PREPARED_LAUNCH | (config or {}))
