@@ -154,7 +154,7 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
         G_m = block_gate(Gp, t0, n, 0, BC // 2, 1, h, H, K, ck, cmask, BC)
         if DIAG == "dots":
             A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
-            span = tl.maximum(span, tl.abs(G - G_m))
+            span = tl.maximum(span, tl.abs(G - G_m).to(tl.float32))  # G is fp64 for fp32 inputs
         else:
             if tl.max(tl.abs(G - G_m)) <= DIAG_SPAN:
                 A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
