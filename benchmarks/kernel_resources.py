@@ -28,7 +28,6 @@ import os
 import re
 import subprocess
 import sys
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -41,56 +40,24 @@ TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 
 
 def capture(fn, fit: int | None = None, arch: int = 90):
-    """Call ``fn()`` with Triton launches recorded, not run: ``[(kernel, bound arguments, options)]``.
+    """Call ``fn()`` with Triton launches recorded, not run (``refcheck.runtime.frontend.capture``).
     ``fit``: the shared memory of the GPU in bytes; each launch is then compiled for ``sm_<arch>`` as it
-    comes and raises ``OutOfResources`` where it needs more, so that the launch ladders
-    (``common.launch``) fall back as on that GPU; the refused launches are recorded with
-    ``options["refused"]`` set to the bytes they needed."""
-    from triton.runtime.errors import OutOfResources
-    from triton.runtime.jit import JITFunction
-    seen = []
+    comes and refused where it needs more, so that the launch ladders (``common.launch``) fall back as
+    on that GPU; the refused launches are recorded with ``options["refused"]`` set to the bytes they needed."""
+    from refcheck.runtime import frontend
 
-    def record(self, *args, grid, warmup, **kwargs):
-        names = [p.name for p in self.params]
-        bound = dict(zip(names, args)) | {n: v for n, v in kwargs.items() if n in names}
-        options = {n: v for n, v in kwargs.items() if n not in names}
-        if fit is not None:
-            shared = resources(self, bound, options, arch)["shared"]
-            if shared > fit:
-                seen.append((self, bound, options | {"refused": shared}))
-                raise OutOfResources(shared, fit, "shared memory")
-        seen.append((self, bound, options))
-    from refcheck.runtime import interpreter
-    # launches are recorded, not run: the kernels' CPU-device check (``common.check_runs_on``) must let them be
-    with mock.patch.object(JITFunction, "run", record), mock.patch.object(interpreter, "is_interpreted", lambda k: True), \
-            mock.patch.object(interpreter, "enable", lambda: None):
-        try:
-            fn()
-        except Exception:  # outputs were never written; the launches up to here are what we want
-            pass
-    return seen
-
-
-def specialize(kernel, bound, options, arch: int):
-    """``(signature, constexprs, attrs, options)`` of one launch as ``JITFunction.run`` builds them: Triton's
-    own binder specializes each argument the way the GPU launch would (pointers of 16-byte aligned
-    tensors and ints divisible by 16 get ``tt.divisibility = 16``, an int equal to 1 becomes a
-    constexpr), so the compiler sees the same alignment facts and vectorizes loads as it will there."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import create_function_from_signature
-    backend = make_backend(GPUTarget("cuda", arch, 32))
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    kwargs = {k: v for k, v in options.items() if k in ("num_warps", "num_stages")}
-    bound_args, specialization, _ = binder(**bound, **kwargs)
-    opts, sig, consts, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, kwargs)
-    return sig, consts, attrs, kwargs
+    def refuse(kernel, bound, options):
+        shared = resources(kernel, bound, options, arch)["shared"]
+        return shared if shared > fit else None
+    return frontend.capture(fn, refuse if fit is not None else None)
 
 
 def resources(kernel, bound, options, arch: int) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from refcheck.runtime.frontend import specialize
     sig, consts, attrs, opts = specialize(kernel, bound, options, arch)
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
                               target=GPUTarget("cuda", arch, 32), options=opts)
@@ -106,8 +73,8 @@ def resources(kernel, bound, options, arch: int) -> dict:
                 shared=compiled.metadata.shared, options=opts)
 
 
-def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None):
-    """Every launch of one forward + backward of ``optimized.kda`` (bf16, l2norm) for ``shape``.
+def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None, dtype=torch.bfloat16):
+    """Every launch of one forward + backward of ``optimized.kda`` (inputs in ``dtype``, l2norm) for ``shape``.
 
     Launches are recorded, not run, so outputs hold garbage; the wrappers' choices depend on head
     dims and program counts only, so one chunk per sequence of the shape's (B, H, K, V) gives the
@@ -116,10 +83,10 @@ def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None):
     B, H, K, V = (shape[n] for n in "BHKV")
 
     def rnd(*s):
-        return torch.randn(*s, dtype=torch.bfloat16).requires_grad_()
+        return torch.randn(*s, dtype=dtype).requires_grad_()
 
     def fwd_bwd():
-        g = torch.randn(B, 64, H, K).sigmoid().log().to(torch.bfloat16).requires_grad_()
+        g = torch.randn(B, 64, H, K).sigmoid().log().to(dtype).requires_grad_()
         o, ht = optimized.kda(rnd(B, 64, H, K), rnd(B, 64, H, K), rnd(B, 64, H, V), g, rnd(B, 64, H).sigmoid(),
                               use_qk_l2norm=True, output_final_state=True, safe_gate=safe,
                               lower_bound=-5.0 if safe else None, disable_recompute=keep)
@@ -183,7 +150,7 @@ def main():
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
     args = ap.parse_args()
     if args.op == "kda":
-        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit)
+        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype])
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
         knobs = {"precision": args.precision} if args.precision else {}
@@ -195,10 +162,12 @@ def main():
         knobs = {n: v for n, v in (("precision", args.precision), ("chunk_size", args.chunk_size)) if v is not None}
         launches = linear_launches(args.op, shape, DTYPES[args.dtype], args.fit, **knobs)
     import triton
+
+    from refcheck.runtime.frontend import constexprs
     print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'kernel':22} {'regs':>5} {'stack':>6} {'shared':>7}  options")
     for kernel, bound, options in launches:
-        consts = {p.name: bound[p.name] for p in kernel.params if p.is_constexpr}
+        consts = constexprs(kernel, bound)
         if "refused" in options:
             print(f"{kernel.fn.__name__:22} refused: needs {options['refused']} B of shared memory  {options} {consts}")
             continue

@@ -7,7 +7,9 @@ It also departs from what the compiler makes of a kernel: loop indices are Pytho
 under another name are not builtins, bf16 arithmetic works on the bit patterns, float arguments are
 Python numbers, and ``tl.dot`` refuses "bf16x3"/"bf16x6" (flash-linear-attention's kernels hit every
 one of these). :func:`enable` replaces the interpreter internals responsible; each replacement
-says what the GPU or the compiler does and how we know.
+says what the GPU or the compiler does and how we know. What the compiler refuses before anything runs
+(a loop-carried value whose type changes, say) the interpreter does not see: ``frontend`` puts captured
+launches through the compiler's front end on the CPU (``tests/test_frontend.py``).
 
 Switching interpretation on (triton 3.9)
 ----------------------------------------
