@@ -481,14 +481,14 @@ def profile_data(name):
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
-    G, span = gate.gate_cumsum(flat["g"], None, None, None, ch, spans=True)
+    G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
-    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32", span=span)
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, span=span, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
                 hs_out=hs.to(state_dtype(flat["v"].dtype)))
 
 
@@ -499,7 +499,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     if stage == "intra":
-        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg, span=d["span"])
+        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
@@ -520,7 +520,7 @@ def profile_stage(d, stage, cfg, safe, gather):
         q = d["q"] if stage == "prepare_with_q" else None
         return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q)
     if stage == "gate":
-        return lambda: gate.gate_cumsum(f["g"], None, None, None, ch, spans=True)
+        return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])
 
 

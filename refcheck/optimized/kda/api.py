@@ -111,12 +111,8 @@ class KdaFunction(torch.autograd.Function):
         qn, kn = (l2norm_forward(q), l2norm_forward(k)) if cfg.l2norm else (q, k)
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
-        G_dtype = cumulative_gate_dtype(q.dtype)
-        if cfg.safe_gate:  # every chunk takes the dots: no spans needed
-            G, span = gate_cumsum(g, *gate_args, cfg.chunks, dtype=G_dtype), None
-        else:
-            G, span = gate_cumsum(g, *gate_args, cfg.chunks, dtype=G_dtype, spans=True)
-        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision, span=span)
+        G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
         ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,

@@ -15,11 +15,12 @@ With ``G`` the chunk-local cumulative log-decay (non-increasing along the rows: 
 * below the diagonal (d >= 1), the reference row r = 16 b, the first row of block b:
   ``e^{G_i - G_r} e^{G_r - G_j}``, both factors in (0, 1] (j < r <= i), whatever the decay.
 * on the diagonal (d = 0), as ``subchunk`` sums the ``[C, C]`` forms (its docstring has the bounds): by
-  dots against each block's middle row where the decay inside the blocks allows it (the ``SAFE`` path
-  always: safe_gate's promise, or a chunk whose span ``gate.gate_cumsum`` found within ``DIAG_SPAN``;
-  the general path where ``max |G - G_m| <= DIAG_SPAN`` over the chunk's channel block), else by levels
-  inside the sub-chunk (``diag_levels``: 8, 4, 2, 1 rows, each against a reference row that keeps both
-  factors in (0, 1], as below the diagonal), for any decay.
+  dots against each block's middle row where the decay inside the blocks allows it
+  (``max |G - G_m| <= DIAG_SPAN``), else by levels inside the sub-chunk (``diag_levels``: 8, 4, 2, 1
+  rows, each against a reference row that keeps both factors in (0, 1], as below the diagonal), for any
+  decay. ``pair_blocks``' ``DIAG`` says which: "dots" always (safe_gate's promise bounds the span; also
+  the first pass of the general path, which returns the span so that the chunks beyond it are done
+  again), "general" by channel block (the dots where the span allows, else the levels).
 
 The inverse ``T = (I + L)^{-1}``, ``L = Diag(beta) A``: the diagonal blocks by exact doubling inside
 each 16 x 16 slice (at ``DPREC``), then block forward substitution, one block diagonal at a time (at
@@ -129,13 +130,16 @@ def diag_levels(A, P, k, q, G, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.conste
 
 
 @triton.jit
-def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
+def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DIAG: tl.constexpr,
                 PREC: tl.constexpr, DPREC: tl.constexpr):
     """The block diagonals ``A_0..A_3`` (strictly lower) and ``P_0..P_3`` (lower, unscaled), summed over
-    the channels in blocks of BK."""
+    the channels in blocks of BK, and the largest ``|G - G_m|`` inside a sub-chunk (``[NB, BC, BK]``, by
+    channel block; zeros unless ``DIAG`` is "dots"); the diagonal blocks as ``DIAG`` says (module
+    docstring)."""
     A0 = tl.zeros((NB, BC, BC), tl.float32)
     A1, A2, A3, P0, P1, P2, P3 = A0, A0, A0, A0, A0, A0, A0
     ck = tl.arange(0, BK)[None, None, :]
+    span = tl.zeros((NB, BC, BK), tl.float32)
     for k0 in range(0, K, BK):
         cmask = k0 + ck < K
         qp, kp, Gp = q_ptr + k0, k_ptr + k0, G_ptr + k0
@@ -148,14 +152,15 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
         A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
         A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
         G_m = block_gate(Gp, t0, n, 0, BC // 2, 1, h, H, K, ck, cmask, BC)
-        if SAFE:
+        if DIAG == "dots":
             A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
+            span = tl.maximum(span, tl.abs(G - G_m).to(tl.float32))  # G is fp64 for fp32 inputs
         else:
             if tl.max(tl.abs(G - G_m)) <= DIAG_SPAN:
                 A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
             else:
                 A0, P0 = diag_levels(A0, P0, k, q, G, Gp, t0, n, h, H, K, ck, cmask, BC, DPREC)
-    return A0, A1, A2, A3, P0, P1, P2, P3
+    return A0, A1, A2, A3, P0, P1, P2, P3, span
 
 
 # ------------------------------------------------------------------------------- block diagonals in memory

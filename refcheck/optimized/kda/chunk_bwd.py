@@ -36,8 +36,9 @@ from ..chunk.prepared import PreparedKeys
 from ..chunk.state import dread_blocks, dupdate_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
+from .chunk_fwd import SUB
 from .gate import gate_backward_tile
-from .subchunk import SUB, chunk_colform, chunk_rowform, diag_precision
+from .subchunk import chunk_colform, chunk_rowform, diag_precision
 
 
 @triton.jit

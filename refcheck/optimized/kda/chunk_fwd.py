@@ -11,8 +11,7 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     S1 = Diag(gamma) S0 + Kd^T U
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
-row of the chunk matrix), by sub-chunk blocks (``blocks``; without safe_gate in two passes as the chunks'
-spans say, ``intra``);
+row of the chunk matrix), by sub-chunk blocks (``blocks``; without safe_gate in two passes, ``intra``);
 ``recurrence`` walks the chunks of each
 sequence in order, one program per (value block, sequence, head), keeping S in registers, and writes the
 entry state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from
@@ -46,9 +45,10 @@ from ..chunk.state import (
 from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .blocks import NB, block_beta, pair_blocks, solve, store_lower
-from .subchunk import DIAG_SPAN, SUB, diag_precision
+from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
+SUB = 16
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
@@ -56,39 +56,52 @@ every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8
 
 
 @triton.jit
-def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, C: tl.constexpr,
-                BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """T and P of one chunk and head (``intra_kernel``), the diagonal blocks by dots (``SAFE``) or by
-    tile as its span allows (``blocks.pair_blocks``)."""
-    A0, A1, A2, A3, P0, P1, P2, P3 = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, SAFE, PREC, DPREC)
+def store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C: tl.constexpr,
+                  BC: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """P (scaled) and T of one chunk and head from their block diagonals (``blocks``)."""
     store_lower(P_ptr, scale, P0, P1, P2, P3, t0, n, h, H, C, BC)
     solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
 
 
 @triton.jit
-def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, span_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag,
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
+                DPREC: tl.constexpr):
+    """T and P of one chunk and head (``intra_kernel``); ``flag`` its entry of the flags."""
+    diag: tl.constexpr = "general" if PASS == "flagged" else "dots"
+    A0, A1, A2, A3, P0, P1, P2, P3, span = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, diag, PREC,
+                                                       DPREC)
+    if PASS == "checked":
+        if tl.max(span) > DIAG_SPAN:
+            tl.store(flag_ptr + flag, 1)
+        else:
+            store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC,
+                          DPREC)
+    else:
+        store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC, DPREC)
+
+
+@triton.jit
+def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                  C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
                  DPREC: tl.constexpr):
     """One chunk and head, by sub-chunk blocks (``blocks``): ``T = (I + Diag(beta) A)^{-1}`` and ``P``
-    (scale included). ``PASS``: "safe" (safe_gate: every chunk, the diagonal blocks by dots), "within"
-    (the chunks whose span ``span[c, h]`` is within ``DIAG_SPAN``, by dots), "beyond" (the others, each
-    diagonal tile by dots or by levels as its own span allows); a chunk not in its pass returns at once."""
+    (scale included). ``PASS``: "safe" (safe_gate: the diagonal blocks by dots), "checked" (the same, but a
+    chunk whose decay inside a sub-chunk exceeds ``DIAG_SPAN`` is not stored: it is marked in
+    ``flag[c, h]``), "flagged" (the marked chunks only, each diagonal tile by dots or by levels as its span
+    allows; the others return at once)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
-    if PASS == "safe":
-        intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, C, BC, BK, True, PREC, DPREC)
+    flag = c.to(tl.int64) * H + h
+    if PASS == "flagged":
+        if tl.load(flag_ptr + flag) != 0:
+            intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC,
+                        BK, PASS, PREC, DPREC)
     else:
-        within = tl.load(span_ptr + c.to(tl.int64) * H + h) <= DIAG_SPAN
-        if PASS == "within":
-            if within:
-                intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, C, BC, BK, True, PREC,
-                            DPREC)
-        else:
-            if ~within:   # a NaN span too: the general path decides by tile
-                intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, C, BC, BK, False,
-                            PREC, DPREC)
+        intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC, BK,
+                    PASS, PREC, DPREC)
 
 
 @triton.jit
@@ -115,19 +128,16 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
 
 
-def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None,
-          span: torch.Tensor | None = None):
+def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``).
 
-    Without safe_gate, two passes over the chunks as their span (fp32 ``[NC, H]``, from
-    ``gate.gate_cumsum(spans=True)``) says: "within" (safe_gate's kernel) and "beyond" (the general
-    path's, with the levels where a tile needs them). The levels' code is in the second kernel only:
-    compiled into the one kernel of the general path (a branch per channel block), their tiles took
-    registers from every chunk's dots, spilling 448 B a thread, 1.02 ms against safe_gate's 0.79 at
-    normal decay (H100, bf16, B=8, T=4096, H=16, K=128, ncu, ``results/kda_ncu_h100_start.json``)."""
-    if not safe and span is None:
-        raise ValueError("span: the general path needs each chunk's span (gate_cumsum(..., spans=True))")
+    Without safe_gate, two passes: "checked" (safe_gate's kernel, storing the chunks whose decay allows its
+    dots and marking the others), then "flagged" (the marked chunks, with the levels where a tile needs
+    them). The levels' code is in the second kernel only: compiled into the one kernel of the general path
+    (a branch per channel block), their tiles took registers from every chunk's dots, spilling 448 B a
+    thread, 1.02 ms against safe_gate's 0.79 at normal decay (H100, bf16, B=8, T=4096, H=16, K=128, ncu,
+    ``results/kda_ncu_h100_start.json``)."""
     total, H, K = k.shape
     # measured on an H100 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``, the general path
     # with ``blocks.diag_levels``): channel blocks of 16 0.995 ms against 32 1.095 and 64 2.049, one load
@@ -137,9 +147,10 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     P = torch.empty_like(T)
     if not (chunks.num_chunks and H):
         return T, P
-    for kind in ("safe",) if safe else ("within", "beyond"):
+    flags = torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
+    for kind in ("safe",) if safe else ("checked", "flagged"):
         step = cfg
-        if kind == "beyond" and torch.float32 in (q.dtype, k.dtype) and not (config and "num_stages" in config):
+        if kind == "flagged" and torch.float32 in (q.dtype, k.dtype) and not (config and "num_stages" in config):
             # Triton 3.6 for sm_90 mis-pipelined the former exact diagonal path (a 16-step loop inside a
             # branch of the pipelined channel loop, where ``blocks.diag_levels`` is now) when q and k are fp32:
             # A and P came out wrong by O(1) wherever a chunk's decay took that path, in tf32 and tf32x3 (an
@@ -148,7 +159,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
             # that still pipelined it. The levels have no loop; one stage stays until a GPU shows two right
             step = cfg | dict(num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H),
-               (q, k, G, beta, T, P, T if span is None else span, chunks.cu, chunks.seq, chunks.start, scale, H, K),
+               (q, k, G, beta, T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K),
                dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
                [step, step | dict(num_stages=1), step | dict(BK=min(step["BK"], 16), num_stages=1)])
     return T, P

@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, padded
-from .subchunk import SUB
 
 
 @triton.jit
@@ -81,14 +80,12 @@ def load_gate_input(g_ptr, bias_ptr, rows, rmask, cols, cmask, h, H, K, HAS_BIAS
 
 
 @triton.jit
-def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, span_ptr, cu_ptr, seq_ptr, start_ptr, lower_bound, H, K,
+def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, cu_ptr, seq_ptr, start_ptr, lower_bound, H, K,
                         C: tl.constexpr, BK: tl.constexpr, USE_GATE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        USE_LB: tl.constexpr, CUMSUM: tl.constexpr, SPAN: tl.constexpr, BC: tl.constexpr):
+                        USE_LB: tl.constexpr, CUMSUM: tl.constexpr):
     """One chunk of C tokens and one head: ``out = gate(g)`` (``USE_GATE``) or ``g``, then the
     inclusive cumulative sum over the chunk's tokens when ``CUMSUM``, summed and stored in out's dtype
-    ``[T, H, K]``; with ``SPAN`` also the chunk's span ``span[c, h]`` (fp32): the largest ``|G_i - G_m|``
-    over its channels and rows, m the middle row of i's sub-chunk of BC rows (rows past the chunk's end
-    hold its last row's G, as the intra-chunk kernel reads them)."""
+    ``[T, H, K]``."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0 = tl.load(start_ptr + c)
@@ -98,8 +95,6 @@ def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, span_ptr, cu_ptr, se
     rate = 1.0
     if USE_GATE:
         rate = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
-    span = tl.zeros((C,), tl.float32)  # per row (a reduction along the channels stays inside a warp)
-    mid = t0 + tl.minimum((i // BC) * BC + BC // 2, eos - t0 - 1)  # each row's sub-chunk middle row, clamped
     for k0 in range(0, K, BK):
         cols = k0 + tl.arange(0, BK)
         cmask = cols < K
@@ -110,13 +105,6 @@ def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, span_ptr, cu_ptr, se
             x = tl.cumsum(x.to(out_ptr.dtype.element_ty), axis=0)
         off = ((t0 + i).to(tl.int64)[:, None] * H + h) * K + cols[None, :]
         tl.store(out_ptr + off, x, mask=rmask[:, None] & cmask[None, :])
-        if SPAN:  # masked rows added zeros: they hold the last row's G; the middle rows are read back as stored
-            tl.debug_barrier()
-            G_m = tl.load(out_ptr + (mid.to(tl.int64)[:, None] * H + h) * K + cols[None, :], mask=cmask[None, :],
-                          other=0.0)
-            span = tl.maximum(span, tl.max(tl.abs(x.to(out_ptr.dtype.element_ty) - G_m), axis=1).to(tl.float32))
-    if SPAN:
-        tl.store(span_ptr + c.to(tl.int64) * H + h, tl.max(span))
 
 
 @triton.jit
@@ -158,28 +146,20 @@ def gate_backward_kernel(dgate_ptr, g_ptr, alog_ptr, bias_ptr, dg_ptr, da_ptr, d
 
 def gate_cumsum(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
                 lower_bound: float | None, chunks: Chunks, cumsum: bool = True,
-                dtype: torch.dtype = torch.float32, spans: bool = False):
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``[T, H, K]`` in ``dtype``: the gate of g (``A_log`` given) or g itself, cumulated per chunk when
     ``cumsum`` (in ``dtype``: fp64 for fp32 inputs, ``chunk.tiles.cumulative_gate_dtype``). g is
-    ``[T, H, K]`` (tokens flattened), any float dtype, read as is. With ``spans`` (and ``cumsum``):
-    ``(G, span)``, span fp32 ``[NC, H]`` each chunk's largest decay inside a sub-chunk of
-    ``subchunk.SUB`` rows from its middle row (``gate_forward_kernel``), which picks the intra-chunk
-    kernel's path (``chunk_fwd.intra``). The spans' tiles take registers: at 8 warps 110 a thread for
-    bf16 inputs (offline, sm_90), where 4 warps took 168 and ran at half the kernel's occupancy without
-    them (an H100: 0.147 -> 0.322 ms at B=8, T=4096, H=16, K=128, ncu, for spans formed by reshaping the
-    chunk into its sub-chunks)."""
+    ``[T, H, K]`` (tokens flattened), any float dtype, read as is."""
     total, H, K = g.shape
     out = torch.empty(total, H, K, device=g.device, dtype=dtype)
-    span = torch.empty(chunks.num_chunks, H, device=g.device, dtype=torch.float32) if spans else None
     if chunks.num_chunks and H:
         bk = min(padded(K), 64)
         use_gate = A_log is not None
         gate_forward_kernel[(chunks.num_chunks, H)](
-            g, A_log if use_gate else g, dt_bias if dt_bias is not None else g, out, out if span is None else span,
-            chunks.cu, chunks.seq, chunks.start, float(lower_bound or 0.0), H, K, C=chunks.size, BK=bk,
-            USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None, USE_LB=lower_bound is not None,
-            CUMSUM=cumsum, SPAN=spans and cumsum, BC=SUB, num_warps=8 if spans else 4)
-    return (out, span) if spans else out
+            g, A_log if use_gate else g, dt_bias if dt_bias is not None else g, out, chunks.cu, chunks.seq,
+            chunks.start, float(lower_bound or 0.0), H, K, C=chunks.size, BK=bk, USE_GATE=use_gate,
+            HAS_BIAS=use_gate and dt_bias is not None, USE_LB=lower_bound is not None, CUMSUM=cumsum)
+    return out
 
 
 def gate_backward(dgate: torch.Tensor, g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None,

@@ -95,7 +95,6 @@ def level_factors(G, G_ptr, stride, cols, cmask, n, S: tl.constexpr, C: tl.const
     return odd, decay(tl.where(odd[:, None], G - G_ref, G_ref - G))
 
 
-SUB = 16  # the rows of a sub-chunk (a chunk of 64 is four)
 DIAG_SPAN = tl.constexpr(40.0)  # the largest |G_i - G_m| inside a sub-chunk for which the diagonal blocks take dots
 
 
