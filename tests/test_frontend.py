@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json
     import torch
     import torch.nn.functional as F
     import triton

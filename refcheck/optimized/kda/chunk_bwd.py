@@ -267,8 +267,9 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
     use_gate = A_log is not None
     config = dict(config or {})
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
-    # two load stages: on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``) the
-    # three key-side kernels with grads_v took 5.49 ms against 5.86 at one stage (safe_gate 5.45 vs 5.81)
+    # two load stages, for grads_state's loop over the value blocks (the row and column kernels have no loop
+    # of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``)
+    # the four gradient kernels took 5.49 ms against 5.86 at one stage (safe_gate 5.45 vs 5.81)
     kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 64), num_warps=4, num_stages=2) | config
     nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)

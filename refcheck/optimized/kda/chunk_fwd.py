@@ -12,10 +12,10 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
 row of the chunk matrix), by sub-chunk blocks (``blocks``; without safe_gate in two passes, ``intra``);
-``recurrence`` walks the chunks of each
-sequence in order, one program per (value block, sequence, head), keeping S in registers, and writes the
-entry state of every chunk (``h [NC, H, K, V]``) and U (``[T, H, V]``); O of every chunk then follows from
-them in parallel (``chunk.output``, GLA's output with U for v). The serial pass carries only what is
+``recurrence`` walks the chunks of each sequence in order, one program per (value block, sequence, head),
+keeping S in registers, and writes the entry state of every chunk (``h [NC, H, K, V]``) and U
+(``[T, H, V]``); O of every chunk then follows from them in parallel (``chunk.output``, GLA's output with U
+for v). The serial pass carries only what is
 serial: with O in it, each of its programs did the output's two dots too, and a long single sequence has
 few programs.
 
