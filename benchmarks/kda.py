@@ -454,14 +454,17 @@ SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, n
                    dict(BV=32, num_warps=4, num_stages=2), dict(BV=32, num_warps=8, num_stages=2),
                    dict(BV=16, num_warps=4, num_stages=2), dict(BV=16, num_warps=4, num_stages=1),
                    dict(BV=64, num_warps=4, num_stages=1), dict(BV=64, num_warps=4, num_stages=2))
+SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
+"""The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
+which is no split at B=8)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
-    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES]
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1))]
-    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES]
+    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64))
        for safe in (False, True)]
@@ -496,8 +499,13 @@ def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
     from refcheck.optimized.chunk.output import output
     from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.segments import segment_length, split
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
+    cfg = dict(cfg)
+    n = cfg.pop("segments", 0)
+    n = segment_length(ch, d["k"].shape[1], f["v"].shape[-1]) if n == "auto" else n
+    segs = split(ch, n) if n else None
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
@@ -505,13 +513,14 @@ def profile_stage(d, stage, cfg, safe, gather):
         # the pass with its operands prepared, as the forward runs it
         return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
                                             None, ch, "tf32", final=not keep,
-                                            hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, config=cfg)
+                                            hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, segments=segs,
+                                            config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
         return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage == "dstate":
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
-                                        False, cfg)
+                                        False, segs, cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",

@@ -73,23 +73,27 @@ def resources(kernel, bound, options, arch: int) -> dict:
                 shared=compiled.metadata.shared, options=opts)
 
 
-def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None, dtype=torch.bfloat16):
+def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None, dtype=torch.bfloat16,
+                 segments: bool = False):
     """Every launch of one forward + backward of ``optimized.kda`` (inputs in ``dtype``, l2norm) for ``shape``.
 
     Launches are recorded, not run, so outputs hold garbage; the wrappers' choices depend on head
     dims and program counts only, so one chunk per sequence of the shape's (B, H, K, V) gives the
-    same launches as the full length."""
+    same launches as the full length. ``segments``: two chunks per sequence in segments of one
+    (``segment_chunks=1``), the launches of the serial passes over segments (``chunk.segments``)."""
     from refcheck import optimized
     B, H, K, V = (shape[n] for n in "BHKV")
+    T = 128 if segments else 64
 
     def rnd(*s):
         return torch.randn(*s, dtype=dtype).requires_grad_()
 
     def fwd_bwd():
-        g = torch.randn(B, 64, H, K).sigmoid().log().to(dtype).requires_grad_()
-        o, ht = optimized.kda(rnd(B, 64, H, K), rnd(B, 64, H, K), rnd(B, 64, H, V), g, rnd(B, 64, H).sigmoid(),
+        g = torch.randn(B, T, H, K).sigmoid().log().to(dtype).requires_grad_()
+        o, ht = optimized.kda(rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H, V), g, rnd(B, T, H).sigmoid(),
                               use_qk_l2norm=True, output_final_state=True, safe_gate=safe,
-                              lower_bound=-5.0 if safe else None, disable_recompute=keep)
+                              lower_bound=-5.0 if safe else None, disable_recompute=keep,
+                              segment_chunks=1 if segments else 0)
         (o.float().sum() + ht.sum()).backward()
     return capture(fwd_bwd, fit)
 
@@ -140,6 +144,7 @@ def main():
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--safe", action="store_true", help="kda: safe_gate with lower_bound -5")
     ap.add_argument("--keep", action="store_true", help="kda: disable_recompute")
+    ap.add_argument("--segments", action="store_true", help="kda: the serial passes over segments (segment_chunks=1)")
     ap.add_argument("--warps", type=int, help="compile every kernel with this many warps instead")
     ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"), help="input dtype")
     ap.add_argument("--precision", help="the precision knob (gla, simple_gla, attention)")
@@ -150,7 +155,7 @@ def main():
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
     args = ap.parse_args()
     if args.op == "kda":
-        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype])
+        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
         knobs = {"precision": args.precision} if args.precision else {}

@@ -63,11 +63,11 @@ SCRIPT = textwrap.dedent('''
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     cases = {
         "planted": lambda: loop_dtype_changes[(1,)](torch.zeros(64, dtype=torch.float64), torch.zeros(16), 4),
-        "kda fp32": kda(f32, 128, 128), "kda fp32 ieee": kda(f32, 60, 100, precision="ieee"),
+        "kda fp32 split": kda(f32, 128, 128, segment_chunks=1), "kda fp32 ieee": kda(f32, 60, 100, precision="ieee"),
         "kda fp32 tf32x3 safe": kda(f32, 128, 128, precision="tf32x3", safe_gate=True, lower_bound=-5.0),
         "kda bf16": kda(bf16, 128, 128), "kda bf16 safe keep": kda(bf16, 128, 128, safe_gate=True, lower_bound=-5.0,
                                                                  disable_recompute=True),
-        "kda fp16 K=60 V=192": kda(f16, 60, 192),
+        "kda fp16 K=60 V=192 split": kda(f16, 60, 192, segment_chunks=1),
         "gla fp32": linear("gla", f32, 128, 128), "gla bf16 C=128": linear("gla", bf16, 100, 64, chunk_size=128),
         "simple_gla fp32 tf32x3": linear("simple_gla", f32, 64, 64, precision="tf32x3"),
         "simple_gla bf16": linear("simple_gla", bf16, 128, 128),

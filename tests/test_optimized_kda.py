@@ -25,10 +25,11 @@ def rel(x, ref):
 
 
 def kda_case(B=1, T=70, H=1, K=32, V=32, dtype="fp32", lengths=None, h0=False, gate=False, safe=None, l2=False,
-             strong=False, seed=0):
+             strong=False, decay=-5.0, seed=0):
     """Inputs (already rounded to dtype) and contract options of one kda call. ``strong``: the
     decay of tokens 24..55 is 30x stronger (up to -150 per token), so that in those sub-chunks the
-    general path sums the diagonal blocks exactly and elsewhere takes the dots (``DIAG_SPAN``)."""
+    general path sums the diagonal blocks exactly and elsewhere takes the dots (``DIAG_SPAN``).
+    The log-decays are uniform in ``[decay, 0]`` (``[lower_bound, 0]`` with safe_gate)."""
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     dt = DTYPES[dtype]
@@ -38,7 +39,7 @@ def kda_case(B=1, T=70, H=1, K=32, V=32, dtype="fp32", lengths=None, h0=False, g
     if gate:
         g = rnd(B, T, H, K)
     else:
-        g = (safe or -5.0) * torch.rand(B, T, H, K, generator=gen)
+        g = (safe or decay) * torch.rand(B, T, H, K, generator=gen)
         if strong:
             g[:, 24:56] *= 30.0
     x = dict(q=rnd(B, T, H, K), k=k, v=rnd(B, T, H, V), g=g, beta=torch.rand(B, T, H, generator=gen))
@@ -74,6 +75,12 @@ CASES = {
     "fp32 tf32 safe": (dict(safe=-5.0), dict(precision="tf32")),
     "bf16 tf32 B=2": (dict(B=2, T=40, dtype="bf16", h0=True, K=16, V=16), dict()),
     "fp16 tf32 safe": (dict(T=67, dtype="fp16", safe=-3.0), dict()),
+    # the serial passes over segments (``chunk.segments``), under a decay weak enough that a chunk's state
+    # reaches the next segment (about e^-1.6 per chunk)
+    "fp32 ieee varlen empty h0 segments of 1": (dict(T=200, lengths=[0, 37, 0, 100, 63], h0=True, K=16, V=24,
+                                                     decay=-0.05), dict(precision="ieee", segment_chunks=1)),
+    "bf16 tf32 B=2 segments of 2": (dict(B=2, T=200, dtype="bf16", h0=True, K=16, V=16, decay=-0.05),
+                                    dict(segment_chunks=2)),
 }
 
 
@@ -132,6 +139,41 @@ def test_log_decay_spikes_keep_fp32_accuracy(precision):
     assert all(e <= 10 * max(st, 1e-8) for e, st in errors.values()), errors
 
 
+def test_segments_agree_with_one_pass():
+    """The passes over segments of one chunk give what one pass over each sequence gives, to fp32's
+    rounding (a transition matrix and a scan instead of the steps)."""
+    x, opts = kda_case(T=200, lengths=[0, 37, 0, 100, 63], h0=True, K=16, V=24, decay=-0.05)
+    gen = torch.Generator().manual_seed(1)
+    do, dht = torch.randn(1, 200, 1, 24, generator=gen), torch.randn(5, 1, 16, 24, generator=gen)
+    runs = [run_kda(optimized.kda, x, opts, do, dht, precision="ieee", segment_chunks=n) for n in (0, 1)]
+    (o, ht, grads), (so, sht, sgrads) = runs
+    errors = {"o": rel(so, o.double()), "final_state": rel(sht, ht.double())}
+    errors |= {f"d{n}": rel(sgrads[n], grads[n].double()) for n in grads}
+    assert max(errors.values()) < 1e-6, errors
+    # the inputs make the check sensitive: the initial state still moves o in the second chunk of the
+    # 100-token sequence (tokens 101..136), a segment that starts from the scan's state
+    o0 = optimized.kda(**(x | dict(initial_state=torch.zeros_like(x["initial_state"]))), **opts, precision="ieee",
+                       segment_chunks=1)[0]
+    assert rel(o0[:, 101:137], o[:, 101:137].double()) > 1e-2
+
+
+def test_segment_length_splits_only_a_gpu_left_idle():
+    from refcheck.optimized.chunk.segments import segment_length
+    from refcheck.optimized.common import make_chunks
+
+    def length(B, T, H=16, V=128, lengths=None):
+        cu = None if lengths is None else torch.tensor([0] + lengths).cumsum(0)
+        return segment_length(make_chunks(B, T, cu, 64, "cpu"), H, V)
+    assert length(1, 32768) == 64        # 32 programs for 132 SMs: 8 segments of 64 chunks
+    assert length(1, 4096) == 16         # at least MIN_SEGMENT chunks
+    assert length(2, 16384) == 64
+    assert length(8, 4096) == 0          # 256 programs: two an SM already
+    assert length(1, 32768, H=64) == 0   # 128 programs: the split's transitions would not pay
+    assert length(1, 1000, H=2, V=64) == 0  # 16 chunks: too short to split
+    assert length(1, 32768, lengths=[4096, 1000, 7000, 3000, 5000, 512, 8192, 3968]) == 0
+    assert length(1, 0, lengths=[0]) == 0
+
+
 def test_kda_empty_sequences_keep_the_state():
     x, opts = kda_case(T=0, lengths=[0, 0], h0=True)
     o, ht = optimized.kda(**x, **opts)
@@ -185,6 +227,9 @@ def _bad(**change):
     (dict(v=torch.ones(1, 8, 1, 32, dtype=torch.int32)), "v"),
     (dict(precision="fp64"), "precision"),
     (dict(use_gather=1), "use_gather"),
+    (dict(segment_chunks=-1), "segment_chunks"),
+    (dict(segment_chunks=True), "segment_chunks"),
+    (dict(segment_chunks=2.0), "segment_chunks"),
     (dict(use_gate_in_kernel=True), "A_log"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(2)), "A_log"),
     (dict(scale=-1.0), "scale"),

@@ -69,6 +69,8 @@ class Chunks:
     offsets: int32 ``[N+1]`` index of each sequence's first chunk (``offsets[-1] == NC``)
     tokens:  the length ``B*T`` of the flattened token axis (``cu[-1] <= tokens``), known on the host:
              buffers over the tokens take it, not ``cu[-1]``, whose read would wait for the GPU
+    counts:  the number of chunks of every sequence, on the host (launch plans that depend on the
+             sequences' lengths read it, not ``offsets``)
     """
 
     cu: torch.Tensor
@@ -77,6 +79,7 @@ class Chunks:
     offsets: torch.Tensor
     size: int
     tokens: int
+    counts: tuple[int, ...]
 
     @property
     def num_seqs(self) -> int:
@@ -99,11 +102,12 @@ def make_chunks(batch: int, length: int, cu_seqlens: torch.Tensor | None, size: 
     per_seq = (lengths + size - 1) // size
     offsets = torch.zeros_like(cu)
     offsets[1:] = torch.cumsum(per_seq, 0)
-    total = int(offsets[-1]) if cu_seqlens is not None else batch * triton.cdiv(length, size)
+    counts = tuple(per_seq.tolist()) if cu_seqlens is not None else (triton.cdiv(length, size),) * batch
+    total = sum(counts)
     seq = torch.repeat_interleave(torch.arange(per_seq.numel(), device=device), per_seq, output_size=total)
     start = cu[seq] + (torch.arange(total, device=device) - offsets[seq]) * size
     i32 = torch.int32
-    return Chunks(cu.to(i32), seq.to(i32), start.to(i32), offsets.to(i32), size, batch * length)
+    return Chunks(cu.to(i32), seq.to(i32), start.to(i32), offsets.to(i32), size, batch * length, counts)
 
 
 def launch(kernel, grid, args, constexprs: dict, ladder: list[dict]):

@@ -18,7 +18,8 @@ from .card import Inputs
 from .inputs import normal
 from .linear import linear_card, linear_tensors
 
-TRITON_KNOBS = {"precision": PRECISION_MODES, "use_gather": (True, False), "disable_recompute": (False, True)}
+TRITON_KNOBS = {"precision": PRECISION_MODES, "use_gather": (True, False), "disable_recompute": (False, True),
+               "segment_chunks": (None, 1)}
 
 
 def make_inputs(case, device) -> Inputs:

@@ -18,6 +18,7 @@ from refcheck.references.kda import check_kda_inputs
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
+from ..chunk.segments import Segments, segment_length, split
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
@@ -99,6 +100,7 @@ class KdaConfig:
     use_gather: bool
     keep: bool
     final: bool
+    segments: Segments | None
 
 
 class KdaFunction(torch.autograd.Function):
@@ -117,7 +119,7 @@ class KdaFunction(torch.autograd.Function):
         # GLA's does (``chunk.output.state_dtype``)
         ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                cfg.precision, final=cfg.final,
-                               hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype))
+                               hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype), segments=cfg.segments)
         o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
         kept = (hs, U) if cfg.keep else ()
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
@@ -135,9 +137,10 @@ class KdaFunction(torch.autograd.Function):
         if cfg.keep:
             hs, U = kept
         else:
-            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False)
+            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
+                                  segments=cfg.segments)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
-                             cfg.scale, cfg.precision, want_dh0=h0 is not None)
+                             cfg.scale, cfg.precision, want_dh0=h0 is not None, segments=cfg.segments)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
             cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather,
@@ -152,7 +155,7 @@ class KdaFunction(torch.autograd.Function):
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
         use_qk_l2norm=False, safe_gate=False, lower_bound=None, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-        precision=DEFAULT_PRECISION, use_gather=False, disable_recompute=False):
+        precision=DEFAULT_PRECISION, use_gather=False, disable_recompute=False, segment_chunks=None):
     """Chunked KDA (chunk 64, sub-chunks 16): ``(o [B, T, H, V] in q.dtype, final_state fp32 or None)``.
 
     The contract of ``references.kda``, plus knobs:
@@ -170,6 +173,11 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                   0.6 ms at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
                   ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the forward's
                   intra-chunk kernel (0.9 ms there) for half the memory of the inputs.
+      segment_chunks: the serial state passes run each sequence in segments of this many chunks side by
+                  side (``chunk.segments``: each segment's transition, a scan over them, then each segment
+                  from its entry state). None (the default): chosen from the shape, where the sequences
+                  are too few to fill an H100 (``segment_length``; e.g. B=1, T=32768, H=16: segments of
+                  64 chunks); 0: never.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.
     """
     check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
@@ -195,11 +203,16 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         _check_lower_bound(lower_bound)
     if cu_seqlens is not None:
         check_cu_seqlens(cu_seqlens, B, T)
+    if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
+                                       or segment_chunks < 0):
+        raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     initial_state = kernel_state(initial_state, N, H, K, V, q.device)
-    cfg = KdaConfig(make_chunks(B, T, cu_seqlens, CHUNK, q.device), scale, safe_gate,
-                    None if lower_bound is None else float(lower_bound), use_gate_in_kernel, use_qk_l2norm, precision,
-                    use_gather, disable_recompute, output_final_state)
+    chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)
+    length = segment_length(chunks, H, V) if segment_chunks is None else segment_chunks
+    cfg = KdaConfig(chunks, scale, safe_gate, None if lower_bound is None else float(lower_bound), use_gate_in_kernel,
+                    use_qk_l2norm, precision, use_gather, disable_recompute, output_final_state,
+                    split(chunks, length) if length else None)
     if use_gate_in_kernel:
         A_log = A_log.contiguous()
         dt_bias = None if dt_bias is None else dt_bias.contiguous()

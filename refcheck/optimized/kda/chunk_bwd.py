@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
+from ..chunk.segments import Segments, scan, transition_start
 from ..chunk.state import dread_blocks, dupdate_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
@@ -43,31 +44,36 @@ from .subchunk import chunk_colform, chunk_rowform, diag_precision
 
 @triton.jit
 def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr,
-                  dh_ptr, dy_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, C: tl.constexpr, KB: tl.constexpr,
+                  dh_ptr, dy_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
                   NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                  PREC: tl.constexpr):
-    """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; ``Qg``,
-    ``Kg``, ``Kd`` prepared (``chunk.prepared``)."""
+                  STEPS: tl.constexpr, PREC: tl.constexpr):
+    """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
+    ``STEPS``, dh and dY of every chunk. ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``). The gradient
+    has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
+    zero dO (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    wmask = vv < W
     cc = tl.arange(0, C)
-    dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_DHT)
+    dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_DHT)
     num = tl.cdiv(eos - bos, C)
     for back in range(num):
         it = num - 1 - back
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        if STEPS:
+            store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
         P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
         dU = dread_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd_ptr, rows,
                           rmask, h, H, K, KB, NKB, PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
-        store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
+        if STEPS:
+            store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
         bdY = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * dY
         dS0, dS1, dS2, dS3 = dupdate_blocks(dS0, dS1, dS2, dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows,
                                             rmask, last, h, H, K, scale, KB, NKB, PREC)
     if STORE_DH0:
-        store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, V, KB, NKB, vv, vmask)
+        store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, W, KB, NKB, vv, wmask)
 
 
 @triton.jit
@@ -230,24 +236,33 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
 
 
 def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
-           want_dh0: bool, config: dict | None = None):
+           want_dh0: bool, segments: Segments | None = None, config: dict | None = None):
     """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``, fp32, on the operands
-    ``prepare_keys`` formed from k, q and G. ``config`` overrides the launch (``BV``, ``num_warps``,
-    ``num_stages``)."""
+    ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
+    by side (``chunk.segments``). ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
     dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
     dY = torch.empty(total, H, V, device=dev, dtype=f32)
-    dh0 = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=f32) if want_dh0 else None
-    launch_serial(dstate_kernel,
-                  (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
-                   dht if dht is not None else dh, dh, dY, dh0 if want_dh0 else dh, chunks.cu, chunks.offsets, scale,
-                   H, K, V),
-                  dict(HAS_DHT=dht is not None, STORE_DH0=want_dh0, PREC=precision), chunks, H, K, V,
-                  config)
-    return dh, dY, dh0
+
+    def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool):
+        dh0 = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32) if store_dh0 else None
+        launch_serial(dstate_kernel,
+                      (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
+                       end if end is not None else dh, dh, dY, dh0 if store_dh0 else dh, over.cu, over.offsets, scale,
+                       H, K, V, W),
+                      dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, PREC=precision), over, H, K, W,
+                      config)
+        return dh0
+
+    if segments is None:
+        return dh, dY, walk(chunks, dht, V, True, want_dh0)
+    ends = walk(segments.chunks, transition_start(segments.chunks.num_seqs, H, K, V, dev), V + K, False, True)
+    entries, dh0 = scan(ends, dht, segments, V, reverse=True)
+    walk(segments.chunks, entries, V, True, False)
+    return dh, dY, dh0 if want_dh0 else None
 
 
 def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
+from ..chunk.segments import Segments, scan, transition_start
 from ..chunk.state import (
     launch_serial,
     load_blocks,
@@ -106,26 +107,32 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 
 @triton.jit
 def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr,
-                      cu_ptr, off_ptr, H, K, V, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, PREC: tl.constexpr):
+                      cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                      BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
+                      PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32). ``Kg``, ``Kd`` prepared (``chunk.prepared``)."""
+    with ``STEPS``, ``hs[c] = S0`` (in hs's dtype) and U of every chunk (fp32). ``Kg``, ``Kd`` prepared
+    (``chunk.prepared``). The state has W >= V columns (h0 and ht ``[N, H, K, W]``), the values V: the
+    columns past V start from h0 and take zero values (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    wmask = vv < W
     cc = tl.arange(0, C)
-    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, V, KB, NKB, BV, vv, vmask, HAS_H0)
+    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+        if STEPS:
+            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, sg_ptr, rows, rmask,
                         h, H, K, KB, NKB, PREC)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
-        store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
+        if STEPS:
+            store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB, NKB,
                                        PREC)
     if STORE_FINAL:
-        store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, V, KB, NKB, vv, vmask)
+        store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
@@ -166,21 +173,30 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
 
 
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
-               hs_dtype: torch.dtype = torch.float32, config: dict | None = None):
+               hs_dtype: torch.dtype = torch.float32, segments: Segments | None = None, config: dict | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
     U)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
-    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32. ``config`` overrides the launch (``BV``,
+    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32. ``segments``: the sequences cut into
+    segments that run side by side (``chunk.segments``). ``config`` overrides the launch (``BV``,
     ``num_warps``, ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
-    ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
     U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
-    launch_serial(recurrence_kernel,
-                  (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T,
-                   initial_state if initial_state is not None else hs, ht if final else hs, hs, U, chunks.cu,
-                   chunks.offsets, H, K, V),
-                  dict(HAS_H0=initial_state is not None, STORE_FINAL=final, PREC=precision), chunks, H, K, V,
-                  PREPARED_LAUNCH | (config or {}))
-    return ht, hs, U
+
+    def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool):
+        ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
+        launch_serial(recurrence_kernel,
+                      (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs,
+                       ht if store_final else hs, hs, U, over.cu, over.offsets, H, K, V, W),
+                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, PREC=precision), over, H, K,
+                      W, PREPARED_LAUNCH | (config or {}))
+        return ht
+
+    if segments is None:
+        return walk(chunks, initial_state, V, True, final), hs, U
+    ends = walk(segments.chunks, transition_start(segments.chunks.num_seqs, H, K, V, dev), V + K, False, True)
+    entries, ht = scan(ends, initial_state, segments, V)
+    walk(segments.chunks, entries, V, True, False)
+    return ht if final else None, hs, U

@@ -1,0 +1,127 @@
+"""Long sequences cut into segments that a serial pass runs side by side.
+
+A serial pass (``chunk.state``) walks the chunks of each sequence in order, one program per (value
+block, sequence, head): a long single sequence gives it few programs, each a long chain of dependent
+steps (B=1, T=32768, H=16: 512 steps for 32 programs of 64 values, for 132 SMs). Where the pass is
+linear in its state, it can run a sequence in segments of chunks side by side instead.
+
+KDA's forward pass maps the entry state ``S [K, V]`` of a chunk to its exit state affinely,
+``S' = A S + B`` (``A = Diag(gamma) - Kd^T T Diag(beta) Kg`` ``[K, K]``, ``B = Kd^T T Diag(beta) V``);
+its reverse pass maps the gradient of the exit state back the same way, with ``A^T``. Over a segment the
+map stays affine, ``S_end = M S_start + E``, and one run of the unchanged pass gives both parts: started
+from the state ``[0 | I]`` with K more value columns, whose values are zero, its first V columns end at
+E and its last K at M. So a pass over segments is three steps:
+
+ 1. every segment from ``[0 | I]``, side by side, its states ``[K, V + K]`` kept only at its end
+    (``transitions``);
+ 2. the scan along each sequence's segments: ``S_{j+1} = M_j S_j + E_j`` (``scan``, one batched matmul
+    per segment index, in torch; backwards for the reverse pass);
+ 3. every segment again from its entry state ``S_j``, side by side, storing what the pass stores.
+
+Step 1 does ``1 + K / V`` times the work of step 3 and step 3 as much as the unsplit pass: the split
+pays where the unsplit pass leaves SMs idle (``segment_length``). The sequence's last state (the forward's
+final state, the reverse pass's gradient of the initial state) comes out of the scan.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..common import Chunks
+from .state import SMS
+
+MIN_SEGMENT = 16
+"""The fewest chunks a segment has when the length is chosen from the shape (``segment_length``): the
+three launches and the scan's matmuls are fixed costs that only a long chain of steps pays for."""
+
+
+def segment_length(chunks: Chunks, H: int, V: int) -> int:
+    """Chunks per segment for a serial pass over ``chunks`` with H heads and V values, or 0 (no split).
+
+    The unsplit pass has ``N H ceil(V / 64)`` programs of 64 values (N sequences); an H100/H200 runs two
+    of them an SM at once (``chunk.state.serial_launch``), so ``slots = 2 SMS / (H ceil(V / 64))``
+    sequences of segments fill it. Split where the sequences are at most a quarter of the slots (step 1 is
+    twice the unsplit pass's work at K = V, so the GPU must be that empty for the split to pay), into
+    segments of ``ceil(total chunks / slots)`` chunks, at least ``MIN_SEGMENT``."""
+    slots = 2 * SMS // (H * triton.cdiv(V, 64))
+    if not chunks.counts or slots < 4 * chunks.num_seqs:
+        return 0
+    length = max(MIN_SEGMENT, triton.cdiv(sum(chunks.counts), slots))
+    return length if max(chunks.counts) > length else 0
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Every sequence of ``chunks`` cut into segments of at most ``length`` chunks.
+
+    chunks:  the segments as sequences (``Chunks``: their token spans and first chunks; the chunks keep
+             their indices, so a pass over the segments stores per-chunk results where the unsplit pass does)
+    table:   int64 ``[N, m]``, the segment index of sequence n's j-th segment, or ``NS`` (one past the last
+             segment) where the sequence has fewer than ``m`` segments
+    """
+
+    chunks: Chunks
+    table: torch.Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        return self.table.shape[0]
+
+
+def split(chunks: Chunks, length: int) -> Segments:
+    """``chunks``' sequences in segments of ``length`` chunks (the last of each possibly shorter)."""
+    per_seq = [triton.cdiv(n, length) for n in chunks.counts]
+    m, NS, dev = max(per_seq, default=0), sum(per_seq), chunks.cu.device
+    owner = torch.repeat_interleave(torch.arange(len(per_seq)), torch.tensor(per_seq, dtype=torch.int64))
+    first = torch.tensor([0] + per_seq[:-1], dtype=torch.int64).cumsum(0)
+    j = torch.arange(NS) - first[owner]  # the segment's index within its sequence
+    owner, j = owner.to(dev), j.to(dev)
+    cu, off = chunks.cu.long(), chunks.offsets.long()
+    seg_cu = torch.empty(NS + 1, dtype=torch.int64, device=dev)
+    seg_cu[:-1] = cu[owner] + j * (length * chunks.size)
+    seg_cu[-1] = cu[-1]
+    seg_off = torch.empty(NS + 1, dtype=torch.int64, device=dev)
+    seg_off[:-1] = off[owner] + j * length
+    seg_off[-1] = off[-1]
+    seq = torch.repeat_interleave(torch.arange(NS, device=dev), (seg_off[1:] - seg_off[:-1]),
+                                  output_size=chunks.num_chunks)
+    counts = tuple(min(length, n - k * length) for n, s in zip(chunks.counts, per_seq) for k in range(s))
+    i32 = torch.int32
+    table = torch.full((len(per_seq), m), NS, dtype=torch.int64)
+    table[owner.cpu(), j.cpu()] = torch.arange(NS)
+    return Segments(Chunks(seg_cu.to(i32), seq.to(i32), chunks.start, seg_off.to(i32), chunks.size, chunks.tokens,
+                           counts), table.to(dev))
+
+
+def transition_start(NS: int, H: int, K: int, V: int, device) -> torch.Tensor:
+    """Step 1's start, ``[0 | I]`` ``[NS, H, K, V + K]`` fp32: the state whose run over a segment ends at
+    ``[E | M]``."""
+    start = torch.zeros(NS, H, K, V + K, device=device, dtype=torch.float32)
+    start[..., V:] = torch.eye(K, device=device, dtype=torch.float32)
+    return start
+
+
+def scan(ends: torch.Tensor, first: torch.Tensor | None, segments: Segments, V: int, reverse: bool = False):
+    """Step 2: the entry state of every segment and the last state of every sequence.
+
+    ``ends [NS, H, K, V + K]``: ``[E | M]`` of every segment (step 1); ``first [N, H, K, V]``: the state
+    each sequence starts from (the initial state; the gradient of the final state for ``reverse``), or
+    None (zero). Forward, ``S_0 = first``, ``S_{j+1} = M_j S_j + E_j``; ``reverse`` walks the segments last
+    to first. Returns ``(entries [NS, H, K, V], last [N, H, K, V])``, fp32: ``entries[s]`` the state
+    segment s starts from (for ``reverse`` the one its last chunk ends with), ``last`` the state after
+    every segment of each sequence."""
+    NS, H, K, _ = ends.shape
+    N, m = segments.table.shape
+    # one more segment, the identity, where a sequence has fewer than m
+    pad = torch.cat([ends, torch.zeros_like(ends[:1])])
+    pad[NS, :, :, V:] = torch.eye(K, device=ends.device, dtype=ends.dtype)
+    S = torch.zeros(N, H, K, V, device=ends.device, dtype=torch.float32) if first is None else first.float()
+    entries = torch.empty(NS + 1, H, K, V, device=ends.device, dtype=torch.float32)
+    for j in reversed(range(m)) if reverse else range(m):
+        idx = segments.table[:, j]
+        entries[idx] = S
+        E, M = pad[idx, :, :, :V], pad[idx, :, :, V:]
+        S = torch.baddbmm(E.reshape(N * H, K, V), M.reshape(N * H, K, K), S.reshape(N * H, K, V)).view(N, H, K, V)
+    return entries[:NS], S
