@@ -556,7 +556,8 @@ def profile(names, jobs, stages=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
-    ap.add_argument("--shapes", nargs="*", default=list(TIMED), choices=list(TIMED))
+    ap.add_argument("--shapes", nargs="*", choices=list(TIMED),
+                    help="the shapes to time (default: all) or to profile (default: B8_T4096 B1_T32768)")
     ap.add_argument("--check", action="store_true", help="correctness table instead of timing")
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
@@ -580,13 +581,13 @@ def main():
         stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
         profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
     elif args.profile:
-        profile(["B8_T4096", "B1_T32768"], args.jobs, args.stages)
+        profile(args.shapes or ["B8_T4096", "B1_T32768"], args.jobs, args.stages)
     elif args.check_one:
         print(json.dumps(check_one(args.check_one)))
     elif args.check:
         check(list(CHECKS), args.jobs)
     else:
-        bench(args.shapes, args.out, args.jobs)
+        bench(args.shapes or list(TIMED), args.out, args.jobs)
 
 
 if __name__ == "__main__":

@@ -71,28 +71,23 @@ class Segments:
 
 
 def split(chunks: Chunks, length: int) -> Segments:
-    """``chunks``' sequences in segments of ``length`` chunks (the last of each possibly shorter)."""
+    """``chunks``' sequences in segments of ``length`` chunks (the last of each possibly shorter). Built on
+    the chunks' device from sizes known on the host: no copy from the host, which would wait for the GPU."""
     per_seq = [triton.cdiv(n, length) for n in chunks.counts]
-    m, NS, dev = max(per_seq, default=0), sum(per_seq), chunks.cu.device
-    owner = torch.repeat_interleave(torch.arange(len(per_seq)), torch.tensor(per_seq, dtype=torch.int64))
-    first = torch.tensor([0] + per_seq[:-1], dtype=torch.int64).cumsum(0)
-    j = torch.arange(NS) - first[owner]  # the segment's index within its sequence
-    owner, j = owner.to(dev), j.to(dev)
+    N, m, NS, dev = len(per_seq), max(per_seq, default=0), sum(per_seq), chunks.cu.device
     cu, off = chunks.cu.long(), chunks.offsets.long()
-    seg_cu = torch.empty(NS + 1, dtype=torch.int64, device=dev)
-    seg_cu[:-1] = cu[owner] + j * (length * chunks.size)
-    seg_cu[-1] = cu[-1]
-    seg_off = torch.empty(NS + 1, dtype=torch.int64, device=dev)
-    seg_off[:-1] = off[owner] + j * length
-    seg_off[-1] = off[-1]
-    seq = torch.repeat_interleave(torch.arange(NS, device=dev), (seg_off[1:] - seg_off[:-1]),
-                                  output_size=chunks.num_chunks)
-    counts = tuple(min(length, n - k * length) for n, s in zip(chunks.counts, per_seq) for k in range(s))
+    segs = (off[1:] - off[:-1] + length - 1) // length
+    owner = torch.repeat_interleave(torch.arange(N, device=dev), segs, output_size=NS)
+    j = torch.arange(NS, device=dev) - (segs.cumsum(0) - segs)[owner]  # the segment's index in its sequence
+    seg_cu = torch.cat([cu[owner] + j * (length * chunks.size), cu[-1:]])
+    seg_off = torch.cat([off[owner] + j * length, off[-1:]])
+    seq = torch.repeat_interleave(torch.arange(NS, device=dev), seg_off[1:] - seg_off[:-1], output_size=chunks.num_chunks)
+    table = torch.full((N, m), NS, dtype=torch.int64, device=dev)
+    table[owner, j] = torch.arange(NS, device=dev)
+    counts = tuple(min(length, n - i * length) for n, s in zip(chunks.counts, per_seq) for i in range(s))
     i32 = torch.int32
-    table = torch.full((len(per_seq), m), NS, dtype=torch.int64)
-    table[owner.cpu(), j.cpu()] = torch.arange(NS)
     return Segments(Chunks(seg_cu.to(i32), seq.to(i32), chunks.start, seg_off.to(i32), chunks.size, chunks.tokens,
-                           counts), table.to(dev))
+                           counts), table)
 
 
 def transition_start(NS: int, H: int, K: int, V: int, device) -> torch.Tensor:
