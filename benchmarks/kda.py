@@ -457,12 +457,10 @@ SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, n
 SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
-TRANSPOSED = tuple(dict(transposed=True) | cfg for cfg in (dict(), dict(num_stages=1), dict(BV=32), dict(BV=16)))
-"""The forward pass with its state held transposed (``chunk_fwd.recurrence_t_kernel``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
-    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + TRANSPOSED]
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1))]

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .tiles import decay, load_gate, load_gate_row, load_operand, load_tile, row_offsets
+from .tiles import decay, load_gate, load_gate_row, load_tile, row_offsets
 
 
 @triton.jit
@@ -154,49 +154,6 @@ def dupdate_block(dS, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmas
     dS = block_gamma(G_ptr, last, h, H, K, kb, KB)[:, None] * dS
     dS += cols_dot(scale * do, qg_ptr, sq_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
     return dS - cols_dot(bdY, kg_ptr, sg_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
-
-
-# ------------------------------------------------------------- transposed state, 16-bit dots (KDA)
-# The forward pass can hold the state transposed, ``S^T [BV, K]`` (value rows), so that the state and the
-# values it writes are the dots' first operands, taken from registers, and the prepared operands the
-# second, read from shared memory as stored. Under "tf32" (fp16 operands) each first operand is rounded to
-# fp16 with a scale per row (a reduction inside a thread quad): 11 significant bits, rounded to nearest,
-# what "tf32" keeps of fp32 by truncation.
-
-
-@triton.jit
-def scaled_rows(x, DT: tl.constexpr):
-    """``x = Diag(r) X``: ``(r [R], X)``, X in DT (fp16: r the largest magnitude of each row; fp32: r = 1)."""
-    if DT == tl.float16:
-        r = tl.max(tl.abs(x), axis=1)
-        r = tl.where(r > 0, r, 1.0)
-        out = (x / r[:, None]).to(tl.float16)
-    else:
-        r = tl.full((x.shape[0],), 1.0, tl.float32)
-        out = x
-    return r, out
-
-
-@triton.jit
-def tread_block(Zt, St, kg_ptr, sg_ptr, rows, rmask, h, H, K, kb, KB: tl.constexpr, NKB, PREC: tl.constexpr):
-    """``Z^T - S_b^T Kg_b^T`` ``[BV, C]``: block kb of the transposed state times block kb of a prepared
-    operand, ``S_b^T X_b^T Diag(s)`` with S_b^T row-scaled (``scaled_rows``)."""
-    kk, kmask = block_cols(kb, KB, K)
-    x = load_operand(kg_ptr, rows, rmask, h, H, K, kk, kmask)
-    r, Sh = scaled_rows(St, x.dtype)
-    XS = tl.dot(Sh, tl.trans(x), input_precision=PREC)
-    return Zt - r[:, None] * XS * row_scales(sg_ptr, rows, rmask, h, H, NKB, kb)[None, :]
-
-
-@triton.jit
-def tupdate_block(St, Ut, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, kb, KB: tl.constexpr, NKB,
-                  PREC: tl.constexpr):
-    """Block kb of ``S^T <- S^T Diag(gamma) + U^T Kd``: ``U^T Diag(s) X_b`` with ``U^T Diag(s)`` row-scaled."""
-    kk, kmask = block_cols(kb, KB, K)
-    x = load_operand(kd_ptr, rows, rmask, h, H, K, kk, kmask)
-    r, Uh = scaled_rows(Ut * row_scales(sd_ptr, rows, rmask, h, H, NKB, kb)[None, :], x.dtype)
-    gamma = block_gamma(G_ptr, last, h, H, K, kb, KB)
-    return St * gamma[None, :] + r[:, None] * tl.dot(Uh, x, input_precision=PREC)
 
 
 # --------------------------------------------------------------------------------- all the blocks

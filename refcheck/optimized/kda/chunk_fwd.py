@@ -41,8 +41,6 @@ from ..chunk.state import (
     serial_chunk,
     serial_program,
     store_blocks,
-    tread_block,
-    tupdate_block,
     update_blocks,
 )
 from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
@@ -52,7 +50,6 @@ from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
 SUB = 16
-TRANSPOSED = False
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
@@ -138,46 +135,6 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
 
-@triton.jit
-def recurrence_t_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, u_ptr,
-                        cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                        BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
-                        PREC: tl.constexpr):
-    """``recurrence_kernel`` with the state held transposed (``chunk.state.tread_block``)."""
-    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
-    wmask = vv < W
-    cc = tl.arange(0, C)
-    S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
-    S0, S1, S2, S3 = tl.trans(S0), tl.trans(S1), tl.trans(S2), tl.trans(S3)
-    for it in range(tl.cdiv(eos - bos, C)):
-        t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        if STEPS:
-            store_blocks(hs_ptr, tl.trans(S0), tl.trans(S1), tl.trans(S2), tl.trans(S3), (c_first + it) * H + h, K, V,
-                         KB, NKB, vv, vmask)
-        Zt = tl.trans(load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask))
-        Zt = tread_block(Zt, S0, kg_ptr, sg_ptr, rows, rmask, h, H, K, 0, KB, NKB, PREC)
-        if NKB > 1:
-            Zt = tread_block(Zt, S1, kg_ptr, sg_ptr, rows, rmask, h, H, K, 1, KB, NKB, PREC)
-        if NKB > 2:
-            Zt = tread_block(Zt, S2, kg_ptr, sg_ptr, rows, rmask, h, H, K, 2, KB, NKB, PREC)
-        if NKB > 3:
-            Zt = tread_block(Zt, S3, kg_ptr, sg_ptr, rows, rmask, h, H, K, 3, KB, NKB, PREC)
-        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
-        Ut = tl.dot(Zt * beta[None, :], tl.trans(T), input_precision=PREC)
-        if STEPS:
-            store_tile(u_ptr, tl.trans(Ut), rows, rmask, h, H, V, vv, vmask)
-        S0 = tupdate_block(S0, Ut, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 0, KB, NKB, PREC)
-        if NKB > 1:
-            S1 = tupdate_block(S1, Ut, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 1, KB, NKB, PREC)
-        if NKB > 2:
-            S2 = tupdate_block(S2, Ut, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 2, KB, NKB, PREC)
-        if NKB > 3:
-            S3 = tupdate_block(S3, Ut, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, 3, KB, NKB, PREC)
-    if STORE_FINAL:
-        store_blocks(ht_ptr, tl.trans(S0), tl.trans(S1), tl.trans(S2), tl.trans(S3), nh, K, W, KB, NKB, vv, wmask)
-
-
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``).
@@ -228,16 +185,13 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
     U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
 
-    cfg = dict(config or {})
-    kernel = recurrence_t_kernel if cfg.pop("transposed", TRANSPOSED) else recurrence_kernel
-
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool):
         ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
-        launch_serial(kernel,
+        launch_serial(recurrence_kernel,
                       (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs,
                        ht if store_final else hs, hs, U, over.cu, over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, PREC=precision), over, H, K,
-                      W, PREPARED_LAUNCH | cfg)
+                      W, PREPARED_LAUNCH | (config or {}))
         return ht
 
     if segments is None:
