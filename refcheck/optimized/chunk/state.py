@@ -148,12 +148,12 @@ def update_block(S, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, kb, KB
 
 
 @triton.jit
-def dupdate_block(dS, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, kb,
-                  KB: tl.constexpr, NKB, PREC: tl.constexpr):
-    """Backward (KDA), block kb: ``dS_b <- e^{G_last} dS_b + scale Qg_b^T dO - Kg_b^T (beta dY)``."""
-    dS = block_gamma(G_ptr, last, h, H, K, kb, KB)[:, None] * dS
-    dS += cols_dot(scale * do, qg_ptr, sq_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
-    return dS - cols_dot(bdY, kg_ptr, sg_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
+def dupdate_block(dS, Y, x_ptr, s_ptr, G_ptr, rows, rmask, last, h, H, K, kb, KB: tl.constexpr, NKB,
+                  DECAY: tl.constexpr, PREC: tl.constexpr):
+    """Backward (KDA), block kb: ``dS_b + x_b^T Y``, after ``dS_b <- e^{G_last} dS_b`` with ``DECAY``."""
+    if DECAY:
+        dS = block_gamma(G_ptr, last, h, H, K, kb, KB)[:, None] * dS
+    return dS + cols_dot(Y, x_ptr, s_ptr, rows, rmask, h, H, K, kb, KB, NKB, PREC)
 
 
 # --------------------------------------------------------------------------------- all the blocks
@@ -251,21 +251,17 @@ def dread_blocks(dS0, dS1, dS2, dS3, dU, kd_ptr, sd_ptr, rows, rmask, h, H, K, K
 
 
 @triton.jit
-def dupdate_blocks(dS0, dS1, dS2, dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K,
-                   scale, KB: tl.constexpr, NKB: tl.constexpr, PREC: tl.constexpr):
-    """Backward (KDA): ``dS <- Diag(gamma) dS + scale Qg^T dO - Kg^T Diag(beta) dY`` (``dupdate_block`` of every
-    block)."""
-    dS0 = dupdate_block(dS0, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 0, KB,
-                        NKB, PREC)
+def dupdate_blocks(dS0, dS1, dS2, dS3, Y, x_ptr, s_ptr, G_ptr, rows, rmask, last, h, H, K, KB: tl.constexpr,
+                   NKB: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
+    """Backward (KDA), one term of ``dS <- Diag(gamma) dS + scale Qg^T dO - Kg^T Diag(beta) dY``: ``dS + x^T Y``
+    for a prepared operand x and Y, after ``Diag(gamma)`` with ``DECAY`` (``dupdate_block`` of every block)."""
+    dS0 = dupdate_block(dS0, Y, x_ptr, s_ptr, G_ptr, rows, rmask, last, h, H, K, 0, KB, NKB, DECAY, PREC)
     if NKB > 1:
-        dS1 = dupdate_block(dS1, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 1,
-                            KB, NKB, PREC)
+        dS1 = dupdate_block(dS1, Y, x_ptr, s_ptr, G_ptr, rows, rmask, last, h, H, K, 1, KB, NKB, DECAY, PREC)
     if NKB > 2:
-        dS2 = dupdate_block(dS2, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 2,
-                            KB, NKB, PREC)
+        dS2 = dupdate_block(dS2, Y, x_ptr, s_ptr, G_ptr, rows, rmask, last, h, H, K, 2, KB, NKB, DECAY, PREC)
     if NKB > 3:
-        dS3 = dupdate_block(dS3, do, bdY, qg_ptr, sq_ptr, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K, scale, 3,
-                            KB, NKB, PREC)
+        dS3 = dupdate_block(dS3, Y, x_ptr, s_ptr, G_ptr, rows, rmask, last, h, H, K, 3, KB, NKB, DECAY, PREC)
     return dS0, dS1, dS2, dS3
 
 
