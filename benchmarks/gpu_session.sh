@@ -25,7 +25,8 @@
 # in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") and OPS (default
 # "kda kda_gate gla simple_gla") pick the law runs' implementations and ops and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
 # PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call;
-# PROFILE_STAGES (e.g. "recurrence dstate") and PROFILE_SHAPES (e.g. "B1_T32768") limit the profile. Each step starts from a cold
+# PROFILE_STAGES (e.g. "recurrence dstate") and PROFILE_SHAPES (e.g. "B1_T32768") limit the profile, BENCH_SHAPES the
+# benchmark. Each step starts from a cold
 # Triton cache of its own (COLD=0: one shared cache) and its wall time lands in $OUT/timings.txt.
 # Prints a short table last.
 set -uo pipefail
@@ -141,7 +142,8 @@ for step in "$@"; do
         --device cuda --seconds "${FUZZ_SECONDS:-300}" --out-dir "$OUT" > "$OUT/gpu_fuzz.log" 2>&1
       echo "fuzz exit $?" >> "$OUT/gpu_fuzz.log" ;;
     bench)
-      timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --jobs "$JOBS" --out "$OUT/kda_h200.json" > "$OUT/kda_bench.log" 2>&1
+      timeout -s INT "${BENCH_S:-500}" python3 benchmarks/kda.py --jobs "$JOBS" ${BENCH_SHAPES:+--shapes $BENCH_SHAPES} --out "$OUT/kda_h200.json" \
+        > "$OUT/kda_bench.log" 2>&1
       echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
     profile)
       timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" ${PROFILE_STAGES:+--stages $PROFILE_STAGES} ${PROFILE_SHAPES:+--shapes $PROFILE_SHAPES} \

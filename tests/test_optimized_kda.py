@@ -174,6 +174,18 @@ def test_segment_length_splits_only_a_gpu_left_idle():
     assert length(1, 0, lengths=[0]) == 0
 
 
+def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
+    from refcheck.optimized.common import make_chunks
+    cu = torch.tensor([0, 3, 70])
+    table = make_chunks(1, 70, cu, 64, "cpu")
+    assert make_chunks(1, 70, cu, 64, "cpu") is table
+    assert make_chunks(1, 70, cu.clone(), 64, "cpu") is not table  # another tensor: validated and built again
+    assert make_chunks(1, 70, cu, 32, "cpu") is not table
+    cu[1] = 80  # changed in place: validated again
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        make_chunks(1, 70, cu, 64, "cpu")
+
+
 def test_kda_empty_sequences_keep_the_state():
     x, opts = kda_case(T=0, lengths=[0, 0], h0=True)
     o, ht = optimized.kda(**x, **opts)

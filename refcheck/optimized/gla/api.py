@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refcheck.references.contract import check_cu_seqlens, check_scale, check_tensor
+from refcheck.references.contract import check_scale, check_tensor
 from refcheck.references.gla import check_gla_inputs
 
 from ..chunk.tiles import cumulative_gate_dtype
@@ -121,12 +121,11 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
                                initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=None,
                                head_first=False, precision=precision, chunk_size=chunk_size, split_k=split_k)
         return o.transpose(1, 2), ht
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, B, T)
+    size = EXACT_CHUNK if precision == "ieee" else chunk_size
+    chunks = make_chunks(B, T, cu_seqlens, size, q.device)  # validates cu_seqlens
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     initial_state = kernel_state(initial_state, N, H, K, V, q.device)
-    size = EXACT_CHUNK if precision == "ieee" else chunk_size
-    cfg = GlaConfig(make_chunks(B, T, cu_seqlens, size, q.device), scale, scalar, head_first, T, precision,
+    cfg = GlaConfig(chunks, scale, scalar, head_first, T, precision,
                     output_final_state, split_k)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     return ChunkGlaFunction.apply(q, k, v, g, initial_state, cfg)

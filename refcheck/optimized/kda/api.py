@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from refcheck.references.contract import check_cu_seqlens, check_scale, check_shape, check_tensor
+from refcheck.references.contract import check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
 from ..chunk.output import output as chunk_output
@@ -201,14 +201,12 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
     if use_gate_in_kernel:
         _check_gate_params(A_log, dt_bias, H, K, q.device)
         _check_lower_bound(lower_bound)
-    if cu_seqlens is not None:
-        check_cu_seqlens(cu_seqlens, B, T)
+    chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens
     if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
                                        or segment_chunks < 0):
         raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     initial_state = kernel_state(initial_state, N, H, K, V, q.device)
-    chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)
     length = segment_length(chunks, H, V) if segment_chunks is None else segment_chunks
     cfg = KdaConfig(chunks, scale, safe_gate, None if lower_bound is None else float(lower_bound), use_gate_in_kernel,
                     use_qk_l2norm, precision, use_gather, disable_recompute, output_final_state,
