@@ -184,6 +184,8 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     cu[1] = 80  # changed in place: validated again
     with pytest.raises(ValueError, match="cu_seqlens"):
         make_chunks(1, 70, cu, 64, "cpu")
+    rows = make_chunks(2, 70, None, 64, "cpu")
+    assert make_chunks(2, 70, None, 64, "cpu") is rows and make_chunks(2, 71, None, 64, "cpu") is not rows
 
 
 def test_kda_empty_sequences_keep_the_state():
