@@ -87,3 +87,23 @@ def test_every_law_runs_on_a_case_of_every_op_it_applies_to(law_name, op):
     impl = _runnable(law, op)[0]
     case = _draw(law, op, impl)
     laws.check(law, impl, Example(case, impl.modes[0], laws.path_knobs(impl)[0], laws.fixed_params(law, case)))
+
+
+@pytest.mark.parametrize("knobs", [
+    {},
+    {"a": (1, 2, 3)},
+    {"a": (True, False), "b": (64, 128)},
+    {"a": (True, False), "b": (False, True), "c": (None, 1)},
+    {"a": (1, 2, 3), "b": ("x", "y"), "c": (None, 0), "d": (True, False)},
+])
+def test_path_knobs_meet_every_pair_of_values_defaults_first(knobs):
+    import itertools
+    impl = dataclasses.replace(registry.get("kda", "triton"), knobs={"precision": ("tf32",), **knobs})
+    combos = laws.path_knobs(impl)
+    assert combos[0] == {n: v[0] for n, v in knobs.items()}
+    if len(knobs) < 3:
+        assert len(combos) == max(1, len(list(itertools.product(*knobs.values()))))
+    for (a, va), (b, vb) in itertools.combinations(knobs.items(), 2):
+        met = {(c[a], c[b]) for c in combos}
+        assert met == set(itertools.product(va, vb)), (a, b)
+    assert len(combos) < len(list(itertools.product(*knobs.values()))) or len(knobs) < 3

@@ -398,9 +398,24 @@ def _nonfinite(out: dict, ref: dict) -> dict[str, int]:
 
 
 def path_knobs(impl: registry.Implementation) -> list[dict]:
-    """Every combination of the implementation's non-precision knobs, the declared defaults first."""
+    """Combinations of the implementation's non-precision knobs, the declared defaults first, in which every
+    value of each knob meets every value of every other knob (all pairs: with one or two knobs every
+    combination, with three two-valued knobs four of the eight). Greedy over the full product: each next
+    combination is the first that meets the most pairs not yet met. Higher-order combinations are left to
+    the laws that draw their knobs at random (``strategies.knob_settings``)."""
     names = [n for n in impl.knobs if n != "precision"]
-    return [dict(zip(names, values)) for values in itertools.product(*(impl.knobs[n] for n in names))]
+    product = [dict(zip(names, values)) for values in itertools.product(*(impl.knobs[n] for n in names))]
+    if len(names) < 3:
+        return product
+
+    def pairs(combo: dict) -> set:
+        return {(a, repr(combo[a]), b, repr(combo[b])) for a, b in itertools.combinations(names, 2)}
+    unmet = set().union(*map(pairs, product)) - pairs(product[0])
+    chosen = [product[0]]
+    while unmet:
+        chosen.append(max(product, key=lambda combo: len(pairs(combo) & unmet)))
+        unmet -= pairs(chosen[-1])
+    return chosen
 
 
 def autotuned_kernels(impl: registry.Implementation) -> dict[str, object]:
@@ -431,9 +446,9 @@ def autotuned_kernels(impl: registry.Implementation) -> dict[str, object]:
 
 
 def path_agreement(t: Trial) -> None:
-    """Law 7: every combination of the implementation's knobs (gather or not, recompute or not,
-    chunk size, ...) computes what the default combination computes, within budget (bitwise
-    reported); and, interpreted, so does every autotune config: run i pins each autotuned kernel
+    """Law 7: the implementation's knob combinations (gather or not, recompute or not, chunk size, ...;
+    every pair of knob values, ``path_knobs``) compute what the default combination computes, within
+    budget (bitwise reported); and, interpreted, so does every autotune config: run i pins each autotuned kernel
     of the implementation to its config ``i mod (its number of configs)``, so every config of every
     kernel runs in every example."""
     inputs = t.inputs()

@@ -1,5 +1,6 @@
-"""Law 7: every knob combination (gather or not, recompute or not, ...) and every autotune config
-(interpreted) computes what the default path computes, within budget."""
+"""Law 7: the knob combinations that meet every pair of knob values (gather or not, recompute or not, ...;
+``laws.path_knobs``) and every autotune config (interpreted) compute what the default path computes,
+within budget."""
 import pytest
 
 
