@@ -13,7 +13,7 @@ from the state ``[0 | I]`` with K more value columns, whose values are zero, its
 E and its last K at M. So a pass over segments is three steps:
 
  1. every segment from ``[0 | I]``, side by side, its states ``[K, V + K]`` kept only at its end
-    (``transitions``);
+    (``transition_start``);
  2. the scan along each sequence's segments: ``S_{j+1} = M_j S_j + E_j`` (``scan``, one batched matmul
     per segment index, in torch; backwards for the reverse pass);
  3. every segment again from its entry state ``S_j``, side by side, storing what the pass stores.
@@ -64,10 +64,6 @@ class Segments:
 
     chunks: Chunks
     table: torch.Tensor
-
-    @property
-    def num_seqs(self) -> int:
-        return self.table.shape[0]
 
 
 def split(chunks: Chunks, length: int) -> Segments:
