@@ -13,7 +13,7 @@ from the state ``[0 | I]`` with K more value columns, whose values are zero, its
 E and its last K at M. So a pass over segments is three steps:
 
  1. every segment from ``[0 | I]``, side by side, its states ``[K, V + K]`` kept only at its end
-    (``transition_start``);
+    (``run``);
  2. the scan along each sequence's segments: ``S_{j+1} = M_j S_j + E_j`` (``scan``, one batched matmul
     per segment index, in torch; backwards for the reverse pass);
  3. every segment again from its entry state ``S_j``, side by side, storing what the pass stores.
@@ -52,6 +52,13 @@ def segment_length(chunks: Chunks, H: int, V: int) -> int:
     return length if max(chunks.counts) > length else 0
 
 
+def plan(chunks: Chunks, H: int, V: int, segment_chunks: int | None) -> Segments | None:
+    """The segments of a pass with H heads and V values: of ``segment_chunks`` chunks (0: none; None:
+    ``segment_length``), or None where no sequence is longer than one segment."""
+    length = segment_length(chunks, H, V) if segment_chunks is None else segment_chunks
+    return split(chunks, length) if length and max(chunks.counts, default=0) > length else None
+
+
 @dataclass(frozen=True)
 class Segments:
     """Every sequence of ``chunks`` cut into segments of at most ``length`` chunks.
@@ -86,12 +93,16 @@ def split(chunks: Chunks, length: int) -> Segments:
                            counts), table)
 
 
-def transition_start(NS: int, H: int, K: int, V: int, device) -> torch.Tensor:
-    """Step 1's start, ``[0 | I]`` ``[NS, H, K, V + K]`` fp32: the state whose run over a segment ends at
-    ``[E | M]``."""
-    start = torch.zeros(NS, H, K, V + K, device=device, dtype=torch.float32)
-    start[..., V:] = torch.eye(K, device=device, dtype=torch.float32)
-    return start
+def run(walk, segments: Segments, first: torch.Tensor | None, H: int, K: int, V: int, reverse: bool = False):
+    """A serial pass over ``segments`` in the three steps (module docstring); returns the last state of every
+    sequence (``scan``). ``walk(chunks, start, W, steps)`` launches the pass over ``chunks`` from the
+    states ``start [NS, H, K, W]`` (None: zero), with its per-chunk stores where ``steps``, and returns
+    every segment's end state ``[NS, H, K, W]`` where not ``steps``."""
+    start = torch.zeros(segments.chunks.num_seqs, H, K, V + K, device=segments.table.device, dtype=torch.float32)
+    start[..., V:] = torch.eye(K, device=start.device, dtype=torch.float32)
+    entries, last = scan(walk(segments.chunks, start, V + K, False), first, segments, V, reverse)
+    walk(segments.chunks, entries, V, True)
+    return last
 
 
 def scan(ends: torch.Tensor, first: torch.Tensor | None, segments: Segments, V: int, reverse: bool = False):

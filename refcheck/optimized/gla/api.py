@@ -123,10 +123,8 @@ def _check_and_run(q, k, v, g, *, scalar, scale, initial_state, output_final_sta
         return o.transpose(1, 2), ht
     size = EXACT_CHUNK if precision == "ieee" else chunk_size
     chunks = make_chunks(B, T, cu_seqlens, size, q.device)  # validates cu_seqlens
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    initial_state = kernel_state(initial_state, N, H, K, V, q.device)
-    cfg = GlaConfig(chunks, scale, scalar, head_first, T, precision,
-                    output_final_state, split_k)
+    initial_state = kernel_state(initial_state, chunks.num_seqs, H, K, V, q.device)
+    cfg = GlaConfig(chunks, scale, scalar, head_first, T, precision, output_final_state, split_k)
     q, k, v, g = (x.contiguous() for x in (q, k, v, g))
     return ChunkGlaFunction.apply(q, k, v, g, initial_state, cfg)
 

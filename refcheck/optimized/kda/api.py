@@ -18,7 +18,7 @@ from refcheck.references.kda import check_kda_inputs
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
-from ..chunk.segments import Segments, segment_length, split
+from ..chunk.segments import Segments, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
@@ -177,7 +177,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                   side (``chunk.segments``: each segment's transition, a scan over them, then each segment
                   from its entry state). None (the default): chosen from the shape, where the sequences
                   are too few to fill an H100 (``segment_length``; e.g. B=1, T=32768, H=16: segments of
-                  64 chunks); 0: never.
+                  64 chunks); 0: never. Where no sequence is longer than one segment, nothing is split.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.
     """
     check_kda_inputs(q, k, v, g, beta, safe_gate=safe_gate, lower_bound=lower_bound,
@@ -201,16 +201,14 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
     if use_gate_in_kernel:
         _check_gate_params(A_log, dt_bias, H, K, q.device)
         _check_lower_bound(lower_bound)
-    chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens
     if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
                                        or segment_chunks < 0):
         raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    initial_state = kernel_state(initial_state, N, H, K, V, q.device)
-    length = segment_length(chunks, H, V) if segment_chunks is None else segment_chunks
+    chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens
+    initial_state = kernel_state(initial_state, chunks.num_seqs, H, K, V, q.device)
     cfg = KdaConfig(chunks, scale, safe_gate, None if lower_bound is None else float(lower_bound), use_gate_in_kernel,
                     use_qk_l2norm, precision, use_gather, disable_recompute, output_final_state,
-                    split(chunks, length) if length else None)
+                    plan(chunks, H, V, segment_chunks))
     if use_gate_in_kernel:
         A_log = A_log.contiguous()
         dt_bias = None if dt_bias is None else dt_bias.contiguous()

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.segments import Segments, scan, transition_start
+from ..chunk.segments import Segments, run
 from ..chunk.state import dread_blocks, dupdate_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
@@ -252,7 +252,8 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
     dY = torch.empty(total, H, V, device=dev, dtype=f32)
 
-    def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool):
+    def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None):
+        store_dh0 = not steps if store_dh0 is None else store_dh0
         dh0 = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32) if store_dh0 else None
         launch_serial(dstate_kernel,
                       (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
@@ -264,9 +265,7 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
 
     if segments is None:
         return dh, dY, walk(chunks, dht, V, True, want_dh0)
-    ends = walk(segments.chunks, transition_start(segments.chunks.num_seqs, H, K, V, dev), V + K, False, True)
-    entries, dh0 = scan(ends, dht, segments, V, reverse=True)
-    walk(segments.chunks, entries, V, True, False)
+    dh0 = run(walk, segments, dht, H, K, V, reverse=True)
     return dh, dY, dh0 if want_dh0 else None
 
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.segments import Segments, scan, transition_start
+from ..chunk.segments import Segments, run
 from ..chunk.state import (
     launch_serial,
     load_blocks,
@@ -185,7 +185,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     hs = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=hs_dtype)
     U = torch.empty(total, H, V, device=dev, dtype=torch.float32)
 
-    def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool):
+    def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
+        store_final = not steps if store_final is None else store_final
         ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
         launch_serial(recurrence_kernel,
                       (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs,
@@ -196,7 +197,5 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
 
     if segments is None:
         return walk(chunks, initial_state, V, True, final), hs, U
-    ends = walk(segments.chunks, transition_start(segments.chunks.num_seqs, H, K, V, dev), V + K, False, True)
-    entries, ht = scan(ends, initial_state, segments, V)
-    walk(segments.chunks, entries, V, True, False)
+    ht = run(walk, segments, initial_state, H, K, V)
     return ht if final else None, hs, U
