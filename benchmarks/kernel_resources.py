@@ -52,7 +52,9 @@ def capture(fn, fit: int | None = None, arch: int = 90):
     return frontend.capture(fn, refuse if fit is not None else None)
 
 
-def resources(kernel, bound, options, arch: int) -> dict:
+def resources(kernel, bound, options, arch: int, sass: str | None = None) -> dict:
+    """Registers, stack and shared memory of one launch compiled for ``sm_<arch>``; ``sass``: also write
+    the kernel's SASS (``cuobjdump -sass``) to this file."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -67,6 +69,10 @@ def resources(kernel, bound, options, arch: int) -> dict:
         fh.write(compiled.asm["cubin"])
     usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", path], capture_output=True,
                            text=True).stdout
+    if sass:
+        with open(sass, "w") as fh:
+            fh.write(subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", path], capture_output=True,
+                                    text=True).stdout)
     os.unlink(path)
     fields = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     return dict(kernel=kernel.fn.__name__, regs=int(fields.get("REG", -1)), stack=int(fields.get("STACK", -1)),
@@ -153,6 +159,7 @@ def main():
     ap.add_argument("--fit", type=int, nargs="?", const=232448,
                     help="compile each launch as it comes and let the launch ladders fall back as on a GPU with this "
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
+    ap.add_argument("--sass", metavar="DIR", help="also write each launch's SASS to DIR/<n>_<kernel>.sass")
     args = ap.parse_args()
     if args.op == "kda":
         launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)
@@ -171,14 +178,17 @@ def main():
     from refcheck.runtime.frontend import constexprs
     print(f"triton {triton.__version__}, sm_{args.arch}")
     print(f"{'kernel':22} {'regs':>5} {'stack':>6} {'shared':>7}  options")
-    for kernel, bound, options in launches:
+    if args.sass:
+        os.makedirs(args.sass, exist_ok=True)
+    for n, (kernel, bound, options) in enumerate(launches):
         consts = constexprs(kernel, bound)
         if "refused" in options:
             print(f"{kernel.fn.__name__:22} refused: needs {options['refused']} B of shared memory  {options} {consts}")
             continue
         if args.warps:
             options = options | dict(num_warps=args.warps)
-        r = resources(kernel, bound, options, args.arch)
+        r = resources(kernel, bound, options, args.arch,
+                      args.sass and os.path.join(args.sass, f"{n:02}_{kernel.fn.__name__}.sass"))
         print(f"{r['kernel']:22} {r['regs']:5} {r['stack']:6} {r['shared']:7}  {r['options']} {consts}", flush=True)
 
 

@@ -34,7 +34,17 @@ import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.segments import Segments, run
-from ..chunk.state import dread_blocks, dupdate_blocks, launch_serial, load_blocks, serial_chunk, serial_program, store_blocks
+from ..chunk.state import (
+    block_gammas,
+    block_scales,
+    launch_serial,
+    load_blocks,
+    read_blocks,
+    serial_chunk,
+    serial_program,
+    store_blocks,
+    update_blocks,
+)
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .chunk_fwd import SUB
@@ -59,24 +69,28 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
     for back in range(num):
         it = num - 1 - back
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
+        sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NKB)
+        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NKB)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NKB)
+        g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
+        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
         P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
-        dU = dread_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd_ptr, rows,
-                          rmask, h, H, K, KB, NKB, PREC)
+        dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd0, sd1, sd2, sd3,
+                         rows, rmask, h, H, K, KB, NKB, PREC)
         # the dO term before dY is formed, so that the dO tile dies before the dY tile lives: spilled stack 160 -> 80
         # B a thread (Triton 3.6, sm_90), B=8 1.33 -> 1.26 ms, B=1 over segments 3.49 -> 3.32 (H100, bf16, H=16,
         # K=V=128, ``results/kda_profile_dstate_order_h100.txt``)
-        dS0, dS1, dS2, dS3 = dupdate_blocks(dS0, dS1, dS2, dS3, scale * do, qg_ptr, sq_ptr, G_ptr, rows, rmask, last, h,
-                                            H, K, KB, NKB, True, PREC)
+        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg_ptr, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
+                                           rows, rmask, h, H, K, KB, NKB, True, PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
         if STEPS:
             store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
-        nbdY = -load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * dY
-        dS0, dS1, dS2, dS3 = dupdate_blocks(dS0, dS1, dS2, dS3, nbdY, kg_ptr, sg_ptr, G_ptr, rows, rmask, last, h, H, K,
-                                            KB, NKB, False, PREC)
+        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg_ptr, sg0, sg1, sg2, sg3, g0, g1,
+                                           g2, g3, rows, rmask, h, H, K, KB, NKB, False, PREC)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, W, KB, NKB, vv, wmask)
 

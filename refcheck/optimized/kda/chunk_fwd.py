@@ -35,6 +35,8 @@ import triton.language as tl
 from ..chunk.prepared import PreparedKeys
 from ..chunk.segments import Segments, run
 from ..chunk.state import (
+    block_gammas,
+    block_scales,
     launch_serial,
     load_blocks,
     read_blocks,
@@ -120,17 +122,20 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NKB)
+        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NKB)
+        g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
+        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
-        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, sg_ptr, rows, rmask,
-                        h, H, K, KB, NKB, PREC)
-        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
+        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, -sg0, -sg1, -sg2,
+                        -sg3, rows, rmask, h, H, K, KB, NKB, PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         if STEPS:
             store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
-        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd_ptr, G_ptr, rows, rmask, last, h, H, K, KB, NKB,
-                                       PREC)
+        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd0, sd1, sd2, sd3, g0, g1, g2, g3, rows, rmask, h,
+                                       H, K, KB, NKB, True, PREC)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
