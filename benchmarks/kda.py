@@ -542,7 +542,7 @@ def profile(names, jobs, stages=None):
     for name in names:
         d = data if name == names[0] else profile_data(name)
         for stage, cfg, safe, gather in (PROFILE_VARIANTS[i] for i in todo):
-            if name != "B8_T4096" and stage not in ("recurrence", "dstate", "output"):
+            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "output"):
                 continue
             try:
                 ms = do_bench(profile_stage(d, stage, cfg, safe, gather), return_mode="median")

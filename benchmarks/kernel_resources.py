@@ -54,7 +54,7 @@ def capture(fn, fit: int | None = None, arch: int = 90):
 
 def resources(kernel, bound, options, arch: int, sass: str | None = None) -> dict:
     """Registers, stack and shared memory of one launch compiled for ``sm_<arch>``; ``sass``: also write
-    the kernel's SASS (``cuobjdump -sass``) to this file."""
+    the kernel's SASS (``cuobjdump -sass``) to this file, and its Triton GPU IR beside it (``.ttgir``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -73,6 +73,8 @@ def resources(kernel, bound, options, arch: int, sass: str | None = None) -> dic
         with open(sass, "w") as fh:
             fh.write(subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", path], capture_output=True,
                                     text=True).stdout)
+        with open(os.path.splitext(sass)[0] + ".ttgir", "w") as fh:
+            fh.write(compiled.asm["ttgir"])
     os.unlink(path)
     fields = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     return dict(kernel=kernel.fn.__name__, regs=int(fields.get("REG", -1)), stack=int(fields.get("STACK", -1)),
@@ -159,7 +161,7 @@ def main():
     ap.add_argument("--fit", type=int, nargs="?", const=232448,
                     help="compile each launch as it comes and let the launch ladders fall back as on a GPU with this "
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
-    ap.add_argument("--sass", metavar="DIR", help="also write each launch's SASS to DIR/<n>_<kernel>.sass")
+    ap.add_argument("--sass", metavar="DIR", help="also write each launch's SASS and Triton GPU IR to DIR/<n>_<kernel>.sass, .ttgir")
     args = ap.parse_args()
     if args.op == "kda":
         launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)

@@ -131,11 +131,11 @@ def diag_levels(A, P, k, q, G, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.conste
 
 @triton.jit
 def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DIAG: tl.constexpr,
-                PREC: tl.constexpr, DPREC: tl.constexpr):
+                PREC: tl.constexpr, DPREC: tl.constexpr, BELOW: tl.constexpr = True):
     """The block diagonals ``A_0..A_3`` (strictly lower) and ``P_0..P_3`` (lower, unscaled), summed over
     the channels in blocks of BK, and the largest ``|G - G_m|`` inside a sub-chunk (``[NB, BC, BK]``, by
     channel block; zeros unless ``DIAG`` is "dots"); the diagonal blocks as ``DIAG`` says (module
-    docstring)."""
+    docstring). Without ``BELOW`` the diagonal blocks only (the others zero)."""
     A0 = tl.zeros((NB, BC, BC), tl.float32)
     A1, A2, A3, P0, P1, P2, P3 = A0, A0, A0, A0, A0, A0, A0
     ck = tl.arange(0, BK)[None, None, :]
@@ -146,11 +146,12 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
         k = block_x(kp, t0, n, 0, h, H, K, ck, cmask, BC)
         q = block_x(qp, t0, n, 0, h, H, K, ck, cmask, BC)
         G = block_gate(Gp, t0, n, 0, 0, BC, h, H, K, ck, cmask, BC)
-        G_r = block_gate(Gp, t0, n, 0, 0, 1, h, H, K, ck, cmask, BC)
-        e = decay(G - G_r)
-        A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC)
-        A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
-        A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
+        if BELOW:
+            G_r = block_gate(Gp, t0, n, 0, 0, 1, h, H, K, ck, cmask, BC)
+            e = decay(G - G_r)
+            A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC)
+            A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
+            A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
         G_m = block_gate(Gp, t0, n, 0, BC // 2, 1, h, H, K, ck, cmask, BC)
         if DIAG == "dots":
             A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)

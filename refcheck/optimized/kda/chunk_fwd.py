@@ -47,7 +47,7 @@ from ..chunk.state import (
 )
 from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
-from .blocks import NB, block_beta, pair_blocks, solve, store_lower
+from .blocks import NB, block_beta, load_diag, pair_blocks, solve, store_diag, store_lower, store_zeros_above
 from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
@@ -70,16 +70,30 @@ def store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3,
 def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag,
                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
                 DPREC: tl.constexpr):
-    """T and P of one chunk and head (``intra_kernel``); ``flag`` its entry of the flags."""
+    """T and P of one chunk and head (``intra_kernel``); ``flag`` its entry of the flags. The blocks below
+    the diagonal do not depend on the decay's strength: the checked pass stores those of the chunks it
+    marks (P's in P, A's in T's memory until the flagged pass solves), and the flagged pass forms the
+    diagonal blocks only."""
     diag: tl.constexpr = "general" if PASS == "flagged" else "dots"
+    below: tl.constexpr = PASS != "flagged"
     A0, A1, A2, A3, P0, P1, P2, P3, span = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, diag, PREC,
-                                                       DPREC)
+                                                       DPREC, below)
     if PASS == "checked":
         if tl.max(span) > DIAG_SPAN:
             tl.store(flag_ptr + flag, 1)
+            for d in tl.static_range(1, NB):
+                store_diag(P_ptr, scale * (P1 if d == 1 else P2 if d == 2 else P3), t0, n, d, h, H, C, BC)
+                store_diag(T_ptr, A1 if d == 1 else A2 if d == 2 else A3, t0, n, d, h, H, C, BC)
+            store_zeros_above(P_ptr, t0, n, h, H, C, BC)
         else:
             store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC,
                           DPREC)
+    elif PASS == "flagged":
+        store_diag(P_ptr, scale * P0, t0, n, 0, h, H, C, BC)
+        A1 = load_diag(T_ptr, t0, n, 0, 1, h, H, C, BC)
+        A2 = load_diag(T_ptr, t0, n, 0, 2, h, H, C, BC)
+        A3 = load_diag(T_ptr, t0, n, 0, 3, h, H, C, BC)
+        solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
     else:
         store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC, DPREC)
 
@@ -90,9 +104,9 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
                  DPREC: tl.constexpr):
     """One chunk and head, by sub-chunk blocks (``blocks``): ``T = (I + Diag(beta) A)^{-1}`` and ``P``
     (scale included). ``PASS``: "safe" (safe_gate: the diagonal blocks by dots), "checked" (the same, but a
-    chunk whose decay inside a sub-chunk exceeds ``DIAG_SPAN`` is not stored: it is marked in
-    ``flag[c, h]``), "flagged" (the marked chunks only, each diagonal tile by dots or by levels as its span
-    allows; the others return at once)."""
+    chunk whose decay inside a sub-chunk exceeds ``DIAG_SPAN`` gets only its blocks below the diagonal stored,
+    and is marked in ``flag[c, h]``), "flagged" (the marked chunks only: their diagonal blocks, each tile by
+    dots or by levels as its span allows, then the solve; the others return at once)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -162,6 +176,13 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     flags = torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     for kind in ("safe",) if safe else ("checked", "flagged"):
         step = cfg
+        if kind == "flagged" and torch.float32 not in (q.dtype, k.dtype) and not (config and "BK" in config):
+            # the diagonal blocks alone, by levels where the decay is strong: channel blocks of 32 (H200, bf16, B=8,
+            # T=4096, H=16, K=128, nearly every chunk flagged, ``benchmarks/kda.py --profile``, both passes at one
+            # BK: 16 3.17 ms, 32 2.56, 64 3.18, where the checked pass alone takes 0.87, 0.94, 1.17 at normal decay;
+            # ``results/kda_profile_intra_strong_h200.txt``). fp32 inputs (G in fp64) keep 16: at 32 and one stage
+            # (below) the pass spills 344 B a thread offline, and no GPU has timed it
+            step = cfg | dict(BK=min(padded(K), 32))
         if kind == "flagged" and torch.float32 in (q.dtype, k.dtype) and not (config and "num_stages" in config):
             # Triton 3.6 for sm_90 mis-pipelined the former exact diagonal path (a 16-step loop inside a
             # branch of the pipelined channel loop, where ``blocks.diag_levels`` is now) when q and k are fp32:
@@ -169,7 +190,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
             # H100 law run with --bucket-seed 3997324711; the H200 run of the session before showed the same).
             # bf16 inputs, ieee, one load stage and the interpreter were right; so was no rewrite of the loop
             # that still pipelined it. The levels have no loop; one stage stays until a GPU shows two right
-            step = cfg | dict(num_stages=1)
+            step = step | dict(num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H),
                (q, k, G, beta, T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K),
                dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
