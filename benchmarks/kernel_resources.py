@@ -161,7 +161,8 @@ def main():
     ap.add_argument("--fit", type=int, nargs="?", const=232448,
                     help="compile each launch as it comes and let the launch ladders fall back as on a GPU with this "
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
-    ap.add_argument("--sass", metavar="DIR", help="also write each launch's SASS and Triton GPU IR to DIR/<n>_<kernel>.sass, .ttgir")
+    ap.add_argument("--sass", metavar="DIR",
+                    help="also write each launch's SASS and Triton GPU IR to DIR/<n>_<kernel>.sass, .ttgir")
     args = ap.parse_args()
     if args.op == "kda":
         launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)

@@ -157,6 +157,28 @@ def test_segments_agree_with_one_pass():
     assert rel(o0[:, 101:137], o[:, 101:137].double()) > 1e-2
 
 
+def test_prepared_operands_have_power_of_two_row_scales():
+    """The forward pass takes the row scales of its prepared operands into its dots' first operand (``s X``,
+    ``state.rows_dot``): exact only where s is a power of two. X keeps fp16's range, each row's largest
+    magnitude in a state block in [1/2, 1], and ``s X`` is ``k e^G`` to fp16's rounding
+    at the row's scale."""
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(3)
+    T, H, K = 100, 2, 128
+    k = 3 * torch.randn(T, H, K, generator=gen)
+    chunks = make_chunks(1, T, None, 64, "cpu")
+    G = gate_cumsum(-2 * torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    keys = prepare_keys(k, G, chunks, "tf32")
+    X, s = keys.kg.float().view(T, H, 2, 64), keys.sg
+    assert torch.equal(s, torch.exp2(torch.log2(s).round()))
+    peak = X.abs().amax(-1)
+    assert bool(((peak >= 0.5) & (peak <= 1)).all()), peak  # 1/2 where a row's largest rounds down to it
+    error = (s[..., None] * X - (k * G.exp()).view(T, H, 2, 64)).abs()
+    assert bool((error <= s[..., None] * 2.0 ** -11).all())  # half an fp16 step of 1 at the row's scale
+
+
 def test_segment_length_splits_only_a_gpu_left_idle():
     from refcheck.optimized.chunk.segments import segment_length
     from refcheck.optimized.common import make_chunks

@@ -8,14 +8,15 @@ its dots waits on all of it, and its loads cannot be issued ahead (the pipeliner
 feed dots). Formed here, one program per (chunk, head, state block), the operands are plain loads
 into the serial step's dots, which the pass double-buffers.
 
-Stored as ``x = s * X`` with ``s [T, H, NKB]`` the largest magnitude of each row within each state block
-(``state.state_blocks``) and ``X`` in ``operand_dtype(precision)``: fp16 where the dots run at "tf32",
-which rounds its operands to the same 11 significant bits, so storing them in fp16 loses nothing the dot
-keeps (and the row scale keeps them in fp16's range whatever the input's magnitude); fp32 for "ieee"
-and "tf32x3". Half the bytes of the fp32 operands, and a third of what k (16-bit) and G (fp32) took
-read twice. The pass applies the row scales outside its dots:
+Stored as ``x = s * X`` with ``s [T, H, NKB]`` the power of two at or above the largest magnitude of each
+row within each state block (``state.state_blocks``) and ``X`` in ``operand_dtype(precision)``: fp16 where
+the dots run at "tf32", which rounds its operands to the same 11 significant bits, so storing them in fp16
+loses nothing the dot keeps (and the row scale keeps them in fp16's range whatever the input's magnitude);
+fp32 for "ieee" and "tf32x3". Half the bytes of the fp32 operands, and a third of what k (16-bit) and G
+(fp32) took read twice. A power of two makes ``s X`` exact, so a pass applies the row scales outside its
+dots or inside, to the first operand (``state.rows_dot``, ``state.update_block``):
 
-    (x S)_i = s_i (X S)_i,        x^T U = X^T (Diag(s) U)
+    (x S)_i = s_i (X S)_i = ((Diag(s) X) S)_i,        x^T U = X^T (Diag(s) U) = (Diag(s) X)^T U
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ def operand_dtype(precision: str) -> torch.dtype:
 
 @triton.jit
 def store_scaled(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
-    """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` and ``x / s`` in ``x_ptr``'s dtype."""
-    s = tl.max(tl.abs(x), axis=1)
-    s = tl.where(s > 0, s, 1.0)
+    """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` (powers of two) and ``x / s`` in ``x_ptr``'s dtype."""
+    m = tl.max(tl.abs(x), axis=1)
+    s = tl.exp2(tl.ceil(tl.log2(tl.where(m > 0, m, 1.0))))
     store_tile(x_ptr, x / s[:, None], rows, rmask, h, H, K, cols, cmask)
     tl.store(s_ptr + row_offsets(rows, h, H, NKB) + kb, s, mask=rmask)
 

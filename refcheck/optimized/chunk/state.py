@@ -106,12 +106,18 @@ def dwrite_block(dS, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
 
 
 # ------------------------------------------------------------------------- prepared operands (KDA)
-# KDA's passes read their K-side operands ``x = Diag(s) X`` prepared in parallel (``prepared``); the row
-# scales s stay outside the dots. A step loads its small vectors (row scales, beta, ``e^{G_last}``) first,
-# before its first dot (``block_scales``, ``block_gammas``): loaded where they are used, each load sat behind the
-# barrier of the dot before it, and its latency added to the step's. Measured on an H200 (bf16, H=16, K=V=128,
-# ``results/kda_profile_loads_first_h200.txt``): B=1, T=32768 forward pass 2.45 -> 2.21 ms in one pass, 1.91 -> 1.88
-# over segments; reverse pass over segments 3.39 -> 3.25; B=8 forward 0.83 (unchanged), reverse 1.25 -> 1.17.
+# KDA's passes read their K-side operands ``x = Diag(s) X`` prepared in parallel (``prepared``), the row
+# scales s powers of two, so that ``s X`` is exact and may be either dot's first operand (``FIRST``: the blocks'
+# dots then share their second operand and accumulate into one tile) or stay outside the dots. Measured on an
+# H200 (bf16, H=16, K=V=128, ``results/kda_profile_scales_first_h200.txt``), scales first against outside: the
+# forward pass at B=8 0.822 -> 0.785 ms, at B=1 over segments 1.860 -> 1.863; the reverse pass 1.160 -> 1.294 and
+# 3.225 -> 3.369. So the forward pass takes them first, the reverse pass outside.
+#
+# A step loads its small vectors (row scales, beta, ``e^{G_last}``) first, before its first dot
+# (``block_scales``, ``block_gammas``): loaded where they are used, each load sat behind the barrier of the dot
+# before it, and its latency added to the step's. Measured on an H200 (``results/kda_profile_loads_first_h200.txt``):
+# B=1, T=32768 forward pass 2.45 -> 2.21 ms in one pass, 1.91 -> 1.88 over segments; reverse pass over segments
+# 3.39 -> 3.25; B=8 forward 0.83 (unchanged), reverse 1.25 -> 1.17.
 
 
 @triton.jit
@@ -160,31 +166,35 @@ def block_gammas(G_ptr, last, h, H, K, KB: tl.constexpr, NKB: tl.constexpr):
 
 
 @triton.jit
-def rows_dot(S, x_ptr, s, rows, rmask, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr):
-    """``x_b S_b = Diag(s) (X_b S_b)``, ``[C, BV]``: block kb of a prepared operand (row scales s) times
-    block kb of a state."""
+def rows_dot(Z, S, x_ptr, s, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr):
+    """``Z + x_b S_b``, ``[C, BV]``: block kb of a prepared operand ``x_b = Diag(s) X_b`` times block kb of a
+    state; with ``FIRST`` the dot takes ``s X_b`` (exact: s is a power of two) and accumulates into Z, else
+    ``Z + Diag(s) (X_b S_b)``."""
     kk, kmask = block_cols(kb, KB, K)
     x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
-    return s[:, None] * tl.dot(x, S, input_precision=PREC)
-
-
-@triton.jit
-def cols_dot(Y, x_ptr, s, rows, rmask, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr):
-    """``x_b^T Y = X_b^T (Diag(s) Y)``, ``[KB, BV]``: block kb of a prepared operand (row scales s),
-    transposed, times Y."""
-    kk, kmask = block_cols(kb, KB, K)
-    x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
-    return tl.dot(tl.trans(x), s[:, None] * Y, input_precision=PREC)
+    if FIRST:
+        out = tl.dot(s[:, None] * x, S, Z, input_precision=PREC)
+    else:
+        out = Z + s[:, None] * tl.dot(x, S, input_precision=PREC)
+    return out
 
 
 @triton.jit
 def update_block(dS, Y, x_ptr, s, gamma, rows, rmask, h, H, K, kb, KB: tl.constexpr, DECAY: tl.constexpr,
-                  PREC: tl.constexpr):
-    """Block kb: ``dS_b + x_b^T Y``, after ``dS_b <- Diag(gamma) dS_b`` with ``DECAY`` (KDA's forward update:
-    ``S_b <- Diag(gamma) S_b + Kd_b^T U``)."""
+                 FIRST: tl.constexpr, PREC: tl.constexpr):
+    """Block kb: ``dS_b + x_b^T Y`` for a prepared operand ``x_b = Diag(s) X_b``, after
+    ``dS_b <- Diag(gamma) dS_b`` with ``DECAY`` (KDA's forward update: ``S_b <- Diag(gamma) S_b + Kd_b^T U``);
+    with ``FIRST`` the dot takes ``(s X_b)^T`` and accumulates into dS_b (every block's dot then has the same
+    second operand Y), else ``dS_b + X_b^T (Diag(s) Y)``."""
+    kk, kmask = block_cols(kb, KB, K)
+    x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
     if DECAY:
         dS = gamma[:, None] * dS
-    return dS + cols_dot(Y, x_ptr, s, rows, rmask, h, H, K, kb, KB, PREC)
+    if FIRST:
+        out = tl.dot(tl.trans(s[:, None] * x), Y, dS, input_precision=PREC)
+    else:
+        out = dS + tl.dot(tl.trans(x), s[:, None] * Y, input_precision=PREC)
+    return out
 
 
 # --------------------------------------------------------------------------------- all the blocks
@@ -222,16 +232,16 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 @triton.jit
 def read_blocks(S0, S1, S2, S3, Z, x_ptr, s0, s1, s2, s3, rows, rmask, h, H, K, KB: tl.constexpr,
-                NKB: tl.constexpr, PREC: tl.constexpr):
+                NKB: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr):
     """``Z + x S`` for a prepared operand x, row scales s0..s3 (``rows_dot`` of every block): the forward's
     ``V - Kg S`` (Z = V, the scales negated), the backward's ``P^T dO + Kd dS``."""
-    Z += rows_dot(S0, x_ptr, s0, rows, rmask, h, H, K, 0, KB, PREC)
+    Z = rows_dot(Z, S0, x_ptr, s0, rows, rmask, h, H, K, 0, KB, FIRST, PREC)
     if NKB > 1:
-        Z += rows_dot(S1, x_ptr, s1, rows, rmask, h, H, K, 1, KB, PREC)
+        Z = rows_dot(Z, S1, x_ptr, s1, rows, rmask, h, H, K, 1, KB, FIRST, PREC)
     if NKB > 2:
-        Z += rows_dot(S2, x_ptr, s2, rows, rmask, h, H, K, 2, KB, PREC)
+        Z = rows_dot(Z, S2, x_ptr, s2, rows, rmask, h, H, K, 2, KB, FIRST, PREC)
     if NKB > 3:
-        Z += rows_dot(S3, x_ptr, s3, rows, rmask, h, H, K, 3, KB, PREC)
+        Z = rows_dot(Z, S3, x_ptr, s3, rows, rmask, h, H, K, 3, KB, FIRST, PREC)
     return Z
 
 
@@ -256,17 +266,17 @@ def write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H
 
 @triton.jit
 def update_blocks(dS0, dS1, dS2, dS3, Y, x_ptr, s0, s1, s2, s3, g0, g1, g2, g3, rows, rmask, h, H, K,
-                  KB: tl.constexpr, NKB: tl.constexpr, DECAY: tl.constexpr, PREC: tl.constexpr):
+                  KB: tl.constexpr, NKB: tl.constexpr, DECAY: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr):
     """``dS <- Diag(gamma) dS + x^T Y`` (``DECAY``; else ``dS + x^T Y``) for a prepared operand x, row scales
     s0..s3 and decays g0..g3 (``update_block`` of every block): the forward's ``S <- Diag(gamma) S + Kd^T U``,
     the backward's terms of ``dS <- Diag(gamma) dS + scale Qg^T dO - Kg^T Diag(beta) dY``."""
-    dS0 = update_block(dS0, Y, x_ptr, s0, g0, rows, rmask, h, H, K, 0, KB, DECAY, PREC)
+    dS0 = update_block(dS0, Y, x_ptr, s0, g0, rows, rmask, h, H, K, 0, KB, DECAY, FIRST, PREC)
     if NKB > 1:
-        dS1 = update_block(dS1, Y, x_ptr, s1, g1, rows, rmask, h, H, K, 1, KB, DECAY, PREC)
+        dS1 = update_block(dS1, Y, x_ptr, s1, g1, rows, rmask, h, H, K, 1, KB, DECAY, FIRST, PREC)
     if NKB > 2:
-        dS2 = update_block(dS2, Y, x_ptr, s2, g2, rows, rmask, h, H, K, 2, KB, DECAY, PREC)
+        dS2 = update_block(dS2, Y, x_ptr, s2, g2, rows, rmask, h, H, K, 2, KB, DECAY, FIRST, PREC)
     if NKB > 3:
-        dS3 = update_block(dS3, Y, x_ptr, s3, g3, rows, rmask, h, H, K, 3, KB, DECAY, PREC)
+        dS3 = update_block(dS3, Y, x_ptr, s3, g3, rows, rmask, h, H, K, 3, KB, DECAY, FIRST, PREC)
     return dS0, dS1, dS2, dS3
 
 

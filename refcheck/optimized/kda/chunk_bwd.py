@@ -79,18 +79,20 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
         P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
         dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd0, sd1, sd2, sd3,
-                         rows, rmask, h, H, K, KB, NKB, PREC)
+                         rows, rmask, h, H, K, KB, NKB, FIRST=False, PREC=PREC)
         # the dO term before dY is formed, so that the dO tile dies before the dY tile lives: spilled stack 160 -> 80
         # B a thread (Triton 3.6, sm_90), B=8 1.33 -> 1.26 ms, B=1 over segments 3.49 -> 3.32 (H100, bf16, H=16,
         # K=V=128, ``results/kda_profile_dstate_order_h100.txt``)
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg_ptr, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
-                                           rows, rmask, h, H, K, KB, NKB, True, PREC)
+                                           rows, rmask, h, H, K, KB, NKB, DECAY=True, FIRST=False,
+                                           PREC=PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
         if STEPS:
             store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg_ptr, sg0, sg1, sg2, sg3, g0, g1,
-                                           g2, g3, rows, rmask, h, H, K, KB, NKB, False, PREC)
+                                           g2, g3, rows, rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False,
+                                           PREC=PREC)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, W, KB, NKB, vv, wmask)
 

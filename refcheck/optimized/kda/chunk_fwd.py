@@ -143,13 +143,13 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         if STEPS:
             store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
         Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, -sg0, -sg1, -sg2,
-                        -sg3, rows, rmask, h, H, K, KB, NKB, PREC)
+                        -sg3, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         if STEPS:
             store_tile(u_ptr, U, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd0, sd1, sd2, sd3, g0, g1, g2, g3, rows, rmask, h,
-                                       H, K, KB, NKB, True, PREC)
+                                       H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
