@@ -198,6 +198,19 @@ def bench(shapes, out_path, jobs):
         print(f"gradient errors {name}: " + " ".join(f"{k} {v:.2e}" for k, v in e.items()))
     result["kernels_ms"] = kernel_times(fla)
     save()
+    return not_finite(result)
+
+
+def not_finite(result) -> list[str]:
+    """Our errors that are not finite (printed): a timing of output that is not finite is no result."""
+    bad = [f"{r['shape']} safe={r['safe_gate']} {r['mode']}" for r in result["rows"]
+           if r["impl"] == "ours" and r["ms"] is not None
+           and not all(math.isfinite(r[e]) for e in ("err_o", "err_final_state"))]
+    bad += [f"gradients {name}" for name, e in result["gradient_errors"].items()
+            if name.startswith("ours") and not all(math.isfinite(v) for v in e.values())]
+    for b in bad:
+        print(f"NOT FINITE: ours, {b}", flush=True)
+    return bad
 
 
 HEADER = (f"{'shape':16} {'safe':5} {'mode':8} {'impl':5} {'ms':>8} {'xFLA':>6} {'TFLOP/s':>8} {'GB/s':>7} "
@@ -586,8 +599,8 @@ def main():
         print(json.dumps(check_one(args.check_one)))
     elif args.check:
         check(list(CHECKS), args.jobs)
-    else:
-        bench(args.shapes or list(TIMED), args.out, args.jobs)
+    elif bench(args.shapes or list(TIMED), args.out, args.jobs):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ def test_prepared_operands_have_power_of_two_row_scales():
     """The forward pass takes the row scales of its prepared operands into its dots' first operand (``s X``,
     ``state.rows_dot``): exact only where s is a power of two. X keeps fp16's range, each row's largest
     magnitude in a state block in [1/2, 1], and ``s X`` is ``k e^G`` to fp16's rounding
-    at the row's scale."""
+    at the row's scale. Rows that decay below fp32's normal range take 2^-126, rows of zeros 1."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.gate import gate_cumsum
@@ -169,11 +169,18 @@ def test_prepared_operands_have_power_of_two_row_scales():
     T, H, K = 100, 2, 128
     k = 3 * torch.randn(T, H, K, generator=gen)
     chunks = make_chunks(1, T, None, 64, "cpu")
-    G = gate_cumsum(-2 * torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    g = -2 * torch.rand(T, H, K, generator=gen)
+    g[20, 0, :64] = -70.0  # later rows of the first chunk decay below fp32's smallest normal, then to zero
+    G = gate_cumsum(g, None, None, None, chunks)
     keys = prepare_keys(k, G, chunks, "tf32")
     X, s = keys.kg.float().view(T, H, 2, 64), keys.sg
+    largest = (k * G.exp()).view(T, H, 2, 64).abs().amax(-1)
+    normal, zero = largest >= 2.0 ** -126, largest == 0
+    assert 0 < int(zero.sum()) < int((~normal).sum())  # some rows subnormal, some zero
+    assert bool(torch.isfinite(X).all())
     assert torch.equal(s, torch.exp2(torch.log2(s).round()))
-    peak = X.abs().amax(-1)
+    assert bool((s[~normal & ~zero] == 2.0 ** -126).all()) and bool((s[zero] == 1).all())
+    peak = X.abs().amax(-1)[normal]
     assert bool(((peak >= 0.5) & (peak <= 1)).all()), peak  # 1/2 where a row's largest rounds down to it
     error = (s[..., None] * X - (k * G.exp()).view(T, H, 2, 64)).abs()
     assert bool((error <= s[..., None] * 2.0 ** -11).all())  # half an fp16 step of 1 at the row's scale
