@@ -2,6 +2,7 @@
 
     python benchmarks/kernel_resources.py [--op kda|gla|simple_gla|attention] [--shape B8_T4096] [--arch 90] [--safe]
         [--dims 192,128] [--causal] [--schedule grid|persistent] [--dtype fp32] [--precision tf32x3] [--fit]
+        [--sass DIR]
 
 Runs one of our ops (``optimized.kda`` by default) forward and backward on small CPU tensors with every Triton launch captured
 instead of run (``JITFunction.run`` is replaced), then compiles each captured launch for
@@ -15,9 +16,11 @@ H100 or H200 has, so that the launch ladders fall back as they do on the GPU: a 
 is refused is an ``OutOfResources`` on valid input, found without a GPU (the compiler's figures here
 match the GPU's: fp32 attention at Dqk=89, Dv=128, "tf32x3" needed 320000 and 245760 B in both).
 
-A kernel at 255 registers with a non-zero STACK spills to local memory every iteration; that, not
-the tensor cores, is what limits the serial kernels. Use this to iterate on register pressure
-offline and spend GPU time on timing only. With the GPU's Triton put first on ``PYTHONPATH``
+A kernel at 255 registers with a non-zero STACK spills to local memory every iteration. Use this to
+iterate on register pressure offline and spend GPU time on timing only; but spills are not always what
+sets a kernel's time (KDA's serial passes: fewer spills measured slower where they cost reductions on the
+dependent chain, ``docs/performance.md``). ``--sass DIR`` writes each launch's SASS and Triton GPU IR, to
+see where a loop's loads, barriers and shared-memory round trips sit. With the GPU's Triton put first on ``PYTHONPATH``
 (``pip install --no-deps --target /tmp/tr36 triton==3.6.0``) it also shows that every kernel
 compiles there.
 """
