@@ -17,6 +17,8 @@ Probes (inputs drawn on the CPU from fixed seeds, so both sides see the same bit
   rounding (for fp8, of the value clamped to the finite range: Hopper's satfinite).
 * ``cast_specials/<dtype>``: the stored bits of +-0, +-Inf, NaN, values past the largest finite one,
   3e38, and a quarter, half and three quarters of the smallest subnormal.
+* ``math_specials/<op>``: fp32 ``tl.log2``, ``tl.exp2``, ``tl.sqrt``, ``x * 1024``, ``x / 0.5``, ``x + x`` of
+  subnormal inputs (or with subnormal results), powers of two: the stored bits (``MATH_INPUTS``).
 * ``kda/<dtype>/<mode>``: ``optimized.kda`` against ``references.kda`` in float64 (output ``o``),
   when both import.
 
@@ -82,7 +84,45 @@ def define_kernels(decorate=None):
         x = tl.load(x_ptr + i, mask=i < n)
         tl.store(y_ptr + i, x.to(y_ptr.dtype.element_ty), mask=i < n)
 
-    return dot_probe, cast_probe
+    @decorate
+    def math_probe(x_ptr, y_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + i, mask=i < n)
+        if OP == "log2":
+            y = tl.log2(x)
+        elif OP == "exp2":
+            y = tl.exp2(x)
+        elif OP == "sqrt":
+            y = tl.sqrt(x)
+        elif OP == "mul":
+            y = x * 1024.0
+        elif OP == "div":
+            y = x / 0.5
+        else:
+            y = x + x
+        tl.store(y_ptr + i, y, mask=i < n)
+
+    return dot_probe, cast_probe, math_probe
+
+
+_POWERS = [2.0 ** -149, 2.0 ** -140, 2.0 ** -130, 2.0 ** -127, 2.0 ** -126, 2.0 ** -100, 0.5, 0.0]
+MATH_INPUTS = {  # op -> fp32 inputs whose exact results are fp32 values (subnormal inputs or results)
+    "log2": _POWERS, "sqrt": [2.0 ** -148, 2.0 ** -140, 2.0 ** -130, 2.0 ** -128, 2.0 ** -126, 2.0 ** -100, 0.25, 0.0],
+    "exp2": [-149.0, -140.0, -130.0, -127.0, -126.0, -100.0, -1.0, 0.0],
+    **{op: _POWERS + [3 * 2.0 ** -140] for op in ("mul", "div", "add")}}
+"""``math_specials/<op>``: whether a GPU flushes subnormal fp32 inputs or results to zero, op by op (powers of
+two, so that every unflushed result is exact whatever the instruction's approximation)."""
+
+
+def math_probes(math_probe, device):
+    results = {}
+    for op, values in MATH_INPUTS.items():
+        x = torch.tensor(values, dtype=torch.float32)
+        y = torch.empty_like(x, device=device)
+        math_probe[(1, )](x.to(device), y, x.numel(), op, 16)
+        results[f"math_specials/{op}"] = {"inputs": values,
+                                          "bits": [int(v) & 0xFFFFFFFF for v in y.cpu().view(torch.int32)]}
+    return results
 
 
 def digest(t: torch.Tensor) -> str:
@@ -204,8 +244,9 @@ def measure(device: str, stock: bool) -> dict:
         interpreter.interpret_new_kernels()
         if not stock:
             interpreter.enable()
-    dot_probe, cast_probe = define_kernels()
-    probes = {**dot_probes(dot_probe, device), **cast_probes(cast_probe, device), **kda_probes(device)}
+    dot_probe, cast_probe, math_probe = define_kernels()
+    probes = {**dot_probes(dot_probe, device), **cast_probes(cast_probe, device), **math_probes(math_probe, device),
+              **kda_probes(device)}
     environment = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                    "torch": torch.__version__, "triton": triton.__version__,
                    "interpreted": device == "cpu", "faithful": device == "cpu" and not stock}

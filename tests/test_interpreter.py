@@ -282,15 +282,16 @@ def test_stock_interpreter_is_what_enable_fixes():
 
 
 def test_calibration_probes_bitwise_equal_to_h200():
-    """The dot and cast probes of benchmarks/interpreter_calibration.py give the bits an H200
+    """The dot, cast and math probes of benchmarks/interpreter_calibration.py give the bits an H200
     (triton 3.6) gave, as recorded in benchmarks/interpreter_calibration_h200.json."""
     benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
     spec = importlib.util.spec_from_file_location("interpreter_calibration", benchmarks / "interpreter_calibration.py")
     calibration = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(calibration)
     recorded = json.loads((benchmarks / "interpreter_calibration_h200.json").read_text())["probes"]
-    dot_probe, cast_probe = calibration.define_kernels(interpreted)
-    measured = {**calibration.dot_probes(dot_probe, "cpu"), **calibration.cast_probes(cast_probe, "cpu")}
+    dot_probe, cast_probe, math_probe = calibration.define_kernels(interpreted)
+    measured = {**calibration.dot_probes(dot_probe, "cpu"), **calibration.cast_probes(cast_probe, "cpu"),
+                **calibration.math_probes(math_probe, "cpu")}
     fields = ("digest", "bits")
     differ = [key for key, entry in measured.items()
               if [entry.get(f) for f in fields] != [recorded[key].get(f) for f in fields]]

@@ -102,6 +102,11 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
   compare values. The GPU rounds each addition the same way, but its order depends on the layout
   (per thread, then a butterfly across lanes): reductions are not bitwise. Stock: numpy on the
   uint16 codes (1.0 + 1.0 is a sum of two integers).
+* fp32 ``tl.exp2`` flushes a subnormal result to zero and fp32 ``tl.sqrt`` a subnormal input (the
+  ``math_specials`` probes, H200: ``exp2(-130) = 0``, ``sqrt(2^-130) = 0``); ``tl.log2``, ``*``, ``/`` and
+  ``+`` keep subnormals exactly, as numpy does. Measured. (KDA's prepared scales were once
+  ``exp2(ceil(log2(m)))``: zero on the GPU for a row decayed below 2^-126, exact here.) Stock: numpy's
+  subnormals.
 * A Python float kernel argument is an fp32 scalar tensor (``jit.mangle_type`` types it "fp32"), so
   ``x * scale`` with a bf16 ``x`` is computed in fp32. Stock: a Python number, which Triton's
   promotion treats as a literal taking the tensor's dtype.
@@ -722,6 +727,32 @@ def _unary_op(self, arg, op):
     return TensorHandle(_bf16_storage(output), arg.dtype.scalar)
 
 
+_SMALLEST_NORMAL_FP32 = np.float32(2.0 ** -126)
+
+
+def _flushed(x: np.ndarray) -> np.ndarray:
+    """fp32 ``x`` with its subnormals flushed to a zero of their sign."""
+    return np.where(np.abs(x) < _SMALLEST_NORMAL_FP32, x * np.float32(0), x)
+
+
+def _create_exp2(self, arg):
+    # GPU (sm_90, triton 3.6): fp32 tl.exp2 flushes a subnormal result to zero (exp2(-130) = 0; the
+    # ``math_specials/exp2`` probe, H200). Stock: numpy's exact subnormal.
+    out = self.unary_op(arg, np.exp2)
+    if arg.dtype.scalar.name == "fp32":
+        out.data = _flushed(out.data)
+    return out
+
+
+def _create_sqrt(self, arg):
+    # GPU (sm_90, triton 3.6): fp32 tl.sqrt flushes a subnormal input to zero first (sqrt(2^-130) = 0;
+    # ``math_specials/sqrt``, H200); tl.sqrt_rn is another builder method. Stock: numpy's exact root.
+    if arg.dtype.scalar.name == "fp32":
+        from triton.runtime.interpreter import TensorHandle
+        arg = TensorHandle(_flushed(arg.data), arg.dtype.scalar)
+    return self.unary_op(arg, np.sqrt)
+
+
 def _create_fma(self, x, y, z):
     # GPU (sm_90): fma.rn.bf16, the exact x*y + z rounded once. The float64 product of two bf16 is
     # exact, the float64 sum rounds once more, innocuously (see _binary_op). Stock: the uint16 codes.
@@ -925,6 +956,8 @@ _SIGNATURES = {
     "binary_op": ["self", "lhs", "rhs", "op"],
     "unary_op": ["self", "arg", "op"],
     "create_fma": ["self", "x", "y", "z"],
+    "create_exp2": ["self", "arg"],
+    "create_sqrt": ["self", "arg"],
     "sum": ["self", "input"],
     "min_max": ["self", "input", "val_reduce_op", "idx_reduce_op"],
     "cumsum": ["self", "input"],
@@ -955,6 +988,7 @@ def _patch_table(stock, autotuner) -> list:
              (builder, "create_fp_to_fp", _create_fp_to_fp), (tuner, "prune_configs", _prune_configs),
              (stock.FunctionRewriter, "_transform_ast", _transform_ast), (stock, "_patch_lang", _patch_lang),
              (builder, "binary_op", _binary_op), (builder, "unary_op", _unary_op), (builder, "create_fma", _create_fma),
+             (builder, "create_exp2", _create_exp2), (builder, "create_sqrt", _create_sqrt),
              (stock.ReduceOps, "sum", _reduce_sum), (stock.ReduceOps, "min_max", _reduce_min_max),
              (stock.ScanOps, "cumsum", _scan_cumsum), (stock, "_implicit_cvt", _implicit_cvt),
              (builder, "create_masked_load", _create_masked_load), (builder, "create_masked_store", _create_masked_store),

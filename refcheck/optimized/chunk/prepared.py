@@ -39,9 +39,10 @@ def operand_dtype(precision: str) -> torch.dtype:
 @triton.jit
 def store_scaled(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
     """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` (powers of two) and ``x / s`` in ``x_ptr``'s dtype."""
-    # the power of two at or above m from its bits, no floating-point operation: a GPU's log2 flushes a subnormal
-    # m (a row decayed below 2^-126) to zero, which made s = 0 and x / s not finite (strong decay, bf16, H200); here
-    # a subnormal m gets 2^-126 and m = 0 gets 1
+    # the power of two at or above m from its bits, no floating-point operation: ``exp2(ceil(log2(m)))`` was 0 on
+    # the GPU for a subnormal m (a row decayed below 2^-126; the GPU's exp2 flushes a subnormal result, see
+    # ``runtime.interpreter``), so x / s was not finite (strong decay, bf16, H200); here a subnormal m gets 2^-126
+    # and m = 0 gets 1
     m = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
     p = (m + 0x007FFFFF) & 0x7F800000
     s = tl.where(p == 0, 1.0, p.to(tl.float32, bitcast=True))
