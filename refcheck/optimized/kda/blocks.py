@@ -202,12 +202,18 @@ def store_zeros_above(ptr, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def store_lower(ptr, scale, X0, X1, X2, X3, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
-    """A lower block-triangular chunk matrix times ``scale``, and zeros above the diagonal blocks."""
-    store_diag(ptr, scale * X0, t0, n, 0, h, H, C, BC)
+def store_below(ptr, scale, X1, X2, X3, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
+    """The block diagonals 1..3 of a chunk matrix times ``scale``."""
     store_diag(ptr, scale * X1, t0, n, 1, h, H, C, BC)
     store_diag(ptr, scale * X2, t0, n, 2, h, H, C, BC)
     store_diag(ptr, scale * X3, t0, n, 3, h, H, C, BC)
+
+
+@triton.jit
+def store_lower(ptr, scale, X0, X1, X2, X3, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
+    """A lower block-triangular chunk matrix times ``scale``, and zeros above the diagonal blocks."""
+    store_diag(ptr, scale * X0, t0, n, 0, h, H, C, BC)
+    store_below(ptr, scale, X1, X2, X3, t0, n, h, H, C, BC)
     store_zeros_above(ptr, t0, n, h, H, C, BC)
 
 

@@ -47,7 +47,17 @@ from ..chunk.state import (
 )
 from ..chunk.tiles import chunk_span, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
-from .blocks import NB, block_beta, load_diag, pair_blocks, solve, store_diag, store_lower, store_zeros_above
+from .blocks import (
+    NB,
+    block_beta,
+    load_diag,
+    pair_blocks,
+    solve,
+    store_below,
+    store_diag,
+    store_lower,
+    store_zeros_above,
+)
 from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
@@ -81,10 +91,9 @@ def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0
     if PASS == "checked":
         if tl.max(span) > DIAG_SPAN:
             tl.store(flag_ptr + flag, 1)
-            for d in tl.static_range(1, NB):
-                store_diag(P_ptr, scale * (P1 if d == 1 else P2 if d == 2 else P3), t0, n, d, h, H, C, BC)
-                store_diag(T_ptr, A1 if d == 1 else A2 if d == 2 else A3, t0, n, d, h, H, C, BC)
+            store_below(P_ptr, scale, P1, P2, P3, t0, n, h, H, C, BC)
             store_zeros_above(P_ptr, t0, n, h, H, C, BC)
+            store_below(T_ptr, 1.0, A1, A2, A3, t0, n, h, H, C, BC)
         else:
             store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC,
                           DPREC)
