@@ -727,12 +727,9 @@ def _unary_op(self, arg, op):
     return TensorHandle(_bf16_storage(output), arg.dtype.scalar)
 
 
-_SMALLEST_NORMAL_FP32 = np.float32(2.0 ** -126)
-
-
 def _flushed(x: np.ndarray) -> np.ndarray:
     """fp32 ``x`` with its subnormals flushed to a zero of their sign."""
-    return np.where(np.abs(x) < _SMALLEST_NORMAL_FP32, x * np.float32(0), x)
+    return np.where(np.abs(x) < np.finfo(np.float32).smallest_normal, x * np.float32(0), x)
 
 
 def _create_exp2(self, arg):
