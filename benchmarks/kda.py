@@ -501,11 +501,11 @@ def profile_data(name):
     scale = s["K"] ** -0.5
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
-    _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False)
+    _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
-    dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False)
+    dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
-                hs_out=hs.to(state_dtype(flat["v"].dtype)))
+                hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
 
 
 def profile_stage(d, stage, cfg, safe, gather):
@@ -525,15 +525,15 @@ def profile_stage(d, stage, cfg, safe, gather):
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
         return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
-                                            None, ch, "tf32", final=not keep,
-                                            hs_dtype=d["hs"].dtype if keep else d["hs_out"].dtype, segments=segs,
-                                            config=cfg)
+                                            None, ch, "tf32", final=not keep, hs_dtype=d["hs_out"].dtype, scaled=keep,
+                                            segments=segs, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
+        return lambda: output(d["q"], d["U"].float(), d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32",
+                              cfg)
     if stage == "dstate":
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
-                                        False, segs, cfg)
+                                        False, True, segs, cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",

@@ -69,8 +69,8 @@ def specialize(kernel, bound: dict, options: dict, arch: int = 90):
 
 
 def constexprs(kernel, bound: dict) -> dict:
-    """The launch's constexpr arguments by name."""
-    return {p.name: bound[p.name] for p in kernel.params if p.is_constexpr}
+    """The launch's constexpr arguments by name (a default where the launch leaves one out)."""
+    return {p.name: bound.get(p.name, p.default) for p in kernel.params if p.is_constexpr}
 
 
 def frontend_errors(launches: list[tuple], arch: int = 90) -> list[tuple[str, dict, str]]:

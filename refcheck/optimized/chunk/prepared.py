@@ -27,26 +27,22 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch
+from .scaled import row_scaled, scale_rows
 from .state import state_blocks
 from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile, row_offsets, store_tile
 
 
 def operand_dtype(precision: str) -> torch.dtype:
     """fp16 under "tf32" (the dot keeps 11 significant bits of an fp32 operand: fp16's), else fp32."""
-    return torch.float16 if precision == "tf32" else torch.float32
+    return torch.float16 if row_scaled(precision) else torch.float32
 
 
 @triton.jit
-def store_scaled(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
-    """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` (powers of two) and ``x / s`` in ``x_ptr``'s dtype."""
-    # the power of two at or above m from its bits, no floating-point operation: ``exp2(ceil(log2(m)))`` was 0 on
-    # the GPU for a subnormal m (a row decayed below 2^-126; the GPU's exp2 flushes a subnormal result, see
-    # ``runtime.interpreter``), so x / s was not finite (strong decay, bf16, H200); here a subnormal m gets 2^-126
-    # and m = 0 gets 1
-    m = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
-    p = (m + 0x007FFFFF) & 0x7F800000
-    s = tl.where(p == 0, 1.0, p.to(tl.float32, bitcast=True))
-    store_tile(x_ptr, x / s[:, None], rows, rmask, h, H, K, cols, cmask)
+def store_prepared(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
+    """``x [C, KB]`` as its row scales ``s[rows, h, kb]`` (powers of two, ``scaled.scale_rows``) and ``x / s`` in
+    ``x_ptr``'s dtype."""
+    X, s = scale_rows(x)
+    store_tile(x_ptr, X, rows, rmask, h, H, K, cols, cmask)
     tl.store(s_ptr + row_offsets(rows, h, H, NKB) + kb, s, mask=rmask)
 
 
@@ -64,10 +60,10 @@ def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, 
     G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
     G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask)
     eG = decay(G)
-    store_scaled(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
-    store_scaled(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    store_prepared(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    store_prepared(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
     if WITH_Q:
-        store_scaled(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
+        store_prepared(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
                      kb, NKB, cols, cmask)
 
 

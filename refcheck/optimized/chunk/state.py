@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
+from .scaled import store_scaled
 from .tiles import decay, load_gate, load_gate_row, load_tile, row_offsets
 
 
@@ -55,11 +56,14 @@ def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask
 
 
 @triton.jit
-def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
+def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask, s_ptr=0, SCALED: tl.constexpr = False):
     """Block kb of state ``idx``, rounded to the array's dtype (GLA stores its per-chunk states in bf16
-    for bf16 inputs, ``chunk.output.state_dtype``)."""
+    for bf16 inputs, ``chunk.output.state_dtype``); with ``SCALED`` row-scaled (``scaled``: the scales
+    ``[*, K, NSB]`` at s_ptr, one per row and value block, the program's axis 0)."""
     p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
-    tl.store(p, S.to(ptr.dtype.element_ty), mask=m)
+    kk, kmask = block_cols(kb, KB, K)
+    s_p = s_ptr + (idx.to(tl.int64) * K + kk) * tl.num_programs(0) + tl.program_id(0)
+    store_scaled(p, m, s_p, kmask, S, SCALED)
 
 
 @triton.jit
@@ -220,14 +224,16 @@ def load_blocks(ptr, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.cons
 
 
 @triton.jit
-def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, vv, vmask, kb0=0):
-    store_state(ptr, S0, idx, K, V, kb0 + 0, KB, vv, vmask)
+def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, vv, vmask, kb0=0, s_ptr=0,
+                 SCALED: tl.constexpr = False):
+    """``store_state`` of every block."""
+    store_state(ptr, S0, idx, K, V, kb0 + 0, KB, vv, vmask, s_ptr, SCALED)
     if NKB > 1:
-        store_state(ptr, S1, idx, K, V, kb0 + 1, KB, vv, vmask)
+        store_state(ptr, S1, idx, K, V, kb0 + 1, KB, vv, vmask, s_ptr, SCALED)
     if NKB > 2:
-        store_state(ptr, S2, idx, K, V, kb0 + 2, KB, vv, vmask)
+        store_state(ptr, S2, idx, K, V, kb0 + 2, KB, vv, vmask, s_ptr, SCALED)
     if NKB > 3:
-        store_state(ptr, S3, idx, K, V, kb0 + 3, KB, vv, vmask)
+        store_state(ptr, S3, idx, K, V, kb0 + 3, KB, vv, vmask, s_ptr, SCALED)
 
 
 @triton.jit
@@ -357,17 +363,24 @@ def state_blocks(K: int, minimum: int = 16) -> tuple[int, int]:
     return kb, padded(K, minimum) // kb
 
 
+def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, split_k: bool = False,
+                  min_block: int = 16) -> dict:
+    """The launch settings of ``launch_serial`` (its value block ``BV`` among them)."""
+    splits = state_blocks(K, min_block)[1] if split_k else 1
+    return serial_launch(V, chunks.num_seqs * H * splits, min_block) | (config or {})
+
+
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
                   config: dict | None, split_k: bool = False, min_block: int = 16):
     """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
-    ``state_blocks(K, min_block)``, launch settings from ``serial_launch`` overridden by ``config``.
-    ``split_k``: one program per K-block too (``program_id(2)``, the kernel's ``kb0``; NKB = 1), for a
-    recurrence whose state rows are independent (GLA's diagonal decay, not the delta rule)."""
+    ``state_blocks(K, min_block)``, launch settings from ``serial_launch`` overridden by ``config``
+    (``serial_config``). ``split_k``: one program per K-block too (``program_id(2)``, the kernel's ``kb0``;
+    NKB = 1), for a recurrence whose state rows are independent (GLA's diagonal decay, not the delta rule)."""
     N = chunks.num_seqs
     if not (N and H):
         return
     kb, nkb = state_blocks(K, min_block)
     splits = nkb if split_k else 1
-    cfg = serial_launch(V, N * H * splits, min_block) | (config or {})
+    cfg = serial_config(chunks, H, K, V, config, split_k, min_block)
     launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H, splits), args,
            dict(C=chunks.size, KB=kb, NKB=nkb // splits) | constexprs, single_stage(cfg))

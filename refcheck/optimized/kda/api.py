@@ -18,6 +18,7 @@ from refcheck.references.kda import check_kda_inputs
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
+from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
@@ -120,8 +121,8 @@ class KdaFunction(torch.autograd.Function):
         ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                cfg.precision, final=cfg.final,
                                hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype), segments=cfg.segments)
-        o = chunk_output(qn, U, G, P, hs, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
-        kept = (hs, U) if cfg.keep else ()
+        o = chunk_output(qn, U.data, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
+        kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
         ctx.cfg = cfg
         ctx.shape = (B, T)
@@ -134,13 +135,14 @@ class KdaFunction(torch.autograd.Function):
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
+        scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
         if cfg.keep:
-            hs, U = kept
+            hs, U = (Stored(x) for x in kept)
         else:
-            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
+            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
                                   segments=cfg.segments)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
-                             cfg.scale, cfg.precision, want_dh0=h0 is not None, segments=cfg.segments)
+                             cfg.scale, cfg.precision, want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
             cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather,

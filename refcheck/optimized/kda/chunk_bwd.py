@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
+from ..chunk.scaled import Stored, allocate, load_rows, load_tile_rows, store_tile_scaled
 from ..chunk.segments import Segments, run
 from ..chunk.state import (
     block_gammas,
@@ -41,6 +42,7 @@ from ..chunk.state import (
     load_blocks,
     read_blocks,
     serial_chunk,
+    serial_config,
     serial_program,
     store_blocks,
     update_blocks,
@@ -54,11 +56,12 @@ from .subchunk import chunk_colform, chunk_rowform, diag_precision
 
 @triton.jit
 def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr,
-                  dh_ptr, dy_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
-                  NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-                  STEPS: tl.constexpr, PREC: tl.constexpr):
+                  dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr,
+                  KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
+                  STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
-    ``STEPS``, dh and dY of every chunk. ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``). The gradient
+    ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
+    ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``). The gradient
     has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
     zero dO (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
@@ -75,7 +78,8 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
-            store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask)
+            store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, dh_s_ptr,
+                         SCALED)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
         P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
         dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd0, sd1, sd2, sd3,
@@ -89,7 +93,7 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
         if STEPS:
-            store_tile(dy_ptr, dY, rows, rmask, h, H, V, vv, vmask)
+            store_tile_scaled(dy_ptr, dy_s_ptr, dY, rows, rmask, h, H, V, vv, vmask, SCALED)
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg_ptr, sg0, sg1, sg2, sg3, g0, g1,
                                            g2, g3, rows, rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False,
                                            PREC=PREC)
@@ -98,10 +102,12 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
 
 
 @triton.jit
-def grads_v_kernel(v_ptr, beta_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr, cu_ptr, seq_ptr,
-                   start_ptr, H, V, C: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr,
+                   cu_ptr, seq_ptr, start_ptr, H, V, U_SB, U_NSB, DY_SB, DY_NSB, C: tl.constexpr, BV: tl.constexpr,
+                   SCALED: tl.constexpr, PREC: tl.constexpr):
     """One chunk and head, the value side: dv, ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)``
-    (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``."""
+    (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``. U and dY row-scaled where
+    ``SCALED`` (``chunk.scaled``: blocks of ``*_SB >= BV`` columns, ``*_NSB`` of them)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -117,12 +123,13 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, dy_ptr, do_ptr, dv_ptr, dL_ptr, dP_pt
     dbeta = tl.zeros((C,), tl.float32)
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
-        U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-        dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        U, s_u = load_tile_rows(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, U_SB, U_NSB, SCALED)
+        dY, s_dy = load_tile_rows(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, DY_SB, DY_NSB, SCALED)
         do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-        dP += tl.dot(do, tl.trans(U), input_precision=PREC)
-        dYU += tl.dot(dY, tl.trans(U), input_precision=PREC)
+        dP += s_u[None, :] * tl.dot(do, tl.trans(U.to(tl.float32)), input_precision=PREC)
+        dYU += (s_dy[:, None] * s_u[None, :]) * tl.dot(dY, tl.trans(U), input_precision=PREC)
+        dY = s_dy[:, None] * dY.to(tl.float32)
         dbeta += tl.sum(v * dY, axis=1)
         store_tile(dv_ptr + v0, beta[:, None] * dY, rows, rmask, h, H, V, cv, vmask)
     store_tile(dP_ptr, tl.where(ii >= jj, dP, 0.0), rows, rmask, h, H, C, i, i < C)
@@ -158,12 +165,15 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.const
 
 
 @triton.jit
-def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr,
-                       dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V, TOTAL, C: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, hs_s_ptr, dh_ptr, dh_s_ptr, u_ptr, u_s_ptr, dy_ptr,
+                       dy_s_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V,
+                       TOTAL, F_SB, F_NSB, B_SB, B_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                       SCALED: tl.constexpr, PREC: tl.constexpr):
     """Key side, part 1 (the state terms): ``dQg = dO h^T``, ``dKd = U dh^T``, ``dYh = dY h^T`` and
     ``dgamma = rowsum(h * dh)`` turned into the first fp32 partials of dq, dk and dG (at ``dq_ptr``,
-    ``dk_ptr``, ``dG_ptr``) and dbeta's share of this channel block."""
+    ``dk_ptr``, ``dG_ptr``) and dbeta's share of this channel block. h and U (the forward pass's: ``F_*``),
+    dh and dY (the reverse pass's: ``B_*``) row-scaled where ``SCALED`` (``chunk.scaled``: blocks of ``*_SB >= BV``
+    columns)."""
     c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
                                                                        start_ptr, H, K, C, BK)
     k0 = kb * BK
@@ -173,17 +183,19 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, dh_ptr, u_ptr, dy_
     dKd = tl.zeros((C, BK), tl.float32)
     dYh = tl.zeros((C, BK), tl.float32)
     dgamma = tl.zeros((BK,), tl.float32)
-    state_base = (c.to(tl.int64) * H + h) * K * V
+    state_row = (c.to(tl.int64) * H + h) * K + k0 + ck   # the rows of this channel block in the [NC, H, K, *] arrays
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
-        s_off = state_base + (k0 + ck[:, None]).to(tl.int64) * V + v0 + cv[None, :]
-        s_mask = kmask[:, None] & vmask[None, :]
-        hs = tl.load(hs_ptr + s_off, mask=s_mask, other=0.0)
-        dh = tl.load(dh_ptr + s_off, mask=s_mask, other=0.0)
-        dQg += tl.dot(load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
-        dKd += tl.dot(load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(dh), input_precision=PREC)
-        dYh += tl.dot(load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
-        dgamma += tl.sum(hs * dh, axis=1)
+        s_off = state_row[:, None] * V + v0 + cv[None, :]
+        hs, s_hs = load_rows(hs_ptr + s_off, kmask, vmask, hs_s_ptr + state_row * F_NSB, v0, F_SB, SCALED)
+        dh, s_dh = load_rows(dh_ptr + s_off, kmask, vmask, dh_s_ptr + state_row * B_NSB, v0, B_SB, SCALED)
+        U, s_u = load_tile_rows(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, F_SB, F_NSB, SCALED)
+        dY, s_dy = load_tile_rows(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, B_SB, B_NSB, SCALED)
+        do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+        dQg += s_hs[None, :] * tl.dot(do, tl.trans(hs.to(tl.float32)), input_precision=PREC)
+        dKd += (s_u[:, None] * s_dh[None, :]) * tl.dot(U, tl.trans(dh), input_precision=PREC)
+        dYh += (s_dy[:, None] * s_hs[None, :]) * tl.dot(dY, tl.trans(hs), input_precision=PREC)
+        dgamma += s_hs * s_dh * tl.sum(hs.to(tl.float32) * dh.to(tl.float32), axis=1)
     G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
     eG = decay(G)
     dq = scale * eG * dQg
@@ -257,26 +269,28 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
 
 
 def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
-           want_dh0: bool, segments: Segments | None = None, config: dict | None = None):
-    """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``, fp32, on the operands
+           want_dh0: bool, scaled: bool = False, segments: Segments | None = None, config: dict | None = None):
+    """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``: dh and dY ``scaled.Stored``, fp32 or with
+    ``scaled`` row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), dh0 fp32; on the operands
     ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
     by side (``chunk.segments``). ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
-    dh = torch.empty(chunks.num_chunks, H, K, V, device=dev, dtype=f32)
-    dY = torch.empty(total, H, V, device=dev, dtype=f32)
+    block = serial_config(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
+    dh = allocate((chunks.num_chunks, H, K, V), block, scaled, f32, dev)
+    dY = allocate((total, H, V), block, scaled, f32, dev)
 
     def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None):
         store_dh0 = not steps if store_dh0 is None else store_dh0
         dh0 = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32) if store_dh0 else None
         launch_serial(dstate_kernel,
                       (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
-                       end if end is not None else dh, dh, dY, dh0 if store_dh0 else dh, over.cu, over.offsets, scale,
-                       H, K, V, W),
-                      dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, PREC=precision), over, H, K, W,
-                      config)
+                       end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
+                       dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
+                      dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision),
+                      over, H, K, W, config)
         return dh0
 
     if segments is None:
@@ -285,9 +299,11 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     return dh, dY, dh0 if want_dh0 else None
 
 
-def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, chunks: Chunks, scale: float,
-          safe: bool, use_gather: bool, precision: str, dq_dtype, dk_dtype, config: dict | None = None):
-    """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``.
+def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do, A_log, dt_bias, lower_bound,
+          chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str, dq_dtype, dk_dtype,
+          config: dict | None = None):
+    """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``. hs and U as the
+    forward pass stored them, dh and dY as the reverse pass did (each pair scaled alike or not).
 
     dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
     raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
@@ -301,11 +317,18 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
     f32 = torch.float32
     use_gate = A_log is not None
     config = dict(config or {})
-    vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
+    scaled = hs.scaled
+    assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
+    nsb = lambda x: triton.cdiv(V, x.block)  # noqa: E731
+    # a reader's value blocks lie within the writers' (``scaled.load_rows``)
+    widest = min(64, hs.block, dh.block) if scaled else 64
+    vcfg = dict(BV=min(padded(V), widest), num_warps=4, num_stages=1) | config.pop("value", {})
     # two load stages, for grads_state's loop over the value blocks (the row and column kernels have no loop
     # of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``)
     # the four gradient kernels took 5.49 ms against 5.86 at one stage (safe_gate 5.45 vs 5.81)
-    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), 64), num_warps=4, num_stages=2) | config
+    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest), num_warps=4, num_stages=2) | config
+    if max(vcfg["BV"], kcfg["BV"]) > widest:
+        raise ValueError(f"config: value blocks of at most {widest} columns (the row-scaled arrays' blocks)")
     nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
@@ -318,15 +341,19 @@ def grads(q, k, v, g, G, beta, hs, dh, U, dY, do, A_log, dt_bias, lower_bound, c
     da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
     if NC and H:
-        launch(grads_v_kernel, (NC, H), (v, beta, U, dY, do, dv, dL, dP, dbeta, chunks.cu, chunks.seq, chunks.start,
-                                         H, V), dict(C=C, PREC=precision), [vcfg, vcfg | dict(BV=16)])
+        launch(grads_v_kernel, (NC, H),
+               (v, beta, U.data, U.scale_ptr(), dY.data, dY.scale_ptr(), do, dv, dL, dP, dbeta, chunks.cu, chunks.seq,
+                chunks.start, H, V, U.block, nsb(U), dY.block, nsb(dY)),
+               dict(C=C, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
                   kcfg | dict(BV=16, num_warps=8, num_stages=1)]
         launch(grads_state_kernel, (NC * nkb, H),
-               (q, k, G, beta, hs, dh, U, dY, do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V,
-                total), dict(C=C, PREC=precision), ladder)
+               (q, k, G, beta, hs.data, hs.scale_ptr(), dh.data, dh.scale_ptr(), U.data, U.scale_ptr(), dY.data,
+                dY.scale_ptr(), do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block,
+                nsb(hs), dh.block, nsb(dh)),
+               dict(C=C, SCALED=scaled, PREC=precision), ladder)
         no_bv = [{n: v for n, v in step.items() if n != "BV"} for step in ladder]
         launch(grads_row_kernel, (NC * nkb, H),
                (q, k, G, beta, dL, dP, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
