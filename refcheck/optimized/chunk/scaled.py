@@ -62,17 +62,14 @@ def store_scaled(p, mask, s_p, s_mask, x, SCALED: tl.constexpr):
 
 
 @triton.jit
-def load_rows(p, rmask, cmask, s_row, c0, SB, SCALED: tl.constexpr):
-    """``(X, s)``: the tile at pointers p as stored (zero where masked), columns from c0 on, and with ``SCALED`` its
-    row scales (``s_row [R]`` pointing to each row's first; the tile within one block of SB columns), else ones.
-    Readers apply s to their dots' results: ``(Diag(s) X) Y = Diag(s) (X Y)``, and two fp16 operands go to the
-    tensor cores as they are (exact products, as "tf32" takes fp16 values)."""
-    X = tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.0)
+def load_scaled(p, rmask, cmask, s_row, c0, SB, SCALED: tl.constexpr):
+    """fp32 tile at pointers p (zero where masked), columns from c0 on: with ``SCALED`` times its row scales
+    (``s_row [R]`` pointing to each row's first; the tile lies within one block of SB columns, so one scale a
+    row, a vector load), else as stored."""
+    x = tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
     if SCALED:
-        s = tl.load(s_row + c0 // SB, mask=rmask, other=0.0)
-    else:
-        s = tl.full(rmask.shape, 1.0, tl.float32)
-    return X, s
+        x *= tl.load(s_row + c0 // SB, mask=rmask, other=0.0)[:, None]
+    return x
 
 
 @triton.jit
@@ -84,10 +81,10 @@ def store_tile_scaled(ptr, s_ptr, x, rows, rmask, h, H, D, cols, cmask, SCALED: 
 
 
 @triton.jit
-def load_tile_rows(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB, NSB, SCALED: tl.constexpr):
-    """``load_rows`` of a ``[T, H, D]`` array, columns ``c0 + cols``, its scales ``[T, H, NSB]``."""
-    return load_rows(tile_ptrs(ptr + c0, rows, h, H, D, cols), rmask, cmask, s_ptr + row_offsets(rows, h, H, NSB), c0,
-                     SB, SCALED)
+def load_tile_scaled(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB, NSB, SCALED: tl.constexpr):
+    """``load_scaled`` of a ``[T, H, D]`` array, columns ``c0 + cols``, its scales ``[T, H, NSB]``."""
+    return load_scaled(tile_ptrs(ptr + c0, rows, h, H, D, cols), rmask, cmask, s_ptr + row_offsets(rows, h, H, NSB),
+                       c0, SB, SCALED)
 
 
 class Stored(NamedTuple):

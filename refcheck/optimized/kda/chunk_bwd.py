@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.scaled import Stored, allocate, load_rows, load_tile_rows, store_tile_scaled
+from ..chunk.scaled import Stored, allocate, load_scaled, load_tile_scaled, store_tile_scaled
 from ..chunk.segments import Segments, run
 from ..chunk.state import (
     block_gammas,
@@ -123,13 +123,12 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv
     dbeta = tl.zeros((C,), tl.float32)
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
-        U, s_u = load_tile_rows(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, U_SB, U_NSB, SCALED)
-        dY, s_dy = load_tile_rows(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, DY_SB, DY_NSB, SCALED)
+        U = load_tile_scaled(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, U_SB, U_NSB, SCALED)
+        dY = load_tile_scaled(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, DY_SB, DY_NSB, SCALED)
         do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-        dP += s_u[None, :] * tl.dot(do, tl.trans(U.to(tl.float32)), input_precision=PREC)
-        dYU += (s_dy[:, None] * s_u[None, :]) * tl.dot(dY, tl.trans(U), input_precision=PREC)
-        dY = s_dy[:, None] * dY.to(tl.float32)
+        dP += tl.dot(do, tl.trans(U), input_precision=PREC)
+        dYU += tl.dot(dY, tl.trans(U), input_precision=PREC)
         dbeta += tl.sum(v * dY, axis=1)
         store_tile(dv_ptr + v0, beta[:, None] * dY, rows, rmask, h, H, V, cv, vmask)
     store_tile(dP_ptr, tl.where(ii >= jj, dP, 0.0), rows, rmask, h, H, C, i, i < C)
@@ -187,15 +186,14 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, hs_s_ptr, dh_ptr, 
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
         s_off = state_row[:, None] * V + v0 + cv[None, :]
-        hs, s_hs = load_rows(hs_ptr + s_off, kmask, vmask, hs_s_ptr + state_row * F_NSB, v0, F_SB, SCALED)
-        dh, s_dh = load_rows(dh_ptr + s_off, kmask, vmask, dh_s_ptr + state_row * B_NSB, v0, B_SB, SCALED)
-        U, s_u = load_tile_rows(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, F_SB, F_NSB, SCALED)
-        dY, s_dy = load_tile_rows(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, B_SB, B_NSB, SCALED)
-        do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
-        dQg += s_hs[None, :] * tl.dot(do, tl.trans(hs.to(tl.float32)), input_precision=PREC)
-        dKd += (s_u[:, None] * s_dh[None, :]) * tl.dot(U, tl.trans(dh), input_precision=PREC)
-        dYh += (s_dy[:, None] * s_hs[None, :]) * tl.dot(dY, tl.trans(hs), input_precision=PREC)
-        dgamma += s_hs * s_dh * tl.sum(hs.to(tl.float32) * dh.to(tl.float32), axis=1)
+        hs = load_scaled(hs_ptr + s_off, kmask, vmask, hs_s_ptr + state_row * F_NSB, v0, F_SB, SCALED)
+        dh = load_scaled(dh_ptr + s_off, kmask, vmask, dh_s_ptr + state_row * B_NSB, v0, B_SB, SCALED)
+        dQg += tl.dot(load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
+        U = load_tile_scaled(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, F_SB, F_NSB, SCALED)
+        dKd += tl.dot(U, tl.trans(dh), input_precision=PREC)
+        dY = load_tile_scaled(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, B_SB, B_NSB, SCALED)
+        dYh += tl.dot(dY, tl.trans(hs), input_precision=PREC)
+        dgamma += tl.sum(hs * dh, axis=1)
     G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
     eG = decay(G)
     dq = scale * eG * dQg
