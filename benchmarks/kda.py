@@ -471,9 +471,7 @@ SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
 PROFILE_VARIANTS = (
-    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8),
-                                             dict(SPLIT=True), dict(SPLIT=True, BK=32), dict(SPLIT=True, num_stages=1),
-                                             dict(SPLIT=True, num_warps=8))
+    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]

@@ -83,30 +83,23 @@ def trans3(x):
 
 @triton.jit
 def below(A, P, k_left, q_left, k_ptr, G_ptr, G_r, t0, n, d: tl.constexpr, h, H, K, cols, cmask,
-          BC: tl.constexpr, PREC: tl.constexpr, WITH_A: tl.constexpr, WITH_P: tl.constexpr):
-    """Add one channel block to diagonal d >= 1 of A (``WITH_A``) and P (``WITH_P``): the left operands carry
-    ``e^{G_i - G_r}``, the right one ``e^{G_r - G_j}`` is formed here from block ``b - d``'s k and G."""
+          BC: tl.constexpr, PREC: tl.constexpr):
+    """Add one channel block to diagonal d >= 1: the left operands carry ``e^{G_i - G_r}``, the right one
+    ``e^{G_r - G_j}`` is formed here from block ``b - d``'s k and G."""
     G_j = block_gate(G_ptr, t0, n, d, 0, BC, h, H, K, cols, cmask, BC)
     right = trans3(block_x(k_ptr, t0, n, d, h, H, K, cols, cmask, BC) * decay(G_r - G_j))
-    if WITH_A:
-        A += tl.dot(k_left, right, input_precision=PREC)
-    if WITH_P:
-        P += tl.dot(q_left, right, input_precision=PREC)
-    return A, P
+    return A + tl.dot(k_left, right, input_precision=PREC), P + tl.dot(q_left, right, input_precision=PREC)
 
 
 @triton.jit
-def diag_dots(A, P, k, q, G, G_m, BC: tl.constexpr, DPREC: tl.constexpr, WITH_A: tl.constexpr = True,
-              WITH_P: tl.constexpr = True):
-    """Add one channel block to the diagonal blocks of A (``WITH_A``) and P (``WITH_P``) by dots against their
-    middle rows m: ``e^{G_i - G_m} e^{G_m - G_j}`` (A strictly lower, P with the diagonal)."""
+def diag_dots(A, P, k, q, G, G_m, BC: tl.constexpr, DPREC: tl.constexpr):
+    """Add one channel block to the diagonal blocks by dots against their middle rows m:
+    ``e^{G_i - G_m} e^{G_m - G_j}`` (A strictly lower, P with the diagonal)."""
     i = tl.arange(0, BC)
     right = trans3(k * decay(G_m - G))
     el = decay(G - G_m)
-    if WITH_A:
-        A += tl.where((i[:, None] > i[None, :])[None], tl.dot(k * el, right, input_precision=DPREC), 0.0)
-    if WITH_P:
-        P += tl.where((i[:, None] >= i[None, :])[None], tl.dot(q * el, right, input_precision=DPREC), 0.0)
+    A += tl.where((i[:, None] > i[None, :])[None], tl.dot(k * el, right, input_precision=DPREC), 0.0)
+    P += tl.where((i[:, None] >= i[None, :])[None], tl.dot(q * el, right, input_precision=DPREC), 0.0)
     return A, P
 
 
@@ -138,13 +131,11 @@ def diag_levels(A, P, k, q, G, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.conste
 
 @triton.jit
 def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DIAG: tl.constexpr,
-                PREC: tl.constexpr, DPREC: tl.constexpr, BELOW: tl.constexpr = True, WITH_A: tl.constexpr = True,
-                WITH_P: tl.constexpr = True):
+                PREC: tl.constexpr, DPREC: tl.constexpr, BELOW: tl.constexpr = True):
     """The block diagonals ``A_0..A_3`` (strictly lower) and ``P_0..P_3`` (lower, unscaled), summed over
     the channels in blocks of BK, and the largest ``|G - G_m|`` inside a sub-chunk (``[NB, BC, BK]``, by
     channel block; zeros unless ``DIAG`` is "dots"); the diagonal blocks as ``DIAG`` says (module
-    docstring). Without ``BELOW`` the diagonal blocks only (the others zero); without ``WITH_A`` (``WITH_P``) A's
-    (P's) blocks stay zero, and their tiles take no registers ("dots" only)."""
+    docstring). Without ``BELOW`` the diagonal blocks only (the others zero)."""
     A0 = tl.zeros((NB, BC, BC), tl.float32)
     A1, A2, A3, P0, P1, P2, P3 = A0, A0, A0, A0, A0, A0, A0
     ck = tl.arange(0, BK)[None, None, :]
@@ -153,19 +144,17 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
         cmask = k0 + ck < K
         qp, kp, Gp = q_ptr + k0, k_ptr + k0, G_ptr + k0
         k = block_x(kp, t0, n, 0, h, H, K, ck, cmask, BC)
-        q = k
-        if WITH_P:
-            q = block_x(qp, t0, n, 0, h, H, K, ck, cmask, BC)
+        q = block_x(qp, t0, n, 0, h, H, K, ck, cmask, BC)
         G = block_gate(Gp, t0, n, 0, 0, BC, h, H, K, ck, cmask, BC)
         if BELOW:
             G_r = block_gate(Gp, t0, n, 0, 0, 1, h, H, K, ck, cmask, BC)
             e = decay(G - G_r)
-            A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC, WITH_A, WITH_P)
-            A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC, WITH_A, WITH_P)
-            A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC, WITH_A, WITH_P)
+            A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC)
+            A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
+            A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
         G_m = block_gate(Gp, t0, n, 0, BC // 2, 1, h, H, K, ck, cmask, BC)
         if DIAG == "dots":
-            A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC, WITH_A, WITH_P)
+            A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
             span = tl.maximum(span, tl.abs(G - G_m).to(tl.float32))  # G is fp64 for fp32 inputs
         else:
             if tl.max(tl.abs(G - G_m)) <= DIAG_SPAN:

@@ -72,38 +72,33 @@ every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8
 
 @triton.jit
 def store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C: tl.constexpr,
-                  BC: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, WITH_A: tl.constexpr = True,
-                  WITH_P: tl.constexpr = True):
-    """P (scaled, ``WITH_P``) and T (``WITH_A``) of one chunk and head from their block diagonals (``blocks``)."""
-    if WITH_P:
-        store_lower(P_ptr, scale, P0, P1, P2, P3, t0, n, h, H, C, BC)
-    if WITH_A:
-        solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
+                  BC: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """P (scaled) and T of one chunk and head from their block diagonals (``blocks``)."""
+    store_lower(P_ptr, scale, P0, P1, P2, P3, t0, n, h, H, C, BC)
+    solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
 
 
 @triton.jit
 def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag,
                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
-                DPREC: tl.constexpr, WITH_A: tl.constexpr = True, WITH_P: tl.constexpr = True):
-    """T (``WITH_A``) and P (``WITH_P``) of one chunk and head (``intra_kernel``); ``flag`` its entry of the
-    flags. The blocks below the diagonal do not depend on the decay's strength: the checked pass stores those
-    of the chunks it marks (P's in P, A's in T's memory until the flagged pass solves), and the flagged pass
-    forms the diagonal blocks only."""
+                DPREC: tl.constexpr):
+    """T and P of one chunk and head (``intra_kernel``); ``flag`` its entry of the flags. The blocks below
+    the diagonal do not depend on the decay's strength: the checked pass stores those of the chunks it
+    marks (P's in P, A's in T's memory until the flagged pass solves), and the flagged pass forms the
+    diagonal blocks only."""
     diag: tl.constexpr = "general" if PASS == "flagged" else "dots"
     below: tl.constexpr = PASS != "flagged"
     A0, A1, A2, A3, P0, P1, P2, P3, span = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, diag, PREC,
-                                                       DPREC, below, WITH_A, WITH_P)
+                                                       DPREC, below)
     if PASS == "checked":
         if tl.max(span) > DIAG_SPAN:
             tl.store(flag_ptr + flag, 1)
-            if WITH_P:
-                store_below(P_ptr, scale, P1, P2, P3, t0, n, h, H, C, BC)
-                store_zeros_above(P_ptr, t0, n, h, H, C, BC)
-            if WITH_A:
-                store_below(T_ptr, 1.0, A1, A2, A3, t0, n, h, H, C, BC)
+            store_below(P_ptr, scale, P1, P2, P3, t0, n, h, H, C, BC)
+            store_zeros_above(P_ptr, t0, n, h, H, C, BC)
+            store_below(T_ptr, 1.0, A1, A2, A3, t0, n, h, H, C, BC)
         else:
             store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC,
-                          DPREC, WITH_A, WITH_P)
+                          DPREC)
     elif PASS == "flagged":
         store_diag(P_ptr, scale * P0, t0, n, 0, h, H, C, BC)
         A1 = load_diag(T_ptr, t0, n, 0, 1, h, H, C, BC)
@@ -111,20 +106,18 @@ def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0
         A3 = load_diag(T_ptr, t0, n, 0, 3, h, H, C, BC)
         solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
     else:
-        store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC, DPREC,
-                      WITH_A, WITH_P)
+        store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC, DPREC)
 
 
 @triton.jit
 def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                  C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
-                 DPREC: tl.constexpr, SPLIT: tl.constexpr = False):
+                 DPREC: tl.constexpr):
     """One chunk and head, by sub-chunk blocks (``blocks``): ``T = (I + Diag(beta) A)^{-1}`` and ``P``
     (scale included). ``PASS``: "safe" (safe_gate: the diagonal blocks by dots), "checked" (the same, but a
     chunk whose decay inside a sub-chunk exceeds ``DIAG_SPAN`` gets only its blocks below the diagonal stored,
     and is marked in ``flag[c, h]``), "flagged" (the marked chunks only: their diagonal blocks, each tile by
-    dots or by levels as its span allows, then the solve; the others return at once). ``SPLIT`` (not
-    "flagged"): T and P by two programs (axis 2: 0 forms T, 1 forms P)."""
+    dots or by levels as its span allows, then the solve; the others return at once)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -134,13 +127,6 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
         if tl.load(flag_ptr + flag) != 0:
             intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC,
                         BK, PASS, PREC, DPREC)
-    elif SPLIT:
-        if tl.program_id(2) == 0:
-            intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC,
-                        BK, PASS, PREC, DPREC, WITH_P=False)
-        else:
-            intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC,
-                        BK, PASS, PREC, DPREC, WITH_A=False)
     else:
         intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC, BK,
                     PASS, PREC, DPREC)
@@ -217,9 +203,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
             # bf16 inputs, ieee, one load stage and the interpreter were right; so was no rewrite of the loop
             # that still pipelined it. The levels have no loop; one stage stays until a GPU shows two right
             step = step | dict(num_stages=1)
-        split = bool(step.get("SPLIT")) and kind != "flagged"
-        step = step | dict(SPLIT=split)
-        launch(intra_kernel, (chunks.num_chunks, H, 2 if split else 1),
+        launch(intra_kernel, (chunks.num_chunks, H),
                (q, k, G, beta, T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K),
                dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
                [step, step | dict(num_stages=1), step | dict(BK=min(step["BK"], 16), num_stages=1)])
