@@ -500,10 +500,10 @@ def profile_data(name):
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
-    keys = prepare_keys(k, G, T, flat["beta"], ch, "tf32", q=q)
+    keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
-    dh, dY, _ = chunk_bwd.dstate(keys, G, T, P, do, None, ch, scale, "tf32", False, scaled=True)
+    dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
                 hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
 
@@ -524,8 +524,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
-        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], d["T"], f["beta"], ch, "tf32"), f["v"], d["G"],
-                                            f["beta"], d["T"],
+        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
                                             None, ch, "tf32", final=not keep, hs_dtype=d["hs_out"].dtype, scaled=keep,
                                             segments=segs, config=cfg)
     if stage == "output":
@@ -533,7 +532,7 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: output(d["q"], d["U"].float(), d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32",
                               cfg)
     if stage == "dstate":
-        return lambda: chunk_bwd.dstate(d["keys"], d["G"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
+        return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, True, segs, cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
@@ -541,17 +540,15 @@ def profile_stage(d, stage, cfg, safe, gather):
                                        f["q"].dtype, f["k"].dtype, cfg)
     if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
         q = d["q"] if stage == "prepare_with_q" else None
-        return lambda: prepare_keys(d["k"], d["G"], d["T"], f["beta"], ch, "tf32", q=q)
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])
 
 
-def profile(names, jobs, stages=None, defaults=False):
-    """Compile every variant (of ``stages``, default all; with ``defaults`` only each stage's default launch, and
-    the serial passes' default segments) in parallel processes, then time each here."""
-    todo = [i for i, v in enumerate(PROFILE_VARIANTS) if (stages is None or v[0] in stages)
-            and (not defaults or v[1] in (dict(), dict(segments="auto")))]
+def profile(names, jobs, stages=None):
+    """Compile every variant (of ``stages``, default all) in parallel processes, then time each here."""
+    todo = [i for i, v in enumerate(PROFILE_VARIANTS) if stages is None or v[0] in stages]
     data = profile_data(names[0])  # compiles the default launches once, before the parallel compiles
     bench_util.warm(__file__, [[str(i)] for i in todo], jobs, flag="--profile-one")
     from triton.testing import do_bench
@@ -578,7 +575,6 @@ def main():
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
     ap.add_argument("--stages", nargs="*", help="--profile: only these stages (intra, recurrence, dstate, ...)")
-    ap.add_argument("--defaults", action="store_true", help="--profile: only the default launches")
     ap.add_argument("--ncu-step", action="store_true", help="the profiled step of ncu (see the module docstring)")
     ap.add_argument("--ncu-metrics", action="store_true", help="print the metrics ncu is to collect")
     ap.add_argument("--ncu-table", help="tabulate an ncu --csv --page raw file of --ncu-step (JSON with --out)")
@@ -598,7 +594,7 @@ def main():
         stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
         profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
     elif args.profile:
-        profile(args.shapes or ["B8_T4096", "B1_T32768"], args.jobs, args.stages, args.defaults)
+        profile(args.shapes or ["B8_T4096", "B1_T32768"], args.jobs, args.stages)
     elif args.check_one:
         print(json.dumps(check_one(args.check_one)))
     elif args.check:

@@ -1,4 +1,4 @@
-"""Decayed operands of KDA's serial state passes, formed in parallel before them: ``W = T Diag(beta) k e^G``,
+"""Decayed operands of KDA's serial state passes, formed in parallel before them: ``k e^G``,
 ``k e^{G_last - G}`` and (the backward's) ``q e^G`` per chunk, stored row-scaled in the precision the
 passes' dots use.
 
@@ -7,12 +7,6 @@ step that loads k and G, forms ``e^G`` and ``e^{G_last - G}`` on ``[C, K]`` tile
 its dots waits on all of it, and its loads cannot be issued ahead (the pipeliner prefetches loads that
 feed dots). Formed here, one program per (chunk, head, state block), the operands are plain loads
 into the serial step's dots, which the pass double-buffers.
-
-W takes the chunk's WY factor T (``chunk_fwd.intra``) into ``k e^G``, so that a step's chain of dependent dots
-is two long where it was three: forward ``U = T Diag(beta) V - W S`` (the first term does not depend on the
-state) then ``S' = Diag(gamma) S + Kd^T U``; backward ``dU = P^T dO + Kd dS`` then
-``dS' = Diag(gamma) dS + Qg^T dO - W^T dU`` (``Kg^T Diag(beta) T^T = W^T``). It replaces ``k e^G``, which
-no pass reads any more: no more storage than before.
 
 Stored as ``x = s * X`` with ``s [T, H, NKB]`` the power of two at or above the largest magnitude of each
 row within each state block (``state.state_blocks``) and ``X`` in ``operand_dtype(precision)``: fp16 where
@@ -35,7 +29,7 @@ import triton.language as tl
 from ..common import Chunks, launch
 from .scaled import row_scaled, scale_rows
 from .state import state_blocks
-from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_rowvec, load_tile, row_offsets, store_tile
+from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile, row_offsets, store_tile
 
 
 def operand_dtype(precision: str) -> torch.dtype:
@@ -53,11 +47,10 @@ def store_prepared(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
 
 
 @triton.jit
-def prepare_kernel(k_ptr, q_ptr, G_ptr, T_ptr, beta_ptr, w_ptr, sw_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, cu_ptr,
-                   seq_ptr, start_ptr, H, K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr,
-                   PREC: tl.constexpr):
-    """One chunk, head and state block: ``W = T Diag(beta) k e^G`` (its dot at ``PREC``), ``k e^{G_last - G}``
-    and with ``WITH_Q`` ``q e^G``, row-scaled."""
+def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, cu_ptr, seq_ptr, start_ptr,
+                   H, K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr):
+    """One chunk, head and state block: ``k e^G``, ``k e^{G_last - G}`` and with ``WITH_Q`` ``q e^G``,
+    row-scaled."""
     t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
     kb = tl.program_id(2)
@@ -67,42 +60,38 @@ def prepare_kernel(k_ptr, q_ptr, G_ptr, T_ptr, beta_ptr, w_ptr, sw_ptr, kd_ptr, 
     G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
     G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask)
     eG = decay(G)
+    store_prepared(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
     store_prepared(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
     if WITH_Q:
         store_prepared(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
-                       kb, NKB, cols, cmask)
-    T = load_tile(T_ptr, rows, rmask, h, H, C, i, i < C)
-    W = tl.dot(T, load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * k * eG, input_precision=PREC)
-    store_prepared(w_ptr, sw_ptr, W, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+                     kb, NKB, cols, cmask)
 
 
 class PreparedKeys(NamedTuple):
     """A pass's prepared operands (``[T, H, K]`` in ``operand_dtype``) and their row scales (fp32
-    ``[T, H, NKB]``): ``W = T Diag(beta) k e^G``, ``k e^{G_last - G}``, and ``q e^G`` where the pass needs it
-    (None else)."""
+    ``[T, H, NKB]``): ``k e^G``, ``k e^{G_last - G}``, and ``q e^G`` where the pass needs it (None else)."""
 
-    w: torch.Tensor
-    sw: torch.Tensor
+    kg: torch.Tensor
+    sg: torch.Tensor
     kd: torch.Tensor
     sd: torch.Tensor
     qg: torch.Tensor | None = None
     sq: torch.Tensor | None = None
 
 
-def prepare_keys(k, G, T, beta, chunks: Chunks, precision: str, q=None) -> PreparedKeys:
-    """The operands of KDA's state passes from k (and q: the backward's), the cumulative gate G, the WY factor T
-    ``[T, H, C]`` (``chunk_fwd.intra``) and beta."""
+def prepare_keys(k, G, chunks: Chunks, precision: str, q=None) -> PreparedKeys:
+    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G."""
     total, H, K = k.shape
     KB, NKB = state_blocks(K)
 
     def operand():
         return (torch.empty(total, H, K, device=k.device, dtype=operand_dtype(precision)),
                 torch.empty(total, H, NKB, device=k.device, dtype=torch.float32))
-    (w, sw), (kd, sd) = operand(), operand()
+    (kg, sg), (kd, sd) = operand(), operand()
     qg, sq = operand() if q is not None else (None, None)
     if chunks.num_chunks and H:
         launch(prepare_kernel, (chunks.num_chunks, H, NKB),
-               (k, k if q is None else q, G, T, beta, w, sw, kd, sd, w if qg is None else qg, sw if sq is None else sq,
+               (k, k if q is None else q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq,
                 chunks.cu, chunks.seq, chunks.start, H, K, NKB),
-               dict(C=chunks.size, KB=KB, WITH_Q=q is not None, PREC=precision), [dict(num_warps=4, num_stages=1)])
-    return PreparedKeys(w, sw, kd, sd, qg, sq)
+               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [dict(num_warps=4, num_stages=1)])
+    return PreparedKeys(kg, sg, kd, sd, qg, sq)

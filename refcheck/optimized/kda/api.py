@@ -118,7 +118,7 @@ class KdaFunction(torch.autograd.Function):
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
-        ht, hs, U = recurrence(prepare_keys(kn, G, Tm, beta, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
+        ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                cfg.precision, final=cfg.final,
                                hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype), segments=cfg.segments)
         o = chunk_output(qn, U.data, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
@@ -134,14 +134,14 @@ class KdaFunction(torch.autograd.Function):
         q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept = ctx.saved_tensors
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
-        keys = prepare_keys(kn, G, Tm, beta, cfg.chunks, cfg.precision, q=qn)
+        keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
         scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
         if cfg.keep:
             hs, U = (Stored(x) for x in kept)
         else:
             _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
                                   segments=cfg.segments)
-        dh, dY, dh0 = dstate(keys, G, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
+        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
                              cfg.scale, cfg.precision, want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,

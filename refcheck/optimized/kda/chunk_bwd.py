@@ -55,15 +55,14 @@ from .subchunk import chunk_colform, chunk_rowform, diag_precision
 
 
 @triton.jit
-def dstate_kernel(qg_ptr, sq_ptr, w_ptr, sw_ptr, kd_ptr, sd_ptr, G_ptr, T_ptr, P_ptr, do_ptr, dht_ptr,
+def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr,
                   dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr,
                   KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
                   STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
-    ``dy_s_ptr``). ``Qg``, W, ``Kd`` prepared (``chunk.prepared``): a step is ``dU = P^T dO + Kd dS``,
-    ``dS <- Diag(gamma) dS + scale Qg^T dO - W^T dU`` (``W^T = Kg^T Diag(beta) T^T``), and dY = T^T dU is formed for
-    the store only, off the chain of dependent dots. The gradient has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
+    ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``). The gradient
+    has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
     zero dO (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     wmask = vv < W
@@ -75,8 +74,9 @@ def dstate_kernel(qg_ptr, sq_ptr, w_ptr, sw_ptr, kd_ptr, sd_ptr, G_ptr, T_ptr, P
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
         sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NKB)
         sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NKB)
-        sw0, sw1, sw2, sw3 = block_scales(sw_ptr, rows, rmask, h, H, NKB)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NKB)
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
+        beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, dh_s_ptr,
                          SCALED)
@@ -90,12 +90,13 @@ def dstate_kernel(qg_ptr, sq_ptr, w_ptr, sw_ptr, kd_ptr, sd_ptr, G_ptr, T_ptr, P
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg_ptr, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
                                            rows, rmask, h, H, K, KB, NKB, DECAY=True, FIRST=False,
                                            PREC=PREC)
-        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -dU, w_ptr, sw0, sw1, sw2, sw3, g0, g1, g2, g3, rows,
-                                           rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False, PREC=PREC)
+        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
+        dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
         if STEPS:
-            T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
-            store_tile_scaled(dy_ptr, dy_s_ptr, tl.dot(tl.trans(T), dU, input_precision=PREC), rows, rmask, h, H, V,
-                              vv, vmask, SCALED)
+            store_tile_scaled(dy_ptr, dy_s_ptr, dY, rows, rmask, h, H, V, vv, vmask, SCALED)
+        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg_ptr, sg0, sg1, sg2, sg3, g0, g1,
+                                           g2, g3, rows, rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False,
+                                           PREC=PREC)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, W, KB, NKB, vv, wmask)
 
@@ -265,13 +266,13 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
         store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
 
 
-def dstate(keys: PreparedKeys, G, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
+def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
            want_dh0: bool, scaled: bool = False, segments: Segments | None = None, config: dict | None = None):
     """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``: dh and dY ``scaled.Stored``, fp32 or with
     ``scaled`` row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), dh0 fp32; on the operands
     ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
     by side (``chunk.segments``). ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
-    total, H, K = keys.w.shape
+    total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
@@ -283,7 +284,7 @@ def dstate(keys: PreparedKeys, G, T, P, do, dht, chunks: Chunks, scale: float, p
         store_dh0 = not steps if store_dh0 is None else store_dh0
         dh0 = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32) if store_dh0 else None
         launch_serial(dstate_kernel,
-                      (keys.qg, keys.sq, keys.w, keys.sw, keys.kd, keys.sd, G, T, P, do,
+                      (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
                        end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
                        dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision),

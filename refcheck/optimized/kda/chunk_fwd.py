@@ -133,14 +133,13 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 
 
 @triton.jit
-def recurrence_kernel(w_ptr, sw_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, hs_s_ptr,
+def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, hs_s_ptr,
                       u_ptr, u_s_ptr, cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
                       NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
                       STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``SCALED`` row-scaled
-    (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). W, ``Kd`` prepared (``chunk.prepared``): a step is
-    ``U = T Diag(beta) V - W S`` (the first term off the chain of dependent dots), ``S <- Diag(gamma) S + Kd^T U``. The
+    (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``). The
     state has W >= V columns (h0 and ht ``[N, H, K, W]``), the values V: the columns past V start from h0 and
     take zero values (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
@@ -149,16 +148,16 @@ def recurrence_kernel(w_ptr, sw_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_p
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        sw0, sw1, sw2, sw3 = block_scales(sw_ptr, rows, rmask, h, H, NKB)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NKB)
         sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NKB)
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, SCALED)
+        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, -sg0, -sg1, -sg2,
+                        -sg3, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
-        Y = tl.dot(T, beta[:, None] * load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), input_precision=PREC)
-        U = read_blocks(S0, S1, S2, S3, Y, w_ptr, -sw0, -sw1, -sw2, -sw3, rows, rmask, h, H, K, KB, NKB, FIRST=True,
-                        PREC=PREC)
+        U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         if STEPS:
             store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, SCALED)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd0, sd1, sd2, sd3, g0, g1, g2, g3, rows, rmask, h,
@@ -220,7 +219,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     row-scaled fp16 (``chunk.scaled``: for "tf32" dots only). ``segments``: the sequences cut into
     segments that run side by side (``chunk.segments``). ``config`` overrides the launch (``BV``,
     ``num_warps``, ``num_stages``)."""
-    total, H, K = keys.w.shape
+    total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
     steps_over = chunks if segments is None else segments.chunks
@@ -232,7 +231,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
         store_final = not steps if store_final is None else store_final
         ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
         launch_serial(recurrence_kernel,
-                      (keys.w, keys.sw, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs.data,
+                      (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs.data,
                        ht if store_final else hs.data, hs.data, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, SCALED=scaled, PREC=precision),
