@@ -25,7 +25,7 @@
 # in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") and OPS (default
 # "kda kda_gate gla simple_gla") pick the law runs' implementations and ops and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
 # PROPERTIES_K="agreement or precision or batch_invariance" for the slowest ones, alone in one call;
-# PROFILE_STAGES (e.g. "recurrence dstate") and PROFILE_SHAPES (e.g. "B1_T32768") limit the profile, BENCH_SHAPES the
+# PROFILE_STAGES (e.g. "recurrence dstate"), PROFILE_SHAPES (e.g. "B1_T32768") and PROFILE_ARGS (e.g. --defaults) limit the profile, BENCH_SHAPES the
 # benchmark. Each step starts from a cold
 # Triton cache of its own (COLD=0: one shared cache) and its wall time lands in $OUT/timings.txt.
 # Prints a short table last.
@@ -146,7 +146,7 @@ for step in "$@"; do
         > "$OUT/kda_bench.log" 2>&1
       echo "benchmark exit $?" >> "$OUT/kda_bench.log" ;;
     profile)
-      timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" ${PROFILE_STAGES:+--stages $PROFILE_STAGES} ${PROFILE_SHAPES:+--shapes $PROFILE_SHAPES} \
+      timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" ${PROFILE_STAGES:+--stages $PROFILE_STAGES} ${PROFILE_SHAPES:+--shapes $PROFILE_SHAPES} ${PROFILE_ARGS:-} \
         > "$OUT/kda_profile.log" 2>&1
       echo "profile exit $?" >> "$OUT/kda_profile.log" ;;
     ncu)

@@ -546,9 +546,11 @@ def profile_stage(d, stage, cfg, safe, gather):
     return lambda: l2norm.l2norm_forward(f["q"])
 
 
-def profile(names, jobs, stages=None):
-    """Compile every variant (of ``stages``, default all) in parallel processes, then time each here."""
-    todo = [i for i, v in enumerate(PROFILE_VARIANTS) if stages is None or v[0] in stages]
+def profile(names, jobs, stages=None, defaults=False):
+    """Compile every variant (of ``stages``, default all; with ``defaults`` only each stage's default launch, and
+    the serial passes' default segments) in parallel processes, then time each here."""
+    todo = [i for i, v in enumerate(PROFILE_VARIANTS) if (stages is None or v[0] in stages)
+            and (not defaults or v[1] in (dict(), dict(segments="auto")))]
     data = profile_data(names[0])  # compiles the default launches once, before the parallel compiles
     bench_util.warm(__file__, [[str(i)] for i in todo], jobs, flag="--profile-one")
     from triton.testing import do_bench
@@ -575,6 +577,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=4)
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
     ap.add_argument("--stages", nargs="*", help="--profile: only these stages (intra, recurrence, dstate, ...)")
+    ap.add_argument("--defaults", action="store_true", help="--profile: only the default launches")
     ap.add_argument("--ncu-step", action="store_true", help="the profiled step of ncu (see the module docstring)")
     ap.add_argument("--ncu-metrics", action="store_true", help="print the metrics ncu is to collect")
     ap.add_argument("--ncu-table", help="tabulate an ncu --csv --page raw file of --ncu-step (JSON with --out)")
@@ -594,7 +597,7 @@ def main():
         stage, cfg, safe, gather = PROFILE_VARIANTS[args.profile_one]
         profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
     elif args.profile:
-        profile(args.shapes or ["B8_T4096", "B1_T32768"], args.jobs, args.stages)
+        profile(args.shapes or ["B8_T4096", "B1_T32768"], args.jobs, args.stages, args.defaults)
     elif args.check_one:
         print(json.dumps(check_one(args.check_one)))
     elif args.check:
