@@ -478,6 +478,7 @@ PROFILE_VARIANTS = (
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
+    + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward") for cfg in SEGMENTS]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64))
        for safe in (False, True)]
@@ -501,7 +502,7 @@ def profile_data(name):
     scale = s["K"] ** -0.5
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
-    _, hs, U = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
+    _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
@@ -521,6 +522,13 @@ def profile_stage(d, stage, cfg, safe, gather):
     segs = split(ch, n) if n else None
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
+    # the forward's segment maps and entry states, for the backward's passes over the same segments
+    trans = (chunk_fwd.recurrence(d["keys"], f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=False,
+                                  segments=segs)[3] if segs is not None and stage.endswith("_from_forward") else None)
+    if stage == "recurrence_from_forward":  # the backward's recomputation over segments: step 3 alone
+        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
+                                            None, ch, "tf32", final=False, scaled=True, segments=segs,
+                                            transitions=trans, config=cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
@@ -531,9 +539,9 @@ def profile_stage(d, stage, cfg, safe, gather):
         H = d["k"].shape[1]
         return lambda: output(d["q"], d["U"].float(), d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32",
                               cfg)
-    if stage == "dstate":
+    if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
-                                        False, True, segs, cfg)
+                                        False, scaled=True, segments=segs, transitions=trans, config=cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",
@@ -557,7 +565,8 @@ def profile(names, jobs, stages=None, defaults=False):
     for name in names:
         d = data if name == names[0] else profile_data(name)
         for stage, cfg, safe, gather in (PROFILE_VARIANTS[i] for i in todo):
-            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "output"):
+            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "output",
+                                                                 "recurrence_from_forward", "dstate_from_forward"):
                 continue
             try:
                 ms = do_bench(profile_stage(d, stage, cfg, safe, gather), return_mode="median")

@@ -21,10 +21,17 @@ E and its last K at M. So a pass over segments is three steps:
 Step 1 does ``1 + K / V`` times the work of step 3 and step 3 as much as the unsplit pass: the split
 pays where the unsplit pass leaves SMs idle (``segment_length``). The sequence's last state (the forward's
 final state, the reverse pass's gradient of the initial state) comes out of the scan.
+
+The backward reuses what the forward's steps 1 and 2 found (``Transitions``: each segment's M and entry
+state, ``[NS, H, K, K]`` and ``[NS, H, K, V]``, a few MB): its recomputation of the forward pass is step 3
+alone, and its reverse pass, whose segment maps are the forward's transposed (``M^T``: the chunk maps'
+product in reverse order, each transposed), runs step 1 on the V value columns only, from zero. Measured on
+an H100 (bf16, B=1, T=32768, H=16, K=V=128, ``benchmarks/kda.py``): see ``docs/performance.md``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -93,37 +100,53 @@ def split(chunks: Chunks, length: int) -> Segments:
                            counts), table)
 
 
-def run(walk, segments: Segments, first: torch.Tensor | None, H: int, K: int, V: int, reverse: bool = False):
+class Transitions(NamedTuple):
+    """What a forward pass over segments leaves for the backward: each segment's map ``M [NS, H, K, K]``
+    (``S_end = M S_start + E``) and the state it starts from, ``entries [NS, H, K, V]`` (fp32)."""
+
+    M: torch.Tensor
+    entries: torch.Tensor
+
+
+def run(walk, segments: Segments, first: torch.Tensor | None, H: int, K: int, V: int,
+        maps: torch.Tensor | None = None, reverse: bool = False) -> tuple[torch.Tensor, Transitions]:
     """A serial pass over ``segments`` in the three steps (module docstring); returns the last state of every
-    sequence (``scan``). ``walk(chunks, start, W, steps)`` launches the pass over ``chunks`` from the
-    states ``start [NS, H, K, W]`` (None: zero), with its per-chunk stores where ``steps``, and returns
-    every segment's end state ``[NS, H, K, W]`` where not ``steps``."""
-    start = torch.zeros(segments.chunks.num_seqs, H, K, V + K, device=segments.table.device, dtype=torch.float32)
-    start[..., V:] = torch.eye(K, device=start.device, dtype=torch.float32)
-    entries, last = scan(walk(segments.chunks, start, V + K, False), first, segments, V, reverse)
+    sequence (``scan``) and the segments' ``Transitions``. ``walk(chunks, start, W, steps)`` launches the pass
+    over ``chunks`` from the states ``start [NS, H, K, W]`` (None: zero), with its per-chunk stores where
+    ``steps``, and returns every segment's end state ``[NS, H, K, W]`` where not ``steps``. ``maps``: the
+    segments' maps ``[NS, H, K, K]`` where known (the reverse pass: the forward's, transposed), so that step 1
+    runs the V value columns alone, from zero."""
+    if maps is None:
+        start = torch.zeros(segments.chunks.num_seqs, H, K, V + K, device=segments.table.device, dtype=torch.float32)
+        start[..., V:] = torch.eye(K, device=start.device, dtype=torch.float32)
+        ends = walk(segments.chunks, start, V + K, False)
+        E, maps = ends[..., :V], ends[..., V:]
+    else:
+        E = walk(segments.chunks, None, V, False)
+    entries, last = scan(E, maps, first, segments, reverse)
     walk(segments.chunks, entries, V, True)
-    return last
+    return last, Transitions(maps, entries)
 
 
-def scan(ends: torch.Tensor, first: torch.Tensor | None, segments: Segments, V: int, reverse: bool = False):
+def scan(E: torch.Tensor, M: torch.Tensor, first: torch.Tensor | None, segments: Segments, reverse: bool = False):
     """Step 2: the entry state of every segment and the last state of every sequence.
 
-    ``ends [NS, H, K, V + K]``: ``[E | M]`` of every segment (step 1); ``first [N, H, K, V]``: the state
-    each sequence starts from (the initial state; the gradient of the final state for ``reverse``), or
-    None (zero). Forward, ``S_0 = first``, ``S_{j+1} = M_j S_j + E_j``; ``reverse`` walks the segments last
-    to first. Returns ``(entries [NS, H, K, V], last [N, H, K, V])``, fp32: ``entries[s]`` the state
-    segment s starts from (for ``reverse`` the one its last chunk ends with), ``last`` the state after
-    every segment of each sequence."""
-    NS, H, K, _ = ends.shape
+    ``E [NS, H, K, V]``, ``M [NS, H, K, K]``: every segment's map ``S_end = M S_start + E``; ``first
+    [N, H, K, V]``: the state each sequence starts from (the initial state; the gradient of the final state
+    for ``reverse``), or None (zero). Forward, ``S_0 = first``, ``S_{j+1} = M_j S_j + E_j``; ``reverse`` walks
+    the segments last to first. Returns ``(entries [NS, H, K, V], last [N, H, K, V])``, fp32: ``entries[s]``
+    the state segment s starts from (for ``reverse`` the one its last chunk ends with), ``last`` the state
+    after every segment of each sequence."""
+    NS, H, K, V = E.shape
     N, m = segments.table.shape
     # one more segment, the identity, where a sequence has fewer than m
-    pad = torch.cat([ends, torch.zeros_like(ends[:1])])
-    pad[NS, :, :, V:] = torch.eye(K, device=ends.device, dtype=ends.dtype)
-    S = torch.zeros(N, H, K, V, device=ends.device, dtype=torch.float32) if first is None else first.float()
-    entries = torch.empty(NS + 1, H, K, V, device=ends.device, dtype=torch.float32)
+    E = torch.cat([E, torch.zeros_like(E[:1])])
+    M = torch.cat([M, torch.eye(K, device=M.device, dtype=M.dtype).expand(1, H, K, K)])
+    S = torch.zeros(N, H, K, V, device=E.device, dtype=torch.float32) if first is None else first.float()
+    entries = torch.empty(NS + 1, H, K, V, device=E.device, dtype=torch.float32)
     for j in reversed(range(m)) if reverse else range(m):
         idx = segments.table[:, j]
         entries[idx] = S
-        E, M = pad[idx, :, :, :V], pad[idx, :, :, V:]
-        S = torch.baddbmm(E.reshape(N * H, K, V), M.reshape(N * H, K, K), S.reshape(N * H, K, V)).view(N, H, K, V)
+        S = torch.baddbmm(E[idx].reshape(N * H, K, V), M[idx].reshape(N * H, K, K),
+                          S.reshape(N * H, K, V)).view(N, H, K, V)
     return entries[:NS], S

@@ -19,7 +19,7 @@ from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
 from ..chunk.scaled import Stored, row_scaled
-from ..chunk.segments import Segments, plan
+from ..chunk.segments import Segments, Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
@@ -118,12 +118,14 @@ class KdaFunction(torch.autograd.Function):
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
         # GLA's does (``chunk.output.state_dtype``)
-        ht, hs, U = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
-                               cfg.precision, final=cfg.final,
-                               hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype), segments=cfg.segments)
+        ht, hs, U, trans = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
+                                      cfg.precision, final=cfg.final,
+                                      hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype),
+                                      segments=cfg.segments)
         o = chunk_output(qn, U.data, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept)
+        # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept, *(trans or ()))
         ctx.cfg = cfg
         ctx.shape = (B, T)
         return o.view(B, T, H, V), ht
@@ -131,7 +133,8 @@ class KdaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept = ctx.saved_tensors
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *rest = ctx.saved_tensors
+        kept, trans = rest[:2] if cfg.keep else (), Transitions(*rest[-2:]) if cfg.segments is not None else None
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
@@ -139,10 +142,11 @@ class KdaFunction(torch.autograd.Function):
         if cfg.keep:
             hs, U = (Stored(x) for x in kept)
         else:
-            _, hs, U = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
-                                  segments=cfg.segments)
+            _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
+                                     segments=cfg.segments, transitions=trans)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
-                             cfg.scale, cfg.precision, want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments)
+                             cfg.scale, cfg.precision, want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments,
+                             transitions=trans)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
             cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather,

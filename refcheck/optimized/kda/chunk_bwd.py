@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import Stored, allocate, load_scaled, load_tile_scaled, store_tile_scaled
-from ..chunk.segments import Segments, run
+from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
@@ -267,11 +267,14 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
 
 
 def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
-           want_dh0: bool, scaled: bool = False, segments: Segments | None = None, config: dict | None = None):
+           want_dh0: bool, scaled: bool = False, segments: Segments | None = None,
+           transitions: Transitions | None = None, config: dict | None = None):
     """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``: dh and dY ``scaled.Stored``, fp32 or with
     ``scaled`` row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), dh0 fp32; on the operands
     ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
-    by side (``chunk.segments``). ``config`` overrides the launch (``BV``, ``num_warps``, ``num_stages``)."""
+    by side (``chunk.segments``); ``transitions``: the forward pass's over them, whose maps transposed are this
+    pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``num_warps``,
+    ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
@@ -293,7 +296,8 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
 
     if segments is None:
         return dh, dY, walk(chunks, dht, V, True, want_dh0)
-    dh0 = run(walk, segments, dht, H, K, V, reverse=True)
+    maps = None if transitions is None else transitions.M.transpose(-1, -2)
+    dh0, _ = run(walk, segments, dht, H, K, V, maps=maps, reverse=True)
     return dh, dY, dh0 if want_dh0 else None
 
 

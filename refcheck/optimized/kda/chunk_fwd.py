@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import allocate, store_tile_scaled
-from ..chunk.segments import Segments, run
+from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
@@ -212,12 +212,14 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
 
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, scaled: bool = False, segments: Segments | None = None,
-               config: dict | None = None):
+               transitions: Transitions | None = None, config: dict | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
-    U)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
-    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``; with ``scaled`` both
-    row-scaled fp16 (``chunk.scaled``: for "tf32" dots only). ``segments``: the sequences cut into
-    segments that run side by side (``chunk.segments``). ``config`` overrides the launch (``BV``,
+    U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
+    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``, with ``scaled`` both
+    row-scaled fp16 (``chunk.scaled``: for "tf32" dots only); ``segments``: the sequences cut into segments that
+    run side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
+    ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
+    is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``,
     ``num_warps``, ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
@@ -239,6 +241,10 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
         return ht
 
     if segments is None:
-        return walk(chunks, initial_state, V, True, final), hs, U
-    ht = run(walk, segments, initial_state, H, K, V)
-    return ht if final else None, hs, U
+        return walk(chunks, initial_state, V, True, final), hs, U, None
+    if transitions is not None:
+        assert not final, "a pass from the forward's segment entry states has no final state of its own"
+        walk(segments.chunks, transitions.entries, V, True)
+        return None, hs, U, transitions
+    ht, transitions = run(walk, segments, initial_state, H, K, V)
+    return ht if final else None, hs, U, transitions
