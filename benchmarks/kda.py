@@ -471,8 +471,7 @@ SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
 PROFILE_VARIANTS = (
-    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8),
-                                             dict(DPREC="bf16x3"))
+    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
@@ -481,7 +480,7 @@ PROFILE_VARIANTS = (
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward") for cfg in SEGMENTS]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
-                                               dict(BK=64), dict(DPREC="bf16x3"))
+                                               dict(BK=64))
        for safe in (False, True)]
     + [("prepare", dict(), False, False), ("prepare_with_q", dict(), False, False)]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]

@@ -281,21 +281,27 @@ def test_stock_interpreter_is_what_enable_fixes():
     assert not same and error < 1e-6
 
 
-def test_calibration_probes_bitwise_equal_to_h200():
-    """The dot, cast and math probes of benchmarks/interpreter_calibration.py give the bits an H200
-    (triton 3.6) gave, as recorded in benchmarks/interpreter_calibration_h200.json."""
+def test_calibration_probes_bitwise_equal_to_the_gpus():
+    """The dot, cast and math probes of benchmarks/interpreter_calibration.py give the bits an H200 and an H100
+    (triton 3.6) gave, as recorded in benchmarks/interpreter_calibration_h200.json and _h100.json: every probe
+    a file records, and every probe recorded by at least one (the H100's run is the later one, with the
+    bf16x3 dots)."""
     benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
     spec = importlib.util.spec_from_file_location("interpreter_calibration", benchmarks / "interpreter_calibration.py")
     calibration = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(calibration)
-    recorded = json.loads((benchmarks / "interpreter_calibration_h200.json").read_text())["probes"]
     dot_probe, cast_probe, math_probe = calibration.define_kernels(interpreted)
     measured = {**calibration.dot_probes(dot_probe, "cpu"), **calibration.cast_probes(cast_probe, "cpu"),
                 **calibration.math_probes(math_probe, "cpu")}
     fields = ("digest", "bits")
-    differ = [key for key, entry in measured.items()
-              if [entry.get(f) for f in fields] != [recorded[key].get(f) for f in fields]]
-    assert not differ, f"not bitwise equal to the H200: {differ}"
+    seen = set()
+    for gpu in ("h200", "h100"):
+        recorded = json.loads((benchmarks / f"interpreter_calibration_{gpu}.json").read_text())["probes"]
+        common = [key for key in measured if key in recorded]
+        differ = [key for key in common if [measured[key].get(f) for f in fields] != [recorded[key].get(f) for f in fields]]
+        assert not differ, f"not bitwise equal to the {gpu}: {differ}"
+        seen.update(common)
+    assert seen == set(measured), f"recorded on no GPU: {sorted(set(measured) - seen)}"
 
 
 # ---------------------------------------------------------------------------------------------

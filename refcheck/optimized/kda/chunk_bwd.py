@@ -319,7 +319,6 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     f32 = torch.float32
     use_gate = A_log is not None
     config = dict(config or {})
-    dprec = config.pop("DPREC", diag_precision(precision))
     scaled = hs.scaled
     assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
     nsb = lambda x: triton.cdiv(V, x.block)  # noqa: E731
@@ -349,7 +348,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
                 chunks.start, H, V, U.block, nsb(U), dY.block, nsb(dY)),
                dict(C=C, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
-        paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=dprec)
+        paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
                   kcfg | dict(BV=16, num_warps=8, num_stages=1)]
         launch(grads_state_kernel, (NC * nkb, H),

@@ -181,7 +181,6 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     # with ``blocks.diag_levels``): channel blocks of 16 0.995 ms against 32 1.095 and 64 2.049, one load
     # stage 1.334, 8 warps 1.659; safe_gate 0.775 at 16 and at 32 (``results/kda_profile_intra_levels_h100.txt``)
     cfg = dict(BK=min(padded(K), 16), num_warps=4, num_stages=2) | (config or {})
-    dprec = cfg.pop("DPREC", diag_precision(precision))
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     if not (chunks.num_chunks and H):
@@ -206,7 +205,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
             step = step | dict(num_stages=1)
         launch(intra_kernel, (chunks.num_chunks, H),
                (q, k, G, beta, T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K),
-               dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=dprec),
+               dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
                [step, step | dict(num_stages=1), step | dict(BK=min(step["BK"], 16), num_stages=1)])
     return T, P
 
