@@ -186,6 +186,41 @@ def test_prepared_operands_have_power_of_two_row_scales():
     assert bool((error <= s[..., None] * 2.0 ** -11).all())  # half an fp16 step of 1 at the row's scale
 
 
+def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
+    """Under "tf32" the backward's recomputed h and U and its dh and dY are stored as fp16 X and power-of-two row
+    scales s per writer's value block (``chunk.scaled``): ``s X`` is the fp32 value to fp16's rounding at the row's
+    scale, each row's largest magnitude in a block in [1/2, 1], a zero row (h of a first chunk) scaled by 1."""
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_bwd import dstate
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(5)
+    T, H, K, V = 150, 2, 32, 48
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v, do = 3 * torch.randn(T, H, V, generator=gen), torch.randn(T, H, V, generator=gen)
+    beta = torch.rand(T, H, generator=gen)
+    chunks = make_chunks(1, T, None, 64, "cpu")
+    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    keys = prepare_keys(k, G, chunks, "tf32", q=q)
+    stored = {}
+    for scaled in (False, True):
+        _, hs, U, _ = recurrence(keys, v, G, beta, Tm, None, chunks, "tf32", final=False, scaled=scaled)
+        dh, dY, _ = dstate(keys, G, beta, Tm, P, do, None, chunks, K ** -0.5, "tf32", False, scaled=scaled)
+        stored[scaled] = dict(hs=hs, U=U, dh=dh, dY=dY)
+    for name, x in stored[True].items():
+        exact = stored[False][name].float()
+        assert x.data.dtype == torch.float16 and not stored[False][name].scaled
+        s = x.scales.repeat_interleave(x.block, -1)[..., :exact.shape[-1]]
+        assert torch.equal(x.scales, torch.exp2(torch.log2(x.scales).round()))
+        assert bool(((x.float() - exact).abs() <= s * 2.0 ** -11).all()), name  # half an fp16 step at the row's scale
+        blocks = exact.split(x.block, -1)
+        peak = torch.stack([b.abs().amax(-1) for b in blocks], -1)
+        assert bool(((peak <= x.scales) & ((peak > x.scales / 2) | (peak == 0))).all()), name
+    assert bool((stored[True]["hs"].scales[0] == 1).all())  # the first chunk's state is zero
+
+
 def test_segment_length_splits_only_a_gpu_left_idle():
     from refcheck.optimized.chunk.segments import segment_length
     from refcheck.optimized.common import make_chunks

@@ -181,7 +181,8 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                   intra-chunk kernel (0.9 ms there) for half the memory of the inputs.
       segment_chunks: the serial state passes run each sequence in segments of this many chunks side by
                   side (``chunk.segments``: each segment's transition, a scan over them, then each segment
-                  from its entry state). None (the default): chosen from the shape, where the sequences
+                  from its entry state; the backward reuses the forward's transitions and entry states).
+                  None (the default): chosen from the shape, where the sequences
                   are too few to fill an H100 (``segment_length``; e.g. B=1, T=32768, H=16: segments of
                   64 chunks); 0: never. Where no sequence is longer than one segment, nothing is split.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.

@@ -7,7 +7,9 @@ Forward per chunk (see ``chunk_fwd``): ``Z = V - Kg S0``, ``U = T Diag(beta) Z``
     dS0 = Diag(gamma) dS1 + Qg^T dO - Kg^T Diag(beta) dY
 
 ``dstate`` runs this backwards over the chunks of each sequence (one program per value block,
-sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``).
+sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``dY`` (``[T, H, V]``); under
+"tf32" these, and the recomputed forward pass's h and U, are stored row-scaled in fp16 (``chunk.scaled``: half
+the memory, and the "tf32" dots that read them see them rounded to nearest).
 ``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``: first the value
 side (``grads_v``: dv, and dL, dP stored for the key side), then the key side, one program per
 channel block, in three kernels that pass fp32 partials of dq, dk and dG along (``grads_state``:
