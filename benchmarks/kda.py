@@ -506,7 +506,7 @@ def profile_data(name):
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
-                hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
+                hs_out=hs.float().to(state_dtype(flat["v"].dtype)), U_out=U.float())
 
 
 def profile_stage(d, stage, cfg, safe, gather):
@@ -537,8 +537,7 @@ def profile_stage(d, stage, cfg, safe, gather):
                                             segments=segs, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U"].float(), d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32",
-                              cfg)
+        return lambda: output(d["q"], d["U_out"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
