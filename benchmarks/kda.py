@@ -480,7 +480,7 @@ PROFILE_VARIANTS = (
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward") for cfg in SEGMENTS]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
-                                               dict(BK=64))
+                                               dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16))
        for safe in (False, True)]
     + [("prepare", dict(), False, False), ("prepare_with_q", dict(), False, False)]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]

@@ -324,13 +324,14 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     scaled = hs.scaled
     assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
     nsb = lambda x: triton.cdiv(V, x.block)  # noqa: E731
-    # a reader's value blocks lie within the writers' (``scaled.load_rows``)
+    # a reader's value blocks lie within the writers' (``scaled.load_scaled``)
     widest = min(64, hs.block, dh.block) if scaled else 64
     vcfg = dict(BV=min(padded(V), widest), num_warps=4, num_stages=1) | config.pop("value", {})
-    # two load stages, for grads_state's loop over the value blocks (the row and column kernels have no loop
-    # of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``)
-    # the four gradient kernels took 5.49 ms against 5.86 at one stage (safe_gate 5.45 vs 5.81)
-    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest), num_warps=4, num_stages=2) | config
+    # grads_state's loop over the value blocks in blocks of 32, three load stages (the row and column kernels have
+    # no loop of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``,
+    # two runs, ``results/kda_profile_grads_blocks_h100.txt``) the four gradient kernels took 5.41 ms against 5.59
+    # with blocks of 64 at two stages (safe_gate 5.37 vs 5.52); 5.74 at one stage, 6.05 at four, 5.72 with blocks of 16
+    kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest, 32), num_warps=4, num_stages=3) | config
     if max(vcfg["BV"], kcfg["BV"]) > widest:
         raise ValueError(f"config: value blocks of at most {widest} columns (the row-scaled arrays' blocks)")
     nkb = triton.cdiv(K, kcfg["BK"])
