@@ -24,7 +24,9 @@ Measured and not kept (H200, bf16, B=8, T=4096, H=16, K=V=128): forming ``W = T 
 three. The serial pass gains 0.19 ms (0.93 -> 0.74; 4.05 -> 3.22 at B=1, T=32768), but the products cost
 0.72 ms in their own kernel (two fp32 ``[T, H, 128]`` arrays written, four block rows read per block row)
 and 0.76 fused into ``intra``: a net loss of 0.57 ms at B=8, and a gain of 0.08 ms at B=1, too small for a
-second path.
+second path. W alone, prepared in place of ``k e^G`` (no more storage; the step ``U = T Diag(beta) V - W S``,
+two dependent dots): the pass with its operands 0.903 -> 1.096 ms at B=8 (H100,
+``benchmarks/results/kda_profile_w_not_kept_h100.txt``).
 """
 from __future__ import annotations
 
