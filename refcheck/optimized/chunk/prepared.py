@@ -64,7 +64,7 @@ def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, 
     store_prepared(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
     if WITH_Q:
         store_prepared(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
-                     kb, NKB, cols, cmask)
+                       kb, NKB, cols, cmask)
 
 
 class PreparedKeys(NamedTuple):
