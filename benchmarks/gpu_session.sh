@@ -21,6 +21,8 @@
 #   crash-isolation  a kernel that crashes its process at odd T beside a correct one: pytest and report go on
 #   replay      every reproducer line of REPLAY (default benchmarks/results/gpu_findings_h100.sh), each
 #               saying whether its failure is still there
+#   calibration benchmarks/interpreter_calibration.py on the GPU (every dot, cast and math probe, and kda), compared
+#               with the record on disk for this machine's GPU (benchmarks/interpreter_calibration_<h100|h200>.json)
 # e.g. `bash benchmarks/gpu_session.sh properties bench`. Carry [".whl", ".gpu-wheels/a"]; results land
 # in $OUT. Each step's time limit is <STEP>_S seconds; IMPLS (default "triton fla") and OPS (default
 # "kda kda_gate gla simple_gla") pick the law runs' implementations and ops and PROPERTIES_K (a pytest -k expression) a subset of the law tests, e.g.
@@ -182,6 +184,13 @@ for step in "$@"; do
         rc=$?; verdict=$([ $rc = 1 ] && echo "fails (reproduced)" || { [ $rc = 0 ] && echo "holds" || echo "exit $rc"; })
         echo "$verdict (replay_$n.log): ${line:0:200}"; grep -E "violated|raised" "$OUT/replay_$n.log" | head -2
       done > "$OUT/replay.log" 2>&1 ;;
+    calibration)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE "h100|h200" | tr 'A-Z' 'a-z')
+      timeout -s INT "${CALIBRATION_S:-200}" python3 benchmarks/interpreter_calibration.py --out "$OUT/interpreter_calibration.json" \
+        > "$OUT/calibration.log" 2>&1
+      python3 benchmarks/interpreter_calibration.py --compare "benchmarks/interpreter_calibration_${gpu:-h100}.json" \
+        "$OUT/interpreter_calibration.json" >> "$OUT/calibration.log" 2>&1
+      echo "calibration exit $?" >> "$OUT/calibration.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
   printf "%-10s %6d s  (Triton cache %s)\n" "$step" "$(( $(date +%s) - began ))" "${TRITON_CACHE_DIR:-default}" \
@@ -216,6 +225,7 @@ for step in "$@"; do
     gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
     gla-profile) echo "== gla kernel stages =="; grep -E " ms$|compiled|exit" "$OUT/gla_profile.log" ;;
     replay) echo "== replayed findings =="; grep -E "^(fails|holds|exit)" "$OUT/replay.log" | cut -c1-160 ;;
+    calibration) echo "== interpreter calibration (the record on disk vs this GPU) =="; grep -E "flagged|exit" "$OUT/calibration.log" ;;
   esac
 done
 echo "== wall time per step =="; cat "$OUT/timings.txt"
