@@ -99,6 +99,11 @@ class Stored(NamedTuple):
     def scaled(self) -> bool:
         return self.scales is not None
 
+    @property
+    def blocks(self) -> int:
+        """The scales' column blocks per row, ``NSB`` (1 unscaled)."""
+        return 1 if self.scales is None else self.scales.shape[-1]
+
     def scale_ptr(self) -> torch.Tensor:
         """The scales, or (unscaled) the data as a pointer no kernel reads."""
         return self.data if self.scales is None else self.scales

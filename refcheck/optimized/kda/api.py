@@ -116,8 +116,8 @@ class KdaFunction(torch.autograd.Function):
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
-        # the backward reads the states in fp32 (kept, or recomputed there); the output alone takes them as
-        # GLA's does (``chunk.output.state_dtype``)
+        # the output takes the states as GLA's does (``chunk.output.state_dtype``); kept for the backward, they are
+        # fp32 (recomputed there, row-scaled fp16 under "tf32": ``chunk.scaled``)
         ht, hs, U, trans = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                       cfg.precision, final=cfg.final,
                                       hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype),

@@ -323,7 +323,6 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     config = dict(config or {})
     scaled = hs.scaled
     assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
-    nsb = lambda x: triton.cdiv(V, x.block)  # noqa: E731
     # a reader's value blocks lie within the writers' (``scaled.load_scaled``)
     widest = min(64, hs.block, dh.block) if scaled else 64
     vcfg = dict(BV=min(padded(V), widest), num_warps=4, num_stages=1) | config.pop("value", {})
@@ -332,7 +331,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     # two runs, ``results/kda_profile_grads_blocks_h100.txt``) the four gradient kernels took 5.41 ms against 5.59
     # with blocks of 64 at two stages (safe_gate 5.37 vs 5.52); 5.74 at one stage, 6.05 at four, 5.72 with blocks of 16
     kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest, 32), num_warps=4, num_stages=3) | config
-    if max(vcfg["BV"], kcfg["BV"]) > widest:
+    if scaled and max(vcfg["BV"], kcfg["BV"]) > widest:
         raise ValueError(f"config: value blocks of at most {widest} columns (the row-scaled arrays' blocks)")
     nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
@@ -348,7 +347,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     if NC and H:
         launch(grads_v_kernel, (NC, H),
                (v, beta, U.data, U.scale_ptr(), dY.data, dY.scale_ptr(), do, dv, dL, dP, dbeta, chunks.cu, chunks.seq,
-                chunks.start, H, V, U.block, nsb(U), dY.block, nsb(dY)),
+                chunks.start, H, V, U.block, U.blocks, dY.block, dY.blocks),
                dict(C=C, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
@@ -357,7 +356,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
         launch(grads_state_kernel, (NC * nkb, H),
                (q, k, G, beta, hs.data, hs.scale_ptr(), dh.data, dh.scale_ptr(), U.data, U.scale_ptr(), dY.data,
                 dY.scale_ptr(), do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block,
-                nsb(hs), dh.block, nsb(dh)),
+                hs.blocks, dh.block, dh.blocks),
                dict(C=C, SCALED=scaled, PREC=precision), ladder)
         no_bv = [{n: v for n, v in step.items() if n != "BV"} for step in ladder]
         launch(grads_row_kernel, (NC * nkb, H),

@@ -226,8 +226,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
-    steps_over = chunks if segments is None else segments.chunks
-    block = serial_config(steps_over, H, K, V, PREPARED_LAUNCH | (config or {}))["BV"]
+    launch_cfg = PREPARED_LAUNCH | (config or {})
+    block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
     hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
     U = allocate((total, H, V), block, scaled, torch.float32, dev)
 
@@ -239,7 +239,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                        ht if store_final else hs.data, hs.data, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, SCALED=scaled, PREC=precision),
-                      over, H, K, W, PREPARED_LAUNCH | (config or {}))
+                      over, H, K, W, launch_cfg)
         return ht
 
     if segments is None:
