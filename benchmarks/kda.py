@@ -506,7 +506,7 @@ def profile_data(name):
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
-                hs_out=hs.float().to(state_dtype(flat["v"].dtype)), U_out=U.float())
+                hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
 
 
 def profile_stage(d, stage, cfg, safe, gather):
@@ -534,10 +534,10 @@ def profile_stage(d, stage, cfg, safe, gather):
         # the pass with its operands prepared, as the forward runs it
         return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
                                             None, ch, "tf32", final=not keep, hs_dtype=d["hs_out"].dtype, scaled=keep,
-                                            segments=segs, config=cfg)
+                                            scaled_values=True, segments=segs, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U_out"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
+        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)

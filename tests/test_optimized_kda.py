@@ -221,6 +221,32 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
     assert bool((stored[True]["hs"].scales[0] == 1).all())  # the first chunk's state is zero
 
 
+@pytest.mark.parametrize("V, block", [(48, 16), (128, 32), (128, 64)])
+def test_output_reads_row_scaled_values_across_writer_blocks(V, block):
+    """The forward's output reads U row-scaled (``chunk.output``, ``scaled.load_tile_scaled_blocks``) in value
+    blocks that span several of the recurrence's (``block`` columns each, the last one partial at V = 48): the
+    scales of each row and block multiplied back give what the same output gives from U's fp32 values, bitwise."""
+    from refcheck.optimized.chunk.output import output
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(7)
+    T, H, K = 100, 2, 32
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(T, H, V, generator=gen) * torch.logspace(-3, 3, V)  # rows whose blocks differ in magnitude
+    beta = torch.rand(T, H, generator=gen)
+    chunks = make_chunks(1, T, None, 64, "cpu")
+    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, None, chunks, "tf32", final=False,
+                             hs_dtype=torch.bfloat16, scaled_values=True, config=dict(BV=block))
+    assert U.scaled and U.block == block and not hs.scaled
+    assert len(set(U.scales[..., :2].flatten().tolist())) > 4  # the blocks' scales differ
+    o = output(q, U, G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, "tf32")
+    assert torch.equal(o, output(q, U.float(), G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, "tf32"))
+
+
 def test_segment_length_splits_only_a_gpu_left_idle():
     from refcheck.optimized.chunk.segments import segment_length
     from refcheck.optimized.common import make_chunks

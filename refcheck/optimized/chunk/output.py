@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
+from .scaled import Stored, load_tile_scaled_blocks
 from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_tile, store_tile
 
 
@@ -56,18 +57,23 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 
 
 @triton.jit
-def output_kernel(x_ptr, y_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
-                  C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr):
+def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
+                  Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
+                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr):
     """One chunk, head and value block, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q,
     Y = v or U, S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale
-    (x e^{G_last - G}) S`` (GLA's dv: x = k, Y = dO, S = the gradient of the chunk's exit state)."""
+    (x e^{G_last - G}) S`` (GLA's dv: x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled
+    where ``Y_SB`` (its writer's value blocks, ``chunk.scaled``; 0: as stored)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     vmask = vv < V
-    y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+    if Y_SB:
+        y = load_tile_scaled_blocks(y_ptr, y_s_ptr, rows, rmask, h, H, V, tl.program_id(2) * BV, tl.arange(0, BV), vmask,
+                                    Y_SB, Y_NSB, BV)
+    else:
+        y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
     P = load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)
     if REVERSE:
         P = tl.trans(P)
@@ -98,20 +104,25 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
             *state_term_ladder(K, V, C)] if wide else state_term_ladder(K, V, C)
 
 
-def chunk_products(x, y, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
-                   scalar: bool, precision: str, ladder: list[dict], reverse: bool = False) -> torch.Tensor:
-    """``output_kernel`` over every chunk into ``out`` (like y), on the first step of ``ladder`` that fits."""
+def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float,
+                   head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False):
+    """``output_kernel`` over every chunk into ``out`` (like y; y row-scaled where a ``Stored`` with scales, then
+    sequence-first), on the first step of ``ladder`` that fits."""
+    y = y if isinstance(y, Stored) else Stored(y)
+    assert not (y.scaled and head_first), "row-scaled values are sequence-first"
     if chunks.num_chunks and H:
-        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(y.shape[-1], meta["BV"])),
-               (x, y, G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1], y.shape[-1]),
-               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse), ladder)
+        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(y.data.shape[-1], meta["BV"])),
+               (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1],
+                y.data.shape[-1], y.blocks),
+               dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
+                    Y_SB=y.block if y.scaled else 0), ladder)
     return out
 
 
-def output(q, x, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool, scalar: bool,
-           precision: str, config: dict | None = None) -> torch.Tensor:
-    """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first) in q's dtype; ``config`` replaces
-    ``output_ladder`` (``benchmarks/gla.py --profile``)."""
-    o = torch.empty(*x.shape, device=q.device, dtype=q.dtype)
-    ladder = [config] if config else output_ladder(q.shape[-1], x.shape[-1], chunks.size, hs.dtype)
+def output(q, x: torch.Tensor | Stored, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
+           scalar: bool, precision: str, config: dict | None = None) -> torch.Tensor:
+    """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first; a ``Stored``: KDA's U, row-scaled under "tf32")
+    in q's dtype; ``config`` replaces ``output_ladder`` (``benchmarks/gla.py --profile``)."""
+    o = torch.empty(*(x.data if isinstance(x, Stored) else x).shape, device=q.device, dtype=q.dtype)
+    ladder = [config] if config else output_ladder(q.shape[-1], o.shape[-1], chunks.size, hs.dtype)
     return chunk_products(q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision, ladder)

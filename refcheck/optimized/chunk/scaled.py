@@ -11,7 +11,10 @@ keeps 11 significant bits of an fp32 operand, fp16's; X's largest entry per row 
 sees x rounded to nearest at 11 bits where the dot itself would truncate it to as many, and an entry far
 below its row's largest keeps an absolute error under ``2^-24`` of it (fp16's subnormals), 2^-13 of what the
 dot's rounding of that largest entry costs. Half the bytes of fp32: KDA's backward keeps its per-chunk
-states h, their gradients dh, U and dY so (``kda.chunk_bwd``).
+states h, their gradients dh, U and dY so (``kda.chunk_bwd``), and its forward U for the output
+(``chunk.output``, whose value blocks span several of the writer's: ``load_tile_scaled_blocks``; measured on an
+H100, bf16, B=8, T=4096, H=16, K=V=128: the output 0.461 -> 0.436 ms, the forward pass 0.904 -> 0.876 with its
+operands, ``benchmarks/results/kda_profile_scaled_u_forward_h100.txt``).
 
 ``prepared`` stores the serial passes' K-side operands with the same row scales.
 """
@@ -23,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import row_offsets, tile_ptrs
+from .tiles import load_tile, row_offsets, tile_ptrs
 
 
 def row_scaled(precision: str) -> bool:
@@ -85,6 +88,20 @@ def load_tile_scaled(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB, NSB,
     """``load_scaled`` of a ``[T, H, D]`` array, columns ``c0 + cols``, its scales ``[T, H, NSB]``."""
     return load_scaled(tile_ptrs(ptr + c0, rows, h, H, D, cols), rmask, cmask, s_ptr + row_offsets(rows, h, H, NSB),
                        c0, SB, SCALED)
+
+
+@triton.jit
+def load_tile_scaled_blocks(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB: tl.constexpr, NSB,
+                            BD: tl.constexpr):
+    """fp32 tile ``x[rows, h, c0 + cols]`` (``cols = arange(BD)``) of a row-scaled ``[T, H, D]`` array (scales
+    ``[T, H, NSB]``) whose BD columns may span several of the writer's blocks of SB: the tile seen as
+    ``[R, NB, BD / NB]`` times its ``[R, NB]`` scales, one a row and block."""
+    NB: tl.constexpr = BD // SB if BD > SB else 1
+    x = load_tile(ptr, rows, rmask, h, H, D, c0 + cols, cmask)
+    b = c0 // SB + tl.arange(0, NB)
+    s = tl.load(tile_ptrs(s_ptr, rows, h, H, NSB, b), mask=rmask[:, None] & (b < NSB)[None, :], other=0.0)
+    R: tl.constexpr = x.shape[0]
+    return tl.reshape(tl.reshape(x, (R, NB, BD // NB)) * s[:, :, None], (R, BD))
 
 
 class Stored(NamedTuple):

@@ -138,10 +138,10 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, hs_s_ptr,
                       u_ptr, u_s_ptr, cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
                       NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
-                      STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
+                      STEPS: tl.constexpr, H_SCALED: tl.constexpr, U_SCALED: tl.constexpr, PREC: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``SCALED`` row-scaled
-    (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``). The
+    with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
+    row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``). The
     state has W >= V columns (h0 and ht ``[N, H, K, W]``), the values V: the columns past V start from h0 and
     take zero values (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
@@ -155,13 +155,13 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
-            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, SCALED)
+            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, H_SCALED)
         Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, -sg0, -sg1, -sg2,
                         -sg3, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC)
         T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
         U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
         if STEPS:
-            store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, SCALED)
+            store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, U_SCALED)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd0, sd1, sd2, sd3, g0, g1, g2, g3, rows, rmask, h,
                                        H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC)
     if STORE_FINAL:
@@ -213,13 +213,15 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
 
 
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
-               hs_dtype: torch.dtype = torch.float32, scaled: bool = False, segments: Segments | None = None,
-               transitions: Transitions | None = None, config: dict | None = None):
+               hs_dtype: torch.dtype = torch.float32, scaled: bool = False, scaled_values: bool | None = None,
+               segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
     U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``, with ``scaled`` both
-    row-scaled fp16 (``chunk.scaled``: for "tf32" dots only); ``segments``: the sequences cut into segments that
-    run side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
+    row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), with ``scaled_values`` U alone (None: as ``scaled``;
+    the forward's output reads its h in bf16 as GLA's does, ``chunk.output.state_dtype``); ``segments``: the
+    sequences cut into segments that run side by side (``chunk.segments``), whose ``Transitions`` come last (None
+    without segments).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``,
     ``num_warps``, ``num_stages``)."""
@@ -229,7 +231,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     launch_cfg = PREPARED_LAUNCH | (config or {})
     block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
     hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
-    U = allocate((total, H, V), block, scaled, torch.float32, dev)
+    scaled_values = scaled if scaled_values is None else scaled_values
+    U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
         store_final = not steps if store_final is None else store_final
@@ -238,7 +241,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                       (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs.data,
                        ht if store_final else hs.data, hs.data, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
-                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, SCALED=scaled, PREC=precision),
+                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
+                           U_SCALED=scaled_values, PREC=precision),
                       over, H, K, W, launch_cfg)
         return ht
 
