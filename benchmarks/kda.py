@@ -476,13 +476,18 @@ PROFILE_VARIANTS = (
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
-                                                 dict(BK=32, BV=64, num_warps=4, num_stages=1))]
+                                                 dict(BK=32, BV=64, num_warps=4, num_stages=1),
+                                                 dict(BK=16, BV=128, num_warps=8, num_stages=1),
+                                                 dict(BK=32, BV=128, num_warps=8, num_stages=1),
+                                                 dict(BK=32, BV=128, num_warps=4, num_stages=1),
+                                                 dict(BK=16, BV=128, num_warps=4, num_stages=2))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward") for cfg in SEGMENTS]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16))
        for safe in (False, True)]
-    + [("prepare", dict(), False, False), ("prepare_with_q", dict(), False, False)]
+    + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")
+       for cfg in (dict(), dict(num_warps=2), dict(num_warps=4))]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
 )
 
@@ -547,7 +552,7 @@ def profile_stage(d, stage, cfg, safe, gather):
                                        f["q"].dtype, f["k"].dtype, cfg)
     if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
         q = d["q"] if stage == "prepare_with_q" else None
-        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q)
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q, config=cfg)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])

@@ -31,6 +31,12 @@ from .scaled import row_scaled, scale_rows
 from .state import state_blocks
 from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile, row_offsets, store_tile
 
+PREPARE_LAUNCH = dict(num_warps=8, num_stages=1)
+"""Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/results/kda_profile_prepare_launch_h200.txt``): the
+forward's operands 0.257 ms at 4 warps, 0.239 at 8, 0.272 at 2; the backward's (with ``q e^G``) 0.446, 0.405, 0.599. A
+program for every state block of a chunk (no third grid axis) gave 0.256 / 0.246 and 0.432 / 0.395 at 4 / 8 warps:
+not worth a second launch shape."""
+
 
 def operand_dtype(precision: str) -> torch.dtype:
     """fp16 under "tf32" (the dot keeps 11 significant bits of an fp32 operand: fp16's), else fp32."""
@@ -79,8 +85,9 @@ class PreparedKeys(NamedTuple):
     sq: torch.Tensor | None = None
 
 
-def prepare_keys(k, G, chunks: Chunks, precision: str, q=None) -> PreparedKeys:
-    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G."""
+def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
+    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
+    overrides the launch (``num_warps``)."""
     total, H, K = k.shape
     KB, NKB = state_blocks(K)
 
@@ -93,5 +100,5 @@ def prepare_keys(k, G, chunks: Chunks, precision: str, q=None) -> PreparedKeys:
         launch(prepare_kernel, (chunks.num_chunks, H, NKB),
                (k, k if q is None else q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq,
                 chunks.cu, chunks.seq, chunks.start, H, K, NKB),
-               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [dict(num_warps=4, num_stages=1)])
+               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [PREPARE_LAUNCH | (config or {})])
     return PreparedKeys(kg, sg, kd, sd, qg, sq)
