@@ -486,6 +486,8 @@ PROFILE_VARIANTS = (
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16))
        for safe in (False, True)]
+    + [("grads", dict(value=cfg), False, False) for cfg in (dict(num_warps=8), dict(BV=32), dict(BV=32, num_stages=2),
+                                                           dict(BV=32, num_warps=8), dict(num_stages=2))]
     + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")
        for cfg in (dict(), dict(num_warps=2), dict(num_warps=4))]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
