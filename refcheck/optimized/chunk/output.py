@@ -70,8 +70,7 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     vv = tl.program_id(2) * BV + tl.arange(0, BV)
     vmask = vv < V
     if Y_SB:
-        y = load_tile_scaled_blocks(y_ptr, y_s_ptr, rows, rmask, h, H, V, tl.program_id(2) * BV, tl.arange(0, BV), vmask,
-                                    Y_SB, Y_NSB, BV)
+        y = load_tile_scaled_blocks(y_ptr, y_s_ptr, rows, rmask, h, H, V, tl.program_id(2) * BV, vmask, Y_SB, Y_NSB, BV)
     else:
         y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
     P = load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)

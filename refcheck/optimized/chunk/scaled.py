@@ -91,13 +91,12 @@ def load_tile_scaled(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB, NSB,
 
 
 @triton.jit
-def load_tile_scaled_blocks(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB: tl.constexpr, NSB,
-                            BD: tl.constexpr):
-    """fp32 tile ``x[rows, h, c0 + cols]`` (``cols = arange(BD)``) of a row-scaled ``[T, H, D]`` array (scales
-    ``[T, H, NSB]``) whose BD columns may span several of the writer's blocks of SB: the tile seen as
-    ``[R, NB, BD / NB]`` times its ``[R, NB]`` scales, one a row and block."""
+def load_tile_scaled_blocks(ptr, s_ptr, rows, rmask, h, H, D, c0, cmask, SB: tl.constexpr, NSB, BD: tl.constexpr):
+    """fp32 tile ``x[rows, h, c0 : c0 + BD]`` (columns masked by cmask) of a row-scaled ``[T, H, D]`` array (scales
+    ``[T, H, NSB]``) whose BD columns may span several of the writer's blocks of SB (where ``load_tile_scaled``
+    takes one scale a row): the tile seen as ``[R, NB, BD / NB]`` times its ``[R, NB]`` scales."""
     NB: tl.constexpr = BD // SB if BD > SB else 1
-    x = load_tile(ptr, rows, rmask, h, H, D, c0 + cols, cmask)
+    x = load_tile(ptr, rows, rmask, h, H, D, c0 + tl.arange(0, BD), cmask)
     b = c0 // SB + tl.arange(0, NB)
     s = tl.load(tile_ptrs(s_ptr, rows, h, H, NSB, b), mask=rmask[:, None] & (b < NSB)[None, :], other=0.0)
     R: tl.constexpr = x.shape[0]
