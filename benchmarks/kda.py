@@ -470,10 +470,12 @@ SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, n
 SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
+POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
+"""The serial passes' default launches with their row blocks loaded through pointers, not TMA (``state.tma_operands``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
-    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=64, num_warps=4, num_stages=1),
@@ -481,8 +483,9 @@ PROFILE_VARIANTS = (
                                                  dict(BK=32, BV=128, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=128, num_warps=4, num_stages=1),
                                                  dict(BK=16, BV=128, num_warps=4, num_stages=2))]
-    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS]
-    + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward") for cfg in SEGMENTS]
+    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
+    + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward")
+       for cfg in SEGMENTS + POINTERS[1:]]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16))
        for safe in (False, True)]
@@ -562,9 +565,11 @@ def profile_stage(d, stage, cfg, safe, gather):
 
 def profile(names, jobs, stages=None, defaults=False):
     """Compile every variant (of ``stages``, default all; with ``defaults`` only each stage's default launch, and
-    the serial passes' default segments) in parallel processes, then time each here."""
+    the serial passes' default segments, TMA or not) in parallel processes, then time each here."""
+    def default(cfg):
+        return {n: x for n, x in cfg.items() if n != "TMA"} in (dict(), dict(segments="auto"))
     todo = [i for i, v in enumerate(PROFILE_VARIANTS) if (stages is None or v[0] in stages)
-            and (not defaults or v[1] in (dict(), dict(segments="auto")))]
+            and (not defaults or default(v[1]))]
     data = profile_data(names[0])  # compiles the default launches once, before the parallel compiles
     bench_util.warm(__file__, [[str(i)] for i in todo], jobs, flag="--profile-one")
     from triton.testing import do_bench

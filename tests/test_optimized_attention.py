@@ -20,8 +20,8 @@ from refcheck.model.case import Case  # noqa: E402
 from refcheck.model.metrics import rel_rms  # noqa: E402
 from refcheck.model.naive import fp8_attention  # noqa: E402
 from refcheck.model.ops.attention import fp8_inputs  # noqa: E402
+from refcheck.optimized import common  # noqa: E402
 from refcheck.optimized.attention import forward as forward_module  # noqa: E402
-from refcheck.optimized.attention import tiles  # noqa: E402
 from refcheck.optimized.attention.api import DEFAULT_PRECISION  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -117,7 +117,7 @@ def test_tma_loads_give_the_bits_of_pointer_loads(dtype, dims, causal):
                       causal=causal, precision="tf32")
     q, k, v = (_tokens(x[n]) for n in "qkv")
     do = torch.randn(q.shape[0], 4, dims[1], generator=torch.Generator().manual_seed(3)).to(q.dtype)
-    assert tiles.tma_aligned(q, k, v, do)
+    assert common.tma_aligned(q, k, v, do)
     results = []
     for tma in (False, True):
         o, lse = forward_module.forward(q, k, v, lay, 64, ladder=[dict(BN=32, num_warps=4, num_stages=2, TMA=tma)])
@@ -165,7 +165,7 @@ def test_fallback_blocks_compute_the_same(monkeypatch, schedule):
 
 def test_tma_only_where_descriptors_can_address_the_tensors():
     """TMA needs 16-byte rows: bf16 head dims that are multiples of 8, and no empty tensor."""
-    aligned = tiles.tma_aligned
+    aligned = common.tma_aligned
     assert aligned(torch.zeros(5, 2, 8, dtype=torch.bfloat16))
     assert not aligned(torch.zeros(5, 2, 12, dtype=torch.bfloat16))
     assert not aligned(torch.zeros(0, 2, 8, dtype=torch.bfloat16))

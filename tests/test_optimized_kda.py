@@ -247,6 +247,69 @@ def test_output_reads_row_scaled_values_across_writer_blocks(V, block):
     assert torch.equal(o, output(q, U.float(), G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, "tf32"))
 
 
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
+    """The serial passes read their row blocks (prepared operands, v, T, P) through TMA descriptors wherever the
+    tensors allow (``state.tma_operands``): a block at a sequence's end then holds the next sequence's rows, which
+    beta's and the row scales' zeros must drop. Packed sequences with partial and empty chunks, an initial state
+    and dht: hs, U, the final state, dh, dY and dh0 are bitwise those of pointer loads."""
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.state import tma_operands
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_bwd import dstate
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(9)
+    lengths, H, K, V = [37, 0, 100, 70], 2, 32, 32
+    T = sum(lengths)
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v, do = (torch.randn(T, H, V, generator=gen).to(torch.bfloat16) for _ in range(2))
+    beta = torch.rand(T, H, generator=gen)
+    h0, dht = (torch.randn(len(lengths), H, K, V, generator=gen) for _ in range(2))
+    chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
+    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
+    keys = prepare_keys(k, G, chunks, precision, q=q)
+    assert tma_operands(None, 64, (keys.kg, 32), (v, 32), (Tm, 64), (P, 64))[0]
+    runs = []
+    for tma in (True, False):
+        ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=True, config=dict(TMA=tma))
+        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, chunks, K ** -0.5, precision, True, config=dict(TMA=tma))
+        runs.append([ht, hs.data, U.data, dh.data, dY.data, dh0])
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+
+
+def test_serial_passes_over_segments_take_each_launchs_value_block_through_tma():
+    """Over segments (``chunk.segments``) the transitions' launch has W = V + K state columns and may take other value
+    blocks than the steps' launch (here 64 against 32: 66 segments of one chunk, K = V = 64, as at B=1, T=32768 over
+    segments of 128 chunks on an H100, where the v descriptor was built for the steps' blocks and the transitions'
+    kernel did not compile): each launch reads v in its own blocks, bitwise as through pointers."""
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.segments import split
+    from refcheck.optimized.chunk.state import serial_config
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(11)
+    T, H, K, V = 66 * 64, 1, 64, 64
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v, beta = torch.randn(T, H, V, generator=gen).to(torch.bfloat16), torch.rand(T, H, generator=gen)
+    chunks = make_chunks(1, T, None, 64, "cpu")
+    segments = split(chunks, 1)
+    assert [serial_config(segments.chunks, H, K, W, None)["BV"] for W in (V, V + K)] == [32, 64]
+    G = gate_cumsum(-0.05 * torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    Tm, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    keys = prepare_keys(k, G, chunks, "tf32")
+    runs = []
+    for tma in (True, False):
+        ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, None, chunks, "tf32", final=True, segments=segments,
+                                  config=dict(TMA=tma))
+        runs.append([ht, hs.data, U.data])
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+
+
 def test_segment_length_splits_only_a_gpu_left_idle():
     from refcheck.optimized.chunk.segments import segment_length
     from refcheck.optimized.common import make_chunks

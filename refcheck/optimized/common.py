@@ -157,3 +157,16 @@ def kernel_state(initial_state, n: int, h: int, k: int, v: int, device) -> torch
         raise ValueError(f"initial_state: expected float32 on {device}, got {initial_state.dtype} on "
                          f"{initial_state.device}")
     return initial_state.contiguous()
+
+
+def tma_aligned(*xs: torch.Tensor) -> bool:
+    """Whether TMA descriptors can address these contiguous ``[tokens, heads, D]`` tensors: not empty, 16-byte
+    aligned base addresses and row strides (a head's D elements a multiple of 16 bytes)."""
+    return all(x.numel() > 0 and x.data_ptr() % 16 == 0 and x.shape[-1] * x.element_size() % 16 == 0 for x in xs)
+
+
+def row_blocks(x: torch.Tensor, rows: int, width: int):
+    """A TMA descriptor of the blocks ``x[t0 : t0 + rows, h, c0 : c0 + width]`` of a ``[tokens, heads, D]`` tensor
+    (``tma_aligned``); what lies past the tensor loads as zeros."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), [rows, 1, width])

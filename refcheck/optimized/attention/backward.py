@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import launch
+from ..common import launch, tma_aligned
 from .layout import Layout
 from .tiles import (
     KERNEL_LOG2E,
@@ -34,7 +34,6 @@ from .tiles import (
     row_offset,
     sequence,
     store_tile,
-    tma_aligned,
     visible,
     zeros_split,
 )

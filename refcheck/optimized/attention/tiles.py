@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ..common import row_blocks
 
 LOG2E = 1.4426950408889634
 """log2(e): the kernels work in base 2, ``exp(x) = exp2(x * LOG2E)``."""
@@ -179,12 +180,6 @@ def full_key_end(m0, BN: tl.constexpr, Tq, Sk, CAUSAL: tl.constexpr):
     return end // BN * BN
 
 
-def tma_aligned(*xs: torch.Tensor) -> bool:
-    """Whether TMA descriptors can address these contiguous ``[tokens, heads, D]`` tensors: not empty, 16-byte
-    aligned base addresses and row strides (a head's D elements a multiple of 16 bytes)."""
-    return all(x.numel() > 0 and x.data_ptr() % 16 == 0 and x.shape[-1] * x.element_size() % 16 == 0 for x in xs)
-
-
 def block_descriptors(x: torch.Tensor, y: torch.Tensor, rows: int, x_tiles: tuple[int, int], y_width: int,
                       tma: bool) -> tuple:
     """``(x1, x2, y1)``: TMA descriptors of blocks of ``rows`` tokens of one head of x and y ``[tokens, heads, D]``
@@ -194,7 +189,5 @@ def block_descriptors(x: torch.Tensor, y: torch.Tensor, rows: int, x_tiles: tupl
     if not tma:
         return x, x, y
 
-    def desc(t, width):
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), [rows, 1, width])
-    x1 = desc(x, x_tiles[0])
-    return x1, desc(x, x_tiles[1]) if x_tiles[1] else x1, desc(y, y_width)
+    x1 = row_blocks(x, rows, x_tiles[0])
+    return x1, row_blocks(x, rows, x_tiles[1]) if x_tiles[1] else x1, row_blocks(y, rows, y_width)

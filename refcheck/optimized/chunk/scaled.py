@@ -46,10 +46,19 @@ def pow2_at_or_above(m):
 
 
 @triton.jit
+def pow2_reciprocal(s):
+    """``1 / s`` of powers of two ``s`` in ``[2^-126, 2^127]`` (fp32), exactly, from their bits: the exponent
+    negated, ``2^-127`` (a subnormal) for ``s = 2^127``."""
+    r = 0x7F000000 - s.to(tl.int32, bitcast=True)
+    return tl.where(r == 0, 0x00400000, r).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def scale_rows(x):
-    """``(x / s[:, None], s)``: each row of ``x [R, D]`` over the power of two at or above its largest magnitude."""
+    """``(x / s[:, None], s)``: each row of ``x [R, D]`` over the power of two at or above its largest magnitude,
+    as ``x`` times ``1 / s`` (exact, and one multiplication an entry where a division took three)."""
     s = pow2_at_or_above(tl.max(tl.abs(x), axis=1))
-    return x / s[:, None], s
+    return x * pow2_reciprocal(s)[:, None], s
 
 
 @triton.jit

@@ -25,9 +25,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import Chunks, launch, padded
+from ..common import Chunks, launch, padded, row_blocks, tma_aligned
 from .scaled import store_scaled
-from .tiles import decay, load_gate, load_gate_row, load_tile, row_offsets
+from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets
 
 
 @triton.jit
@@ -170,34 +170,33 @@ def block_gammas(G_ptr, last, h, H, K, KB: tl.constexpr, NKB: tl.constexpr):
 
 
 @triton.jit
-def rows_dot(Z, S, x_ptr, s, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr):
-    """``Z + x_b S_b``, ``[C, BV]``: block kb of a prepared operand ``x_b = Diag(s) X_b`` times block kb of a
-    state; with ``FIRST`` the dot takes ``s X_b`` (exact: s is a power of two) and accumulates into Z, else
-    ``Z + Diag(s) (X_b S_b)``."""
-    kk, kmask = block_cols(kb, KB, K)
-    x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
+def rows_dot(Z, S, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr,
+             TMA: tl.constexpr):
+    """``Z + x_b S_b``, ``[C, BV]``: block kb of a prepared operand ``x_b = Diag(s) X_b`` (pointer, or with ``TMA``
+    descriptor: ``tiles.load_rows``) times block kb of a state; with ``FIRST`` the dot takes ``s X_b`` (exact: s is a
+    power of two) and accumulates into Z, else ``Z + Diag(s) (X_b S_b)``."""
+    X = load_rows(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA)
     if FIRST:
-        out = tl.dot(s[:, None] * x, S, Z, input_precision=PREC)
+        out = tl.dot(s[:, None] * X, S, Z, input_precision=PREC)
     else:
-        out = Z + s[:, None] * tl.dot(x, S, input_precision=PREC)
+        out = Z + s[:, None] * tl.dot(X, S, input_precision=PREC)
     return out
 
 
 @triton.jit
-def update_block(dS, Y, x_ptr, s, gamma, rows, rmask, h, H, K, kb, KB: tl.constexpr, DECAY: tl.constexpr,
-                 FIRST: tl.constexpr, PREC: tl.constexpr):
-    """Block kb: ``dS_b + x_b^T Y`` for a prepared operand ``x_b = Diag(s) X_b``, after
+def update_block(dS, Y, x, s, gamma, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, DECAY: tl.constexpr,
+                 FIRST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+    """Block kb: ``dS_b + x_b^T Y`` for a prepared operand ``x_b = Diag(s) X_b`` (as in ``rows_dot``), after
     ``dS_b <- Diag(gamma) dS_b`` with ``DECAY`` (KDA's forward update: ``S_b <- Diag(gamma) S_b + Kd_b^T U``);
     with ``FIRST`` the dot takes ``(s X_b)^T`` and accumulates into dS_b (every block's dot then has the same
     second operand Y), else ``dS_b + X_b^T (Diag(s) Y)``."""
-    kk, kmask = block_cols(kb, KB, K)
-    x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask)
+    X = load_rows(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA)
     if DECAY:
         dS = gamma[:, None] * dS
     if FIRST:
-        out = tl.dot(tl.trans(s[:, None] * x), Y, dS, input_precision=PREC)
+        out = tl.dot(tl.trans(s[:, None] * X), Y, dS, input_precision=PREC)
     else:
-        out = dS + tl.dot(tl.trans(x), s[:, None] * Y, input_precision=PREC)
+        out = dS + tl.dot(tl.trans(X), s[:, None] * Y, input_precision=PREC)
     return out
 
 
@@ -237,17 +236,17 @@ def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.const
 
 
 @triton.jit
-def read_blocks(S0, S1, S2, S3, Z, x_ptr, s0, s1, s2, s3, rows, rmask, h, H, K, KB: tl.constexpr,
-                NKB: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr):
+def read_blocks(S0, S1, S2, S3, Z, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K, KB: tl.constexpr,
+                NKB: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """``Z + x S`` for a prepared operand x, row scales s0..s3 (``rows_dot`` of every block): the forward's
     ``V - Kg S`` (Z = V, the scales negated), the backward's ``P^T dO + Kd dS``."""
-    Z = rows_dot(Z, S0, x_ptr, s0, rows, rmask, h, H, K, 0, KB, FIRST, PREC)
+    Z = rows_dot(Z, S0, x, s0, t0, rows, rmask, h, H, K, 0, KB, FIRST, PREC, TMA)
     if NKB > 1:
-        Z = rows_dot(Z, S1, x_ptr, s1, rows, rmask, h, H, K, 1, KB, FIRST, PREC)
+        Z = rows_dot(Z, S1, x, s1, t0, rows, rmask, h, H, K, 1, KB, FIRST, PREC, TMA)
     if NKB > 2:
-        Z = rows_dot(Z, S2, x_ptr, s2, rows, rmask, h, H, K, 2, KB, FIRST, PREC)
+        Z = rows_dot(Z, S2, x, s2, t0, rows, rmask, h, H, K, 2, KB, FIRST, PREC, TMA)
     if NKB > 3:
-        Z = rows_dot(Z, S3, x_ptr, s3, rows, rmask, h, H, K, 3, KB, FIRST, PREC)
+        Z = rows_dot(Z, S3, x, s3, t0, rows, rmask, h, H, K, 3, KB, FIRST, PREC, TMA)
     return Z
 
 
@@ -271,18 +270,19 @@ def write_blocks(S0, S1, S2, S3, U, k_ptr, G_ptr, rows, rmask, grows, last, h, H
 
 
 @triton.jit
-def update_blocks(dS0, dS1, dS2, dS3, Y, x_ptr, s0, s1, s2, s3, g0, g1, g2, g3, rows, rmask, h, H, K,
-                  KB: tl.constexpr, NKB: tl.constexpr, DECAY: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr):
+def update_blocks(dS0, dS1, dS2, dS3, Y, x, s0, s1, s2, s3, g0, g1, g2, g3, t0, rows, rmask, h, H, K,
+                  KB: tl.constexpr, NKB: tl.constexpr, DECAY: tl.constexpr, FIRST: tl.constexpr, PREC: tl.constexpr,
+                  TMA: tl.constexpr):
     """``dS <- Diag(gamma) dS + x^T Y`` (``DECAY``; else ``dS + x^T Y``) for a prepared operand x, row scales
     s0..s3 and decays g0..g3 (``update_block`` of every block): the forward's ``S <- Diag(gamma) S + Kd^T U``,
     the backward's terms of ``dS <- Diag(gamma) dS + scale Qg^T dO - Kg^T Diag(beta) dY``."""
-    dS0 = update_block(dS0, Y, x_ptr, s0, g0, rows, rmask, h, H, K, 0, KB, DECAY, FIRST, PREC)
+    dS0 = update_block(dS0, Y, x, s0, g0, t0, rows, rmask, h, H, K, 0, KB, DECAY, FIRST, PREC, TMA)
     if NKB > 1:
-        dS1 = update_block(dS1, Y, x_ptr, s1, g1, rows, rmask, h, H, K, 1, KB, DECAY, FIRST, PREC)
+        dS1 = update_block(dS1, Y, x, s1, g1, t0, rows, rmask, h, H, K, 1, KB, DECAY, FIRST, PREC, TMA)
     if NKB > 2:
-        dS2 = update_block(dS2, Y, x_ptr, s2, g2, rows, rmask, h, H, K, 2, KB, DECAY, FIRST, PREC)
+        dS2 = update_block(dS2, Y, x, s2, g2, t0, rows, rmask, h, H, K, 2, KB, DECAY, FIRST, PREC, TMA)
     if NKB > 3:
-        dS3 = update_block(dS3, Y, x_ptr, s3, g3, rows, rmask, h, H, K, 3, KB, DECAY, FIRST, PREC)
+        dS3 = update_block(dS3, Y, x, s3, g3, t0, rows, rmask, h, H, K, 3, KB, DECAY, FIRST, PREC, TMA)
     return dS0, dS1, dS2, dS3
 
 
@@ -368,6 +368,19 @@ def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, s
     """The launch settings of ``launch_serial`` (its value block ``BV`` among them)."""
     splits = state_blocks(K, min_block)[1] if split_k else 1
     return serial_launch(V, chunks.num_seqs * H * splits, min_block) | (config or {})
+
+
+def tma_operands(config: dict | None, C: int, *blocks: tuple) -> tuple[bool, list]:
+    """``(TMA, xs)`` for a serial pass that reads each ``(x, width)`` of ``blocks`` (``[T, H, D]``) by blocks of C
+    token rows and ``width`` columns (``tiles.load_rows``): TMA descriptors (``common.row_blocks``) where every x
+    allows one (``common.tma_aligned``) and the pass's ``config`` does not say ``TMA=False``, else the tensors."""
+    tma = bool((config or {}).get("TMA", True)) and tma_aligned(*(x for x, _ in blocks))
+    return tma, [row_blocks(x, C, width) if tma else x for x, width in blocks]
+
+
+def launch_only(config: dict | None) -> dict:
+    """A serial pass's ``config`` without ``TMA`` (``tma_operands``): the launch settings."""
+    return {n: v for n, v in (config or {}).items() if n != "TMA"}
 
 
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,

@@ -87,6 +87,21 @@ def load_operand(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.con
 
 
 @triton.jit
+def load_rows(x, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, TMA: tl.constexpr):
+    """fp32 tile ``x[rows, h, c0 : c0 + BD]`` of a sequence-first ``[T, H, D]`` tensor, ``rows`` from ``t0`` on: through
+    pointers (zero where masked), or with ``TMA`` through x as a descriptor (``common.row_blocks``, blocks of
+    ``len(rows) x BD``). Rows past the sequence's end then hold the next sequence's (zeros past the tensor), which
+    the caller weighs by zero; so does every serial pass (``state``: a prepared operand's rows by their row scales,
+    which load as zeros there)."""
+    if TMA:
+        out = x.load([t0, h, c0]).reshape(rows.shape[0], BD).to(tl.float32)
+    else:
+        cols = c0 + tl.arange(0, BD)
+        out = load_tile(x, rows, rmask, h, H, D, cols, cols < D)
+    return out
+
+
+@triton.jit
 def store_tile(ptr, x, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.constexpr = False):
     """Store ``x`` into ``ptr[rows, h, cols]`` (rows of one sequence) in the pointer's dtype."""
     p = tile_ptrs(ptr, rows, h, H, D, cols, T, HEAD_FIRST)

@@ -40,16 +40,19 @@ from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
+    launch_only,
     launch_serial,
     load_blocks,
     read_blocks,
     serial_chunk,
     serial_config,
     serial_program,
+    state_blocks,
     store_blocks,
+    tma_operands,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_gate, load_rowvec, load_tile, store_tile
+from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
@@ -57,18 +60,20 @@ from .subchunk import chunk_colform, chunk_rowform, diag_precision
 
 
 @triton.jit
-def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, do_ptr, dht_ptr,
+def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_ptr, dht_ptr,
                   dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr,
                   KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                  STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
+                  STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr,
+                  TMA: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
-    ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``). The gradient
+    ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``); they, P and T are pointers, or with ``TMA``
+    descriptors (``tiles.load_rows``): dO, through pointers, is zero past a sequence's end, so ``P^T dO`` is too
+    (P is lower triangular), and the prepared operands' zero row scales drop their rows there. The gradient
     has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
     zero dO (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     wmask = vv < W
-    cc = tl.arange(0, C)
     dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_DHT)
     num = tl.cdiv(eos - bos, C)
     for back in range(num):
@@ -83,22 +88,21 @@ def dstate_kernel(qg_ptr, sq_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, G_ptr, beta_pt
             store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, dh_s_ptr,
                          SCALED)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
-        P = load_tile(P_ptr, rows, rmask, h, H, C, cc, cc < C)
-        dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(P), do, input_precision=PREC), kd_ptr, sd0, sd1, sd2, sd3,
-                         rows, rmask, h, H, K, KB, NKB, FIRST=False, PREC=PREC)
+        Pc = load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA)
+        dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(Pc), do, input_precision=PREC), kd, sd0, sd1, sd2, sd3,
+                         t0, rows, rmask, h, H, K, KB, NKB, FIRST=False, PREC=PREC, TMA=TMA)
         # the dO term before dY is formed, so that the dO tile dies before the dY tile lives: spilled stack 160 -> 80
         # B a thread (Triton 3.6, sm_90), B=8 1.33 -> 1.26 ms, B=1 over segments 3.49 -> 3.32 (H100, bf16, H=16,
         # K=V=128, ``results/kda_profile_dstate_order_h100.txt``)
-        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg_ptr, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
-                                           rows, rmask, h, H, K, KB, NKB, DECAY=True, FIRST=False,
-                                           PREC=PREC)
-        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
-        dY = tl.dot(tl.trans(T), dU, input_precision=PREC)
+        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
+                                           t0, rows, rmask, h, H, K, KB, NKB, DECAY=True, FIRST=False,
+                                           PREC=PREC, TMA=TMA)
+        dY = tl.dot(tl.trans(load_rows(T, t0, rows, rmask, h, H, C, 0, C, TMA)), dU, input_precision=PREC)
         if STEPS:
             store_tile_scaled(dy_ptr, dy_s_ptr, dY, rows, rmask, h, H, V, vv, vmask, SCALED)
-        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg_ptr, sg0, sg1, sg2, sg3, g0, g1,
-                                           g2, g3, rows, rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False,
-                                           PREC=PREC)
+        dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg, sg0, sg1, sg2, sg3, g0, g1,
+                                           g2, g3, t0, rows, rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False,
+                                           PREC=PREC, TMA=TMA)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, W, KB, NKB, vv, wmask)
 
@@ -268,6 +272,16 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
         store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
 
 
+def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> dict:
+    """The reverse pass's launch over ``over`` for a gradient of W columns: ``state.serial_config`` with two load
+    stages and value blocks of at most 32, unless ``config`` says otherwise. With its row blocks through TMA
+    (``state.tma_operands``), measured on an H100 (bf16, H=16, K=V=128, ``results/kda_profile_tma_h100.txt``): B=8,
+    T=4096 0.889 ms at 32 values and two stages, 1.109 at 64 and one stage (the default before TMA), 1.248 at 64 and
+    two; B=1, T=32768 in one pass, 16 values and two stages (as before) 2.028 ms."""
+    cfg = serial_config(over, H, K, W, dict(num_stages=2) | launch_only(config))
+    return cfg | (dict(BV=min(cfg["BV"], 32)) if "BV" not in (config or {}) else {})
+
+
 def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
            want_dh0: bool, scaled: bool = False, segments: Segments | None = None,
            transitions: Transitions | None = None, config: dict | None = None):
@@ -275,25 +289,28 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     ``scaled`` row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), dh0 fp32; on the operands
     ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
     by side (``chunk.segments``); ``transitions``: the forward pass's over them, whose maps transposed are this
-    pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``num_warps``,
+    pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``TMA``, ``num_warps``,
     ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
-    block = serial_config(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
+    block = dstate_launch(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
     dh = allocate((chunks.num_chunks, H, K, V), block, scaled, f32, dev)
     dY = allocate((total, H, V), block, scaled, f32, dev)
+    KB, C = state_blocks(K)[0], chunks.size
+    tma, (qg, kg, kd, Pd, Td) = tma_operands(config, C, (keys.qg, KB), (keys.kg, KB), (keys.kd, KB), (P, C), (T, C))
 
     def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None):
         store_dh0 = not steps if store_dh0 is None else store_dh0
         dh0 = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32) if store_dh0 else None
         launch_serial(dstate_kernel,
-                      (keys.qg, keys.sq, keys.kg, keys.sg, keys.kd, keys.sd, G, beta, T, P, do,
+                      (qg, keys.sq, kg, keys.sg, kd, keys.sd, G, beta, Td, Pd, do,
                        end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
                        dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
-                      dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision),
-                      over, H, K, W, config)
+                      dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision,
+                           TMA=tma),
+                      over, H, K, W, dstate_launch(over, H, K, W, config))
         return dh0
 
     if segments is None:

@@ -40,16 +40,19 @@ from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
+    launch_only,
     launch_serial,
     load_blocks,
     read_blocks,
     serial_chunk,
     serial_config,
     serial_program,
+    state_blocks,
     store_blocks,
+    tma_operands,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, load_rowvec, load_tile
+from ..chunk.tiles import chunk_span, load_rows, load_rowvec
 from ..common import Chunks, launch, padded
 from .blocks import (
     NB,
@@ -135,18 +138,19 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 
 
 @triton.jit
-def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_ptr, h0_ptr, ht_ptr, hs_ptr, hs_s_ptr,
-                      u_ptr, u_s_ptr, cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
-                      NKB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr,
-                      STEPS: tl.constexpr, H_SCALED: tl.constexpr, U_SCALED: tl.constexpr, PREC: tl.constexpr):
+def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs_ptr, hs_s_ptr, u_ptr, u_s_ptr,
+                      cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                      BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
+                      H_SCALED: tl.constexpr, U_SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
-    row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``). The
-    state has W >= V columns (h0 and ht ``[N, H, K, W]``), the values V: the columns past V start from h0 and
-    take zero values (``chunk.segments``' transitions)."""
+    row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``).
+    ``kg``, ``kd``, ``v`` and ``T`` are pointers, or with ``TMA`` descriptors (``tiles.load_rows``): their rows past
+    a sequence's end enter Z and U, but beta's zeros drop them from ``Diag(beta) Z`` and Kd's zero row scales from
+    the update. The state has W >= V columns (h0 and ht ``[N, H, K, W]``), the values V: the columns past V start
+    from h0 and take zero values (``chunk.segments``' transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     wmask = vv < W
-    cc = tl.arange(0, C)
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
@@ -156,17 +160,15 @@ def recurrence_kernel(kg_ptr, sg_ptr, kd_ptr, sd_ptr, v_ptr, G_ptr, beta_ptr, T_
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, H_SCALED)
-        Z = read_blocks(S0, S1, S2, S3, load_tile(v_ptr, rows, rmask, h, H, V, vv, vmask), kg_ptr, -sg0, -sg1, -sg2,
-                        -sg3, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC)
-        T = load_tile(T_ptr, rows, rmask, h, H, C, cc, cc < C)
-        U = tl.dot(T, beta[:, None] * Z, input_precision=PREC)
+        Z = read_blocks(S0, S1, S2, S3, load_rows(v, t0, rows, rmask, h, H, V, tl.program_id(0) * BV, BV, TMA), kg,
+                        -sg0, -sg1, -sg2, -sg3, t0, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
+        U = tl.dot(load_rows(T, t0, rows, rmask, h, H, C, 0, C, TMA), beta[:, None] * Z, input_precision=PREC)
         if STEPS:
             store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, U_SCALED)
-        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd_ptr, sd0, sd1, sd2, sd3, g0, g1, g2, g3, rows, rmask, h,
-                                       H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC)
+        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd, sd0, sd1, sd2, sd3, g0, g1, g2, g3, t0, rows, rmask, h,
+                                       H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC, TMA=TMA)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
-
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
@@ -223,26 +225,29 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     sequences cut into segments that run side by side (``chunk.segments``), whose ``Transitions`` come last (None
     without segments).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
-    is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``,
+    is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
     ``num_warps``, ``num_stages``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
-    launch_cfg = PREPARED_LAUNCH | (config or {})
+    launch_cfg = PREPARED_LAUNCH | launch_only(config)
     block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
     hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
     scaled_values = scaled if scaled_values is None else scaled_values
     U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
+    KB, C = state_blocks(K)[0], chunks.size
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
         store_final = not steps if store_final is None else store_final
+        BV = serial_config(over, H, K, W, launch_cfg)["BV"]  # this launch's (a segments' transition has W > V)
+        tma, (kg, kd, vd, Td) = tma_operands(config, C, (keys.kg, KB), (keys.kd, KB), (v, BV), (T, C))
         ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
         launch_serial(recurrence_kernel,
-                      (keys.kg, keys.sg, keys.kd, keys.sd, v, G, beta, T, h0 if h0 is not None else hs.data,
+                      (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, h0 if h0 is not None else hs.data,
                        ht if store_final else hs.data, hs.data, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
-                           U_SCALED=scaled_values, PREC=precision),
+                           U_SCALED=scaled_values, PREC=precision, TMA=tma),
                       over, H, K, W, launch_cfg)
         return ht
 
