@@ -270,7 +270,7 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
     keys = prepare_keys(k, G, chunks, precision, q=q)
-    assert tma_operands(None, 64, (keys.kg, 32), (v, 32), (Tm, 64), (P, 64))[0]
+    assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm, [64, 1, 64]))[0]
     runs = []
     for tma in (True, False):
         ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=True, config=dict(TMA=tma))

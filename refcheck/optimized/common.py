@@ -165,8 +165,13 @@ def tma_aligned(*xs: torch.Tensor) -> bool:
     return all(x.numel() > 0 and x.data_ptr() % 16 == 0 and x.shape[-1] * x.element_size() % 16 == 0 for x in xs)
 
 
-def row_blocks(x: torch.Tensor, rows: int, width: int):
-    """A TMA descriptor of the blocks ``x[t0 : t0 + rows, h, c0 : c0 + width]`` of a ``[tokens, heads, D]`` tensor
-    (``tma_aligned``); what lies past the tensor loads as zeros."""
+def tma_blocks(x: torch.Tensor, box: list[int]):
+    """A TMA descriptor of x (``tma_aligned``) by blocks of shape ``box``; what lies past x loads as zeros and stores
+    nothing."""
     from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), [rows, 1, width])
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), list(box))
+
+
+def row_blocks(x: torch.Tensor, rows: int, width: int):
+    """``tma_blocks`` of ``x[t0 : t0 + rows, h, c0 : c0 + width]`` of a ``[tokens, heads, D]`` tensor."""
+    return tma_blocks(x, [rows, 1, width])

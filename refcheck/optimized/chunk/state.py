@@ -25,8 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..common import Chunks, launch, padded, row_blocks, tma_aligned
-from .scaled import store_scaled
+from ..common import Chunks, launch, padded, tma_aligned, tma_blocks
+from .scaled import scale_rows, store_scaled
 from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets
 
 
@@ -56,14 +56,24 @@ def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask
 
 
 @triton.jit
-def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask, s_ptr=0, SCALED: tl.constexpr = False):
+def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask, s_ptr=0, SCALED: tl.constexpr = False,
+                TMA: tl.constexpr = False):
     """Block kb of state ``idx``, rounded to the array's dtype (GLA stores its per-chunk states in bf16
     for bf16 inputs, ``chunk.output.state_dtype``); with ``SCALED`` row-scaled (``scaled``: the scales
-    ``[*, K, NSB]`` at s_ptr, one per row and value block, the program's axis 0)."""
-    p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
+    ``[*, K, NSB]`` at s_ptr, one per row and value block, the program's axis 0). With ``TMA`` ptr is a
+    descriptor of the ``[*, K, V]`` array by ``[1, KB, BV]`` blocks (``state_blocks``), which stores nothing past
+    K or V."""
     kk, kmask = block_cols(kb, KB, K)
     s_p = s_ptr + (idx.to(tl.int64) * K + kk) * tl.num_programs(0) + tl.program_id(0)
-    store_scaled(p, m, s_p, kmask, S, SCALED)
+    if TMA:
+        X = S
+        if SCALED:
+            X, s = scale_rows(S)
+            tl.store(s_p, s, mask=kmask)
+        ptr.store([idx, kb * KB, tl.program_id(0) * S.shape[1]], X.to(ptr.dtype).reshape(1, KB, S.shape[1]))
+    else:
+        p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
+        store_scaled(p, m, s_p, kmask, S, SCALED)
 
 
 @triton.jit
@@ -224,15 +234,15 @@ def load_blocks(ptr, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, BV: tl.cons
 
 @triton.jit
 def store_blocks(ptr, S0, S1, S2, S3, idx, K, V, KB: tl.constexpr, NKB: tl.constexpr, vv, vmask, kb0=0, s_ptr=0,
-                 SCALED: tl.constexpr = False):
+                 SCALED: tl.constexpr = False, TMA: tl.constexpr = False):
     """``store_state`` of every block."""
-    store_state(ptr, S0, idx, K, V, kb0 + 0, KB, vv, vmask, s_ptr, SCALED)
+    store_state(ptr, S0, idx, K, V, kb0 + 0, KB, vv, vmask, s_ptr, SCALED, TMA)
     if NKB > 1:
-        store_state(ptr, S1, idx, K, V, kb0 + 1, KB, vv, vmask, s_ptr, SCALED)
+        store_state(ptr, S1, idx, K, V, kb0 + 1, KB, vv, vmask, s_ptr, SCALED, TMA)
     if NKB > 2:
-        store_state(ptr, S2, idx, K, V, kb0 + 2, KB, vv, vmask, s_ptr, SCALED)
+        store_state(ptr, S2, idx, K, V, kb0 + 2, KB, vv, vmask, s_ptr, SCALED, TMA)
     if NKB > 3:
-        store_state(ptr, S3, idx, K, V, kb0 + 3, KB, vv, vmask, s_ptr, SCALED)
+        store_state(ptr, S3, idx, K, V, kb0 + 3, KB, vv, vmask, s_ptr, SCALED, TMA)
 
 
 @triton.jit
@@ -370,12 +380,13 @@ def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, s
     return serial_launch(V, chunks.num_seqs * H * splits, min_block) | (config or {})
 
 
-def tma_operands(config: dict | None, C: int, *blocks: tuple) -> tuple[bool, list]:
-    """``(TMA, xs)`` for a serial pass that reads each ``(x, width)`` of ``blocks`` (``[T, H, D]``) by blocks of C
-    token rows and ``width`` columns (``tiles.load_rows``): TMA descriptors (``common.row_blocks``) where every x
-    allows one (``common.tma_aligned``) and the pass's ``config`` does not say ``TMA=False``, else the tensors."""
+def tma_operands(config: dict | None, *blocks: tuple) -> tuple[bool, list]:
+    """``(TMA, xs)`` for a serial pass that reads or writes each ``(x, box)`` of ``blocks`` by blocks of shape ``box``
+    (``tiles.load_rows``: ``[C, 1, width]`` of a ``[T, H, D]`` tensor; ``store_state``: ``[1, KB, BV]`` of the states'
+    ``[NC * H, K, V]`` view): TMA descriptors (``common.tma_blocks``) where every x allows one
+    (``common.tma_aligned``) and the pass's ``config`` does not say ``TMA=False``, else the tensors."""
     tma = bool((config or {}).get("TMA", True)) and tma_aligned(*(x for x, _ in blocks))
-    return tma, [row_blocks(x, C, width) if tma else x for x, width in blocks]
+    return tma, [tma_blocks(x, box) if tma else x for x, box in blocks]
 
 
 def launch_only(config: dict | None) -> dict:

@@ -299,7 +299,10 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     dh = allocate((chunks.num_chunks, H, K, V), block, scaled, f32, dev)
     dY = allocate((total, H, V), block, scaled, f32, dev)
     KB, C = state_blocks(K)[0], chunks.size
-    tma, (qg, kg, kd, Pd, Td) = tma_operands(config, C, (keys.qg, KB), (keys.kg, KB), (keys.kd, KB), (P, C), (T, C))
+    # dO through TMA (its rows past a sequence set to zero) and dh stored through TMA: B=8 0.890 -> 1.299 ms, B=1 from
+    # the forward's maps 1.891 -> 2.254 (H100, ``results/kda_profile_tma_stores_h100.txt``); not kept
+    tma, (qg, kg, kd, Pd, Td) = tma_operands(config, *((x, [C, 1, KB]) for x in (keys.qg, keys.kg, keys.kd)),
+                                             (P, [C, 1, C]), (T, [C, 1, C]))
 
     def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None):
         store_dh0 = not steps if store_dh0 is None else store_dh0

@@ -138,17 +138,18 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 
 
 @triton.jit
-def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs_ptr, hs_s_ptr, u_ptr, u_s_ptr,
+def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr, u_s_ptr,
                       cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
                       BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
                       H_SCALED: tl.constexpr, U_SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
     row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``).
-    ``kg``, ``kd``, ``v`` and ``T`` are pointers, or with ``TMA`` descriptors (``tiles.load_rows``): their rows past
-    a sequence's end enter Z and U, but beta's zeros drop them from ``Diag(beta) Z`` and Kd's zero row scales from
-    the update. The state has W >= V columns (h0 and ht ``[N, H, K, W]``), the values V: the columns past V start
-    from h0 and take zero values (``chunk.segments``' transitions)."""
+    ``kg``, ``kd``, ``v``, ``T`` and ``hs`` are pointers, or with ``TMA`` descriptors (``tiles.load_rows``,
+    ``state.store_state``): the loaded rows past a sequence's end enter Z and U, but beta's zeros drop them from
+    ``Diag(beta) Z`` and Kd's zero row scales from the update. The state has W >= V columns (h0 and ht
+    ``[N, H, K, W]``), the values V: the columns past V start from h0 and take zero values (``chunk.segments``'
+    transitions)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     wmask = vv < W
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
@@ -159,7 +160,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
-            store_blocks(hs_ptr, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, H_SCALED)
+            store_blocks(hs, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, H_SCALED,
+                         TMA)
         Z = read_blocks(S0, S1, S2, S3, load_rows(v, t0, rows, rmask, h, H, V, tl.program_id(0) * BV, BV, TMA), kg,
                         -sg0, -sg1, -sg2, -sg3, t0, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
         U = tl.dot(load_rows(T, t0, rows, rmask, h, H, C, 0, C, TMA), beta[:, None] * Z, input_precision=PREC)
@@ -240,11 +242,12 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
         store_final = not steps if store_final is None else store_final
         BV = serial_config(over, H, K, W, launch_cfg)["BV"]  # this launch's (a segments' transition has W > V)
-        tma, (kg, kd, vd, Td) = tma_operands(config, C, (keys.kg, KB), (keys.kd, KB), (v, BV), (T, C))
+        tma, (kg, kd, vd, Td, hd) = tma_operands(config, (keys.kg, [C, 1, KB]), (keys.kd, [C, 1, KB]), (v, [C, 1, BV]),
+                                                 (T, [C, 1, C]), (hs.data.view(-1, K, V), [1, KB, BV]))
         ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
         launch_serial(recurrence_kernel,
                       (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, h0 if h0 is not None else hs.data,
-                       ht if store_final else hs.data, hs.data, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
+                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
                            U_SCALED=scaled_values, PREC=precision, TMA=tma),
