@@ -471,7 +471,8 @@ SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
 POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
-"""The serial passes' default launches with their row blocks loaded through pointers, not TMA (``state.tma_operands``)."""
+"""The serial passes' default launches with their row blocks loaded through pointers, not TMA (``state.tma_operands``;
+the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
@@ -487,7 +488,7 @@ PROFILE_VARIANTS = (
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward")
        for cfg in SEGMENTS + POINTERS[1:]]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
-                                               dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16))
+                                               dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16), dict(TMA=False))
        for safe in (False, True)]
     + [("grads", dict(value=cfg), False, False) for cfg in (dict(num_warps=8), dict(BV=32), dict(BV=32, num_stages=2),
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]

@@ -249,14 +249,16 @@ def test_output_reads_row_scaled_values_across_writer_blocks(V, block):
 
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
-    """The serial passes read their row blocks (prepared operands, v, T, P) through TMA descriptors wherever the
-    tensors allow (``state.tma_operands``): a block at a sequence's end then holds the next sequence's rows, which
-    beta's and the row scales' zeros must drop. Packed sequences with partial and empty chunks, an initial state
-    and dht: hs, U, the final state, dh, dY and dh0 are bitwise those of pointer loads."""
+    """The serial passes and the gradients' state terms read their row blocks (prepared operands, v, T, P; U, dY,
+    dO) and states through TMA descriptors wherever the tensors allow (``state.tma_operands``): a block at a
+    sequence's end then holds the next sequence's rows, which beta's, the row scales' and k's zeros must drop. Packed
+    sequences with partial and empty chunks, an initial state and dht: hs, U, the final state, dh, dY, dh0 and
+    every gradient are bitwise those of pointer loads."""
     from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.scaled import row_scaled
     from refcheck.optimized.chunk.state import tma_operands
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.chunk_bwd import dstate
+    from refcheck.optimized.kda.chunk_bwd import dstate, grads
     from refcheck.optimized.kda.chunk_fwd import intra, recurrence
     from refcheck.optimized.kda.gate import gate_cumsum
     gen = torch.Generator().manual_seed(9)
@@ -267,15 +269,20 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     beta = torch.rand(T, H, generator=gen)
     h0, dht = (torch.randn(len(lengths), H, K, V, generator=gen) for _ in range(2))
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
-    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    g = -torch.rand(T, H, K, generator=gen)
+    G = gate_cumsum(g, None, None, None, chunks)
     Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
     keys = prepare_keys(k, G, chunks, precision, q=q)
     assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm, [64, 1, 64]))[0]
     runs = []
     for tma in (True, False):
-        ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=True, config=dict(TMA=tma))
-        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, chunks, K ** -0.5, precision, True, config=dict(TMA=tma))
-        runs.append([ht, hs.data, U.data, dh.data, dY.data, dh0])
+        ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=True,
+                                  scaled=row_scaled(precision), config=dict(TMA=tma))
+        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, chunks, K ** -0.5, precision, True,
+                             scaled=row_scaled(precision), config=dict(TMA=tma))
+        dx = grads(q, k, v, g, G, beta, hs, dh, U, dY, do, None, None, None, chunks, K ** -0.5, False, False, precision,
+                   torch.float32, torch.float32, config=dict(TMA=tma))
+        runs.append([ht, hs.data, U.data, dh.data, dY.data, dh0, *dx[:5]])
     for x, y in zip(*runs):
         assert torch.equal(x, y)
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import load_tile, row_offsets, tile_ptrs
+from .tiles import load_rows, load_tile, row_offsets, tile_ptrs
 
 
 def row_scaled(precision: str) -> bool:
@@ -74,14 +74,20 @@ def store_scaled(p, mask, s_p, s_mask, x, SCALED: tl.constexpr):
 
 
 @triton.jit
-def load_scaled(p, rmask, cmask, s_row, c0, SB, SCALED: tl.constexpr):
-    """fp32 tile at pointers p (zero where masked), columns from c0 on: with ``SCALED`` times its row scales
-    (``s_row [R]`` pointing to each row's first; the tile lies within one block of SB columns, so one scale a
-    row, a vector load), else as stored."""
-    x = tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+def scaled_back(x, s_row, rmask, c0, SB, SCALED: tl.constexpr):
+    """A loaded fp32 tile x, columns from c0 on: with ``SCALED`` times its row scales (``s_row [R]`` pointing to each
+    row's first; the tile lies within one block of SB columns, so one scale a row, a vector load; zero where
+    ``rmask`` is not), else x."""
     if SCALED:
         x *= tl.load(s_row + c0 // SB, mask=rmask, other=0.0)[:, None]
     return x
+
+
+@triton.jit
+def load_scaled(p, rmask, cmask, s_row, c0, SB, SCALED: tl.constexpr):
+    """``scaled_back`` of the tile at pointers p (zero where masked)."""
+    return scaled_back(tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32), s_row, rmask, c0,
+                       SB, SCALED)
 
 
 @triton.jit
@@ -97,6 +103,15 @@ def load_tile_scaled(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB, NSB,
     """``load_scaled`` of a ``[T, H, D]`` array, columns ``c0 + cols``, its scales ``[T, H, NSB]``."""
     return load_scaled(tile_ptrs(ptr + c0, rows, h, H, D, cols), rmask, cmask, s_ptr + row_offsets(rows, h, H, NSB),
                        c0, SB, SCALED)
+
+
+@triton.jit
+def load_rows_scaled(x, s_ptr, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, SB, NSB, SCALED: tl.constexpr,
+                     TMA: tl.constexpr):
+    """``load_tile_scaled`` through ``tiles.load_rows`` (x a pointer, or with ``TMA`` a descriptor): the rows past a
+    sequence's end, whatever they loaded, are zero where ``SCALED`` (their scales load as zeros)."""
+    return scaled_back(load_rows(x, t0, rows, rmask, h, H, D, c0, BD, TMA), s_ptr + row_offsets(rows, h, H, NSB),
+                       rmask, c0, SB, SCALED)
 
 
 @triton.jit

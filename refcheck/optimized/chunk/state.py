@@ -22,6 +22,7 @@ chunk's last valid token.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -45,13 +46,16 @@ def state_ptrs(ptr, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
 
 @triton.jit
 def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask,
-               PRESENT: tl.constexpr):
-    """Block kb of state ``idx`` (zeros when not ``PRESENT``)."""
-    if PRESENT:
+               PRESENT: tl.constexpr, TMA: tl.constexpr = False, v0=0):
+    """Block kb of state ``idx`` (zeros when not ``PRESENT``); with ``TMA`` ptr is a descriptor of the ``[*, K, V]``
+    array by ``[1, KB, BV]`` blocks (``store_state``), the columns ``vv`` from ``v0`` on."""
+    if not PRESENT:
+        out = tl.zeros((KB, BV), tl.float32)
+    elif TMA:
+        out = ptr.load([idx, kb * KB, v0]).reshape(KB, BV).to(tl.float32)
+    else:
         p, m = state_ptrs(ptr, idx, K, V, kb, KB, vv, vmask)
         out = tl.load(p, mask=m, other=0.0).to(tl.float32)
-    else:
-        out = tl.zeros((KB, BV), tl.float32)
     return out
 
 
@@ -380,12 +384,18 @@ def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, s
     return serial_launch(V, chunks.num_seqs * H * splits, min_block) | (config or {})
 
 
+def use_tma(config: dict | None, *xs: torch.Tensor) -> bool:
+    """Whether a pass reads or writes xs through TMA descriptors: where every x allows one (``common.tma_aligned``)
+    and the pass's ``config`` does not say ``TMA=False``."""
+    return bool((config or {}).get("TMA", True)) and tma_aligned(*xs)
+
+
 def tma_operands(config: dict | None, *blocks: tuple) -> tuple[bool, list]:
     """``(TMA, xs)`` for a serial pass that reads or writes each ``(x, box)`` of ``blocks`` by blocks of shape ``box``
-    (``tiles.load_rows``: ``[C, 1, width]`` of a ``[T, H, D]`` tensor; ``store_state``: ``[1, KB, BV]`` of the states'
-    ``[NC * H, K, V]`` view): TMA descriptors (``common.tma_blocks``) where every x allows one
-    (``common.tma_aligned``) and the pass's ``config`` does not say ``TMA=False``, else the tensors."""
-    tma = bool((config or {}).get("TMA", True)) and tma_aligned(*(x for x, _ in blocks))
+    (``tiles.load_rows``: ``[C, 1, width]`` of a ``[T, H, D]`` tensor; ``load_state``, ``store_state``: ``[1, KB, BV]``
+    of the states' ``[NC * H, K, V]`` view): TMA descriptors (``common.tma_blocks``) where ``use_tma``, else the
+    tensors."""
+    tma = use_tma(config, *(x for x, _ in blocks))
     return tma, [tma_blocks(x, box) if tma else x for x, box in blocks]
 
 

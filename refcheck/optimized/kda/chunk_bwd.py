@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.scaled import Stored, allocate, load_scaled, load_tile_scaled, store_tile_scaled
+from ..chunk.scaled import Stored, allocate, load_rows_scaled, load_tile_scaled, scaled_back, store_tile_scaled
 from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
@@ -43,6 +43,7 @@ from ..chunk.state import (
     launch_only,
     launch_serial,
     load_blocks,
+    load_state,
     read_blocks,
     serial_chunk,
     serial_config,
@@ -51,6 +52,7 @@ from ..chunk.state import (
     store_blocks,
     tma_operands,
     update_blocks,
+    use_tma,
 )
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile, store_tile
 from ..common import Chunks, launch, padded
@@ -170,15 +172,17 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.const
 
 
 @triton.jit
-def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, hs_s_ptr, dh_ptr, dh_s_ptr, u_ptr, u_s_ptr, dy_ptr,
-                       dy_s_ptr, do_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V,
-                       TOTAL, F_SB, F_NSB, B_SB, B_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                       SCALED: tl.constexpr, PREC: tl.constexpr):
+def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr, U, u_s_ptr, dY, dy_s_ptr, dO, dq_ptr,
+                       dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V, TOTAL, F_SB, F_NSB, B_SB,
+                       B_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALED: tl.constexpr,
+                       PREC: tl.constexpr, TMA: tl.constexpr):
     """Key side, part 1 (the state terms): ``dQg = dO h^T``, ``dKd = U dh^T``, ``dYh = dY h^T`` and
     ``dgamma = rowsum(h * dh)`` turned into the first fp32 partials of dq, dk and dG (at ``dq_ptr``,
     ``dk_ptr``, ``dG_ptr``) and dbeta's share of this channel block. h and U (the forward pass's: ``F_*``),
     dh and dY (the reverse pass's: ``B_*``) row-scaled where ``SCALED`` (``chunk.scaled``: blocks of ``*_SB >= BV``
-    columns)."""
+    columns). hs, dh, U, dY and dO are pointers, or with ``TMA`` descriptors (``state.load_state``,
+    ``tiles.load_rows``): their rows past the chunk's end reach only rows of the partials that are not stored, and
+    the sums over rows weigh them by k's zeros there."""
     c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
                                                                        start_ptr, H, K, C, BK)
     k0 = kb * BK
@@ -188,18 +192,21 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs_ptr, hs_s_ptr, dh_ptr, 
     dKd = tl.zeros((C, BK), tl.float32)
     dYh = tl.zeros((C, BK), tl.float32)
     dgamma = tl.zeros((BK,), tl.float32)
-    state_row = (c.to(tl.int64) * H + h) * K + k0 + ck   # the rows of this channel block in the [NC, H, K, *] arrays
+    idx = c * H + h
+    state_row = (idx.to(tl.int64)) * K + k0 + ck   # the rows of this channel block in the [NC, H, K, *] arrays
     for v0 in range(0, V, BV):
-        vmask = v0 + cv < V
-        s_off = state_row[:, None] * V + v0 + cv[None, :]
-        hs = load_scaled(hs_ptr + s_off, kmask, vmask, hs_s_ptr + state_row * F_NSB, v0, F_SB, SCALED)
-        dh = load_scaled(dh_ptr + s_off, kmask, vmask, dh_s_ptr + state_row * B_NSB, v0, B_SB, SCALED)
-        dQg += tl.dot(load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask), tl.trans(hs), input_precision=PREC)
-        U = load_tile_scaled(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, F_SB, F_NSB, SCALED)
-        dKd += tl.dot(U, tl.trans(dh), input_precision=PREC)
-        dY = load_tile_scaled(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, B_SB, B_NSB, SCALED)
-        dYh += tl.dot(dY, tl.trans(hs), input_precision=PREC)
-        dgamma += tl.sum(hs * dh, axis=1)
+        vv = v0 + cv
+        vmask = vv < V
+        hsb = scaled_back(load_state(hs, idx, K, V, kb, BK, BV, vv, vmask, True, TMA, v0), hs_s_ptr + state_row * F_NSB,
+                          kmask, v0, F_SB, SCALED)
+        dhb = scaled_back(load_state(dh, idx, K, V, kb, BK, BV, vv, vmask, True, TMA, v0), dh_s_ptr + state_row * B_NSB,
+                          kmask, v0, B_SB, SCALED)
+        dQg += tl.dot(load_rows(dO, t0, rows, rmask, h, H, V, v0, BV, TMA), tl.trans(hsb), input_precision=PREC)
+        Ub = load_rows_scaled(U, u_s_ptr, t0, rows, rmask, h, H, V, v0, BV, F_SB, F_NSB, SCALED, TMA)
+        dKd += tl.dot(Ub, tl.trans(dhb), input_precision=PREC)
+        dYb = load_rows_scaled(dY, dy_s_ptr, t0, rows, rmask, h, H, V, v0, BV, B_SB, B_NSB, SCALED, TMA)
+        dYh += tl.dot(dYb, tl.trans(hsb), input_precision=PREC)
+        dgamma += tl.sum(hsb * dhb, axis=1)
     G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
     eG = decay(G)
     dq = scale * eG * dQg
@@ -373,12 +380,20 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
                   kcfg | dict(BV=16, num_warps=8, num_stages=1)]
-        launch(grads_state_kernel, (NC * nkb, H),
-               (q, k, G, beta, hs.data, hs.scale_ptr(), dh.data, dh.scale_ptr(), U.data, U.scale_ptr(), dY.data,
-                dY.scale_ptr(), do, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block,
-                hs.blocks, dh.block, dh.blocks),
-               dict(C=C, SCALED=scaled, PREC=precision), ladder)
-        no_bv = [{n: v for n, v in step.items() if n != "BV"} for step in ladder]
+        def state_blocks_of(step):  # grads_state's operands by its step's blocks (``state.tma_operands``)
+            BK, BV = step["BK"], step["BV"]
+            return (*((x.data.view(-1, K, V), [1, BK, BV]) for x in (hs, dh)),
+                    *((x, [C, 1, BV]) for x in (U.data, dY.data, do)))
+
+        def state_args(step):
+            hsd, dhd, Ud, dYd, dOd = tma_operands(step, *state_blocks_of(step))[1]
+            return (q, k, G, beta, hsd, hs.scale_ptr(), dhd, dh.scale_ptr(), Ud, U.scale_ptr(), dYd, dY.scale_ptr(),
+                    dOd, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block, hs.blocks,
+                    dh.block, dh.blocks)
+        tma = use_tma(kcfg, *(x for x, _ in state_blocks_of(kcfg)))  # the same for every step of the ladder
+        ladder = [step | dict(TMA=tma) for step in ladder]
+        launch(grads_state_kernel, (NC * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision), ladder)
+        no_bv = [{n: v for n, v in step.items() if n not in ("BV", "TMA")} for step in ladder]
         launch(grads_row_kernel, (NC * nkb, H),
                (q, k, G, beta, dL, dP, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
                paths, no_bv)
