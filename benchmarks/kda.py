@@ -471,7 +471,7 @@ SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
 POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
-"""The serial passes' default launches with their row blocks loaded through pointers, not TMA (``state.tma_operands``;
+"""The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))

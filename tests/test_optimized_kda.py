@@ -249,15 +249,14 @@ def test_output_reads_row_scaled_values_across_writer_blocks(V, block):
 
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
-    """The serial passes and the gradients' state terms read their row blocks (prepared operands, v, T, P; U, dY,
-    dO) and states through TMA descriptors wherever the tensors allow (``state.tma_operands``): a block at a
-    sequence's end then holds the next sequence's rows, which beta's, the row scales' and k's zeros must drop. Packed
-    sequences with partial and empty chunks, an initial state and dht: hs, U, the final state, dh, dY, dh0 and
-    every gradient are bitwise those of pointer loads."""
+    """The serial passes and the gradients' state terms read their row blocks (prepared operands, v, T, P; U, dY, dO)
+    and states through TMA descriptors wherever the tensors allow (``common.tma_operands``): a block at a sequence's
+    end then holds the next sequence's rows, which beta's, the row scales' and k's zeros must drop, or which reach
+    only rows that are not stored. Packed sequences with partial and empty chunks, an initial state and dht: hs, U,
+    the final state, dh, dY, dh0 and every gradient are bitwise those of pointer loads."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.scaled import row_scaled
-    from refcheck.optimized.chunk.state import tma_operands
-    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.common import make_chunks, tma_operands
     from refcheck.optimized.kda.chunk_bwd import dstate, grads
     from refcheck.optimized.kda.chunk_fwd import intra, recurrence
     from refcheck.optimized.kda.gate import gate_cumsum

@@ -160,9 +160,11 @@ def kernel_state(initial_state, n: int, h: int, k: int, v: int, device) -> torch
 
 
 def tma_aligned(*xs: torch.Tensor) -> bool:
-    """Whether TMA descriptors can address these contiguous ``[tokens, heads, D]`` tensors: not empty, 16-byte
-    aligned base addresses and row strides (a head's D elements a multiple of 16 bytes)."""
-    return all(x.numel() > 0 and x.data_ptr() % 16 == 0 and x.shape[-1] * x.element_size() % 16 == 0 for x in xs)
+    """Whether TMA descriptors can address these tensors: not empty, the last dimension contiguous, 16-byte aligned
+    base addresses and strides, and rows of a multiple of 16 bytes."""
+    return all(x.numel() > 0 and x.stride(-1) == 1 and x.data_ptr() % 16 == 0
+               and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
+               and x.shape[-1] * x.element_size() % 16 == 0 for x in xs)
 
 
 def tma_blocks(x: torch.Tensor, box: list[int]):
@@ -175,3 +177,23 @@ def tma_blocks(x: torch.Tensor, box: list[int]):
 def row_blocks(x: torch.Tensor, rows: int, width: int):
     """``tma_blocks`` of ``x[t0 : t0 + rows, h, c0 : c0 + width]`` of a ``[tokens, heads, D]`` tensor."""
     return tma_blocks(x, [rows, 1, width])
+
+
+def use_tma(config: dict | None, *xs: torch.Tensor) -> bool:
+    """Whether a kernel reads or writes xs through TMA descriptors: where every x allows one (``tma_aligned``) and its
+    launch ``config`` does not say ``TMA=False``."""
+    return bool((config or {}).get("TMA", True)) and tma_aligned(*xs)
+
+
+def tma_operands(config: dict | None, *blocks: tuple) -> tuple[bool, list]:
+    """``(TMA, xs)`` for a kernel that reads or writes each ``(x, box)`` of ``blocks`` by blocks of shape ``box``
+    (``chunk.tiles.load_rows``: ``[C, 1, width]`` of a ``[T, H, D]`` tensor; ``chunk.state.load_state`` and
+    ``store_state``: ``[1, KB, BV]`` of the per-chunk states' ``[NC * H, K, V]`` view): TMA descriptors
+    (``tma_blocks``) where ``use_tma``, else the tensors."""
+    tma = use_tma(config, *(x for x, _ in blocks))
+    return tma, [tma_blocks(x, box) if tma else x for x, box in blocks]
+
+
+def launch_only(config: dict | None) -> dict:
+    """A launch ``config`` without ``TMA`` (``use_tma``): the settings the kernel takes."""
+    return {n: v for n, v in (config or {}).items() if n != "TMA"}

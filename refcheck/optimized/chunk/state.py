@@ -22,11 +22,10 @@ chunk's last valid token.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ..common import Chunks, launch, padded, tma_aligned, tma_blocks
+from ..common import Chunks, launch, padded
 from .scaled import scale_rows, store_scaled
 from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets
 
@@ -382,26 +381,6 @@ def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, s
     """The launch settings of ``launch_serial`` (its value block ``BV`` among them)."""
     splits = state_blocks(K, min_block)[1] if split_k else 1
     return serial_launch(V, chunks.num_seqs * H * splits, min_block) | (config or {})
-
-
-def use_tma(config: dict | None, *xs: torch.Tensor) -> bool:
-    """Whether a pass reads or writes xs through TMA descriptors: where every x allows one (``common.tma_aligned``)
-    and the pass's ``config`` does not say ``TMA=False``."""
-    return bool((config or {}).get("TMA", True)) and tma_aligned(*xs)
-
-
-def tma_operands(config: dict | None, *blocks: tuple) -> tuple[bool, list]:
-    """``(TMA, xs)`` for a serial pass that reads or writes each ``(x, box)`` of ``blocks`` by blocks of shape ``box``
-    (``tiles.load_rows``: ``[C, 1, width]`` of a ``[T, H, D]`` tensor; ``load_state``, ``store_state``: ``[1, KB, BV]``
-    of the states' ``[NC * H, K, V]`` view): TMA descriptors (``common.tma_blocks``) where ``use_tma``, else the
-    tensors."""
-    tma = use_tma(config, *(x for x, _ in blocks))
-    return tma, [tma_blocks(x, box) if tma else x for x, box in blocks]
-
-
-def launch_only(config: dict | None) -> dict:
-    """A serial pass's ``config`` without ``TMA`` (``tma_operands``): the launch settings."""
-    return {n: v for n, v in (config or {}).items() if n != "TMA"}
 
 
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,

@@ -40,7 +40,6 @@ from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
-    launch_only,
     launch_serial,
     load_blocks,
     load_state,
@@ -50,12 +49,10 @@ from ..chunk.state import (
     serial_program,
     state_blocks,
     store_blocks,
-    tma_operands,
     update_blocks,
-    use_tma,
 )
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile, store_tile
-from ..common import Chunks, launch, padded
+from ..common import Chunks, launch, launch_only, padded, tma_operands, use_tma
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
 from .subchunk import chunk_colform, chunk_rowform, diag_precision
@@ -282,7 +279,7 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
 def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> dict:
     """The reverse pass's launch over ``over`` for a gradient of W columns: ``state.serial_config`` with two load
     stages and value blocks of at most 32, unless ``config`` says otherwise. With its row blocks through TMA
-    (``state.tma_operands``), measured on an H100 (bf16, H=16, K=V=128, ``results/kda_profile_tma_h100.txt``): B=8,
+    (``common.tma_operands``), measured on an H100 (bf16, H=16, K=V=128, ``results/kda_profile_tma_h100.txt``): B=8,
     T=4096 0.889 ms at 32 values and two stages, 1.109 at 64 and one stage (the default before TMA), 1.248 at 64 and
     two; B=1, T=32768 in one pass, 16 values and two stages (as before) 2.028 ms."""
     cfg = serial_config(over, H, K, W, dict(num_stages=2) | launch_only(config))
@@ -380,7 +377,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
                   kcfg | dict(BV=16, num_warps=8, num_stages=1)]
-        def state_blocks_of(step):  # grads_state's operands by its step's blocks (``state.tma_operands``)
+        def state_blocks_of(step):  # grads_state's operands by its step's blocks (``common.tma_operands``)
             BK, BV = step["BK"], step["BV"]
             return (*((x.data.view(-1, K, V), [1, BK, BV]) for x in (hs, dh)),
                     *((x, [C, 1, BV]) for x in (U.data, dY.data, do)))

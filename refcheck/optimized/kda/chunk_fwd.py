@@ -40,7 +40,6 @@ from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
-    launch_only,
     launch_serial,
     load_blocks,
     read_blocks,
@@ -49,11 +48,10 @@ from ..chunk.state import (
     serial_program,
     state_blocks,
     store_blocks,
-    tma_operands,
     update_blocks,
 )
 from ..chunk.tiles import chunk_span, load_rows, load_rowvec
-from ..common import Chunks, launch, padded
+from ..common import Chunks, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
     block_beta,
