@@ -99,17 +99,11 @@ def store_tile_scaled(ptr, s_ptr, x, rows, rmask, h, H, D, cols, cmask, SCALED: 
 
 
 @triton.jit
-def load_tile_scaled(ptr, s_ptr, rows, rmask, h, H, D, c0, cols, cmask, SB, NSB, SCALED: tl.constexpr):
-    """``load_scaled`` of a ``[T, H, D]`` array, columns ``c0 + cols``, its scales ``[T, H, NSB]``."""
-    return load_scaled(tile_ptrs(ptr + c0, rows, h, H, D, cols), rmask, cmask, s_ptr + row_offsets(rows, h, H, NSB),
-                       c0, SB, SCALED)
-
-
-@triton.jit
 def load_rows_scaled(x, s_ptr, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, SB, NSB, SCALED: tl.constexpr,
                      TMA: tl.constexpr):
-    """``load_tile_scaled`` through ``tiles.load_rows`` (x a pointer, or with ``TMA`` a descriptor): the rows past a
-    sequence's end, whatever they loaded, are zero where ``SCALED`` (their scales load as zeros)."""
+    """``scaled_back`` of the tile ``x[rows, h, c0 : c0 + BD]`` of a ``[T, H, D]`` array, its scales ``[T, H, NSB]``,
+    through ``tiles.load_rows`` (x a pointer, or with ``TMA`` a descriptor): the rows past a sequence's end, whatever
+    they loaded, are zero where ``SCALED`` (their scales load as zeros)."""
     return scaled_back(load_rows(x, t0, rows, rmask, h, H, D, c0, BD, TMA), s_ptr + row_offsets(rows, h, H, NSB),
                        rmask, c0, SB, SCALED)
 
@@ -117,7 +111,7 @@ def load_rows_scaled(x, s_ptr, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, S
 @triton.jit
 def load_tile_scaled_blocks(ptr, s_ptr, rows, rmask, h, H, D, c0, cmask, SB: tl.constexpr, NSB, BD: tl.constexpr):
     """fp32 tile ``x[rows, h, c0 : c0 + BD]`` (columns masked by cmask) of a row-scaled ``[T, H, D]`` array (scales
-    ``[T, H, NSB]``) whose BD columns may span several of the writer's blocks of SB (where ``load_tile_scaled``
+    ``[T, H, NSB]``) whose BD columns may span several of the writer's blocks of SB (where ``load_rows_scaled``
     takes one scale a row): the tile seen as ``[R, NB, BD / NB]`` times its ``[R, NB]`` scales."""
     NB: tl.constexpr = BD // SB if BD > SB else 1
     x = load_tile(ptr, rows, rmask, h, H, D, c0 + tl.arange(0, BD), cmask)

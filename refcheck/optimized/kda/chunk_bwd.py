@@ -35,7 +35,14 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.scaled import Stored, allocate, load_rows_scaled, load_tile_scaled, scaled_back, store_tile_scaled
+from ..chunk.scaled import (
+    Stored,
+    allocate,
+    load_rows_scaled,
+    load_tile_scaled_blocks,
+    scaled_back,
+    store_tile_scaled,
+)
 from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
@@ -108,11 +115,12 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_
 
 @triton.jit
 def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr,
-                   cu_ptr, seq_ptr, start_ptr, H, V, U_SB, U_NSB, DY_SB, DY_NSB, C: tl.constexpr, BV: tl.constexpr,
-                   SCALED: tl.constexpr, PREC: tl.constexpr):
+                   cu_ptr, seq_ptr, start_ptr, H, V, U_NSB, DY_NSB, C: tl.constexpr, BV: tl.constexpr,
+                   U_SB: tl.constexpr, DY_SB: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
     """One chunk and head, the value side: dv, ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)``
     (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``. U and dY row-scaled where
-    ``SCALED`` (``chunk.scaled``: blocks of ``*_SB >= BV`` columns, ``*_NSB`` of them)."""
+    ``SCALED`` (``chunk.scaled``: blocks of ``*_SB`` columns, ``*_NSB`` of them; a tile of BV columns may span
+    several, ``scaled.load_tile_scaled_blocks``)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -128,8 +136,12 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv
     dbeta = tl.zeros((C,), tl.float32)
     for v0 in range(0, V, BV):
         vmask = v0 + cv < V
-        U = load_tile_scaled(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, U_SB, U_NSB, SCALED)
-        dY = load_tile_scaled(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, cv, vmask, DY_SB, DY_NSB, SCALED)
+        if SCALED:
+            U = load_tile_scaled_blocks(u_ptr, u_s_ptr, rows, rmask, h, H, V, v0, vmask, U_SB, U_NSB, BV)
+            dY = load_tile_scaled_blocks(dy_ptr, dy_s_ptr, rows, rmask, h, H, V, v0, vmask, DY_SB, DY_NSB, BV)
+        else:
+            U = load_tile(u_ptr + v0, rows, rmask, h, H, V, cv, vmask)
+            dY = load_tile(dy_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         do = load_tile(do_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         v = load_tile(v_ptr + v0, rows, rmask, h, H, V, cv, vmask)
         dP += tl.dot(do, tl.trans(U), input_precision=PREC)
@@ -347,15 +359,17 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     config = dict(config or {})
     scaled = hs.scaled
     assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
-    # a reader's value blocks lie within the writers' (``scaled.load_scaled``)
+    # grads_state's value blocks lie within the writers' (``scaled.load_scaled``); grads_v's may span several
+    # (``scaled.load_tile_scaled_blocks``): at 64 where the reverse pass writes blocks of 32 (``dstate_launch``), H100,
+    # B=8, 0.591 ms at 32 (``results/kda_h100_session11.json``)
     widest = min(64, hs.block, dh.block) if scaled else 64
-    vcfg = dict(BV=min(padded(V), widest), num_warps=4, num_stages=1) | config.pop("value", {})
+    vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
     # grads_state's loop over the value blocks in blocks of 32, three load stages (the row and column kernels have
     # no loop of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``,
     # two runs, ``results/kda_profile_grads_blocks_h100.txt``) the four gradient kernels took 5.41 ms against 5.59
     # with blocks of 64 at two stages (safe_gate 5.37 vs 5.52); 5.74 at one stage, 6.05 at four, 5.72 with blocks of 16
     kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest, 32), num_warps=4, num_stages=3) | config
-    if scaled and max(vcfg["BV"], kcfg["BV"]) > widest:
+    if scaled and kcfg["BV"] > widest:
         raise ValueError(f"config: value blocks of at most {widest} columns (the row-scaled arrays' blocks)")
     nkb = triton.cdiv(K, kcfg["BK"])
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
@@ -371,8 +385,8 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     if NC and H:
         launch(grads_v_kernel, (NC, H),
                (v, beta, U.data, U.scale_ptr(), dY.data, dY.scale_ptr(), do, dv, dL, dP, dbeta, chunks.cu, chunks.seq,
-                chunks.start, H, V, U.block, U.blocks, dY.block, dY.blocks),
-               dict(C=C, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
+                chunks.start, H, V, U.blocks, dY.blocks),
+               dict(C=C, U_SB=U.block, DY_SB=dY.block, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
