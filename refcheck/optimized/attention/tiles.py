@@ -6,7 +6,7 @@ a tile is ``x[rows, head, cols]``. A sequence is the query span ``[qs, qs + Tq)`
 
 The blocks a kernel walks (keys in the forward and ``dq_kernel``, queries in ``dkdv_kernel``) load
 through TMA descriptors (``block_descriptors``, constexpr ``TMA``) wherever the tensors allow one
-(``tma_aligned``), else through pointers. A TMA block past a sequence's end holds the next sequence's
+(``common.tma_aligned``), else through pointers. A TMA block past a sequence's end holds the next sequence's
 rows (zeros past the tensor) where pointer loads read zeros; every kernel masks those rows to
 ``p = 0`` and ``dS = 0`` before they reach a sum, so both give the same bits (``tests/test_optimized_attention.py``).
 On an H200 (bf16, ``benchmarks/attention_sweep.py``) TMA made the forward 5-21% faster.

@@ -13,7 +13,10 @@ K-side tiles come from. GLA's helpers (``write_blocks``, ``dwrite_blocks``) form
 right before each dot, chosen by constexpr options: ``SCALAR`` (simple GLA's ``[T, H]`` gate, one decay
 per token) and the token layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``). KDA's read them
 prepared in parallel before the pass (``prepared``: ``read_blocks``, ``update_blocks``), so that its serial
-steps only load and multiply.
+steps only load and multiply; it loads them, v, T and P through TMA descriptors where the tensors allow
+(``common.tma_operands``, ``tiles.load_rows``), without the address and mask arithmetic of pointer loads (Triton 3.6,
+sm_90: the forward step 1826 -> 1624 SASS instructions, 1479 with its state stores through TMA;
+``docs/performance.md``, eleventh session).
 Both ops form their output from the stored states in a parallel kernel (``chunk.output``).
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
@@ -47,7 +50,7 @@ def state_ptrs(ptr, idx, K, V, kb, KB: tl.constexpr, vv, vmask):
 def load_state(ptr, idx, K, V, kb, KB: tl.constexpr, BV: tl.constexpr, vv, vmask,
                PRESENT: tl.constexpr, TMA: tl.constexpr = False, v0=0):
     """Block kb of state ``idx`` (zeros when not ``PRESENT``); with ``TMA`` ptr is a descriptor of the ``[*, K, V]``
-    array by ``[1, KB, BV]`` blocks (``store_state``), the columns ``vv`` from ``v0`` on."""
+    array by ``[1, KB, BV]`` blocks (``common.tma_operands``), the columns ``vv`` from ``v0`` on."""
     if not PRESENT:
         out = tl.zeros((KB, BV), tl.float32)
     elif TMA:
@@ -64,8 +67,8 @@ def store_state(ptr, S, idx, K, V, kb, KB: tl.constexpr, vv, vmask, s_ptr=0, SCA
     """Block kb of state ``idx``, rounded to the array's dtype (GLA stores its per-chunk states in bf16
     for bf16 inputs, ``chunk.output.state_dtype``); with ``SCALED`` row-scaled (``scaled``: the scales
     ``[*, K, NSB]`` at s_ptr, one per row and value block, the program's axis 0). With ``TMA`` ptr is a
-    descriptor of the ``[*, K, V]`` array by ``[1, KB, BV]`` blocks (``state_blocks``), which stores nothing past
-    K or V."""
+    descriptor of the ``[*, K, V]`` array by ``[1, KB, BV]`` blocks (``common.tma_operands``), which stores nothing
+    past K or V."""
     kk, kmask = block_cols(kb, KB, K)
     s_p = s_ptr + (idx.to(tl.int64) * K + kk) * tl.num_programs(0) + tl.program_id(0)
     if TMA:

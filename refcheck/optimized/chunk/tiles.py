@@ -89,8 +89,8 @@ def load_operand(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.con
 @triton.jit
 def load_rows(x, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, TMA: tl.constexpr):
     """fp32 tile ``x[rows, h, c0 : c0 + BD]`` of a sequence-first ``[T, H, D]`` tensor, ``rows`` from ``t0`` on: through
-    pointers (zero where masked), or with ``TMA`` through x as a descriptor (``common.row_blocks``, blocks of
-    ``len(rows) x BD``). Rows past the sequence's end then hold the next sequence's (zeros past the tensor), which
+    pointers (zero where masked), or with ``TMA`` through x as a descriptor (``common.tma_operands``, blocks
+    ``[len(rows), 1, BD]``). Rows past the sequence's end then hold the next sequence's (zeros past the tensor), which
     the caller weighs by zero; so does every serial pass (``state``: a prepared operand's rows by their row scales,
     which load as zeros there)."""
     if TMA:
