@@ -170,6 +170,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
+
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``).
