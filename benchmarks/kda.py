@@ -567,10 +567,9 @@ def profile_stage(d, stage, cfg, safe, gather):
 def profile(names, jobs, stages=None, defaults=False):
     """Compile every variant (of ``stages``, default all; with ``defaults`` only each stage's default launch, and
     the serial passes' default segments, TMA or not) in parallel processes, then time each here."""
-    def default(cfg):
-        return {n: x for n, x in cfg.items() if n != "TMA"} in (dict(), dict(segments="auto"))
+    from refcheck.optimized.common import launch_only
     todo = [i for i, v in enumerate(PROFILE_VARIANTS) if (stages is None or v[0] in stages)
-            and (not defaults or default(v[1]))]
+            and (not defaults or launch_only(v[1]) in (dict(), dict(segments="auto")))]
     data = profile_data(names[0])  # compiles the default launches once, before the parallel compiles
     bench_util.warm(__file__, [[str(i)] for i in todo], jobs, flag="--profile-one")
     from triton.testing import do_bench

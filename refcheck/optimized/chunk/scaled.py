@@ -84,13 +84,6 @@ def scaled_back(x, s_row, rmask, c0, SB, SCALED: tl.constexpr):
 
 
 @triton.jit
-def load_scaled(p, rmask, cmask, s_row, c0, SB, SCALED: tl.constexpr):
-    """``scaled_back`` of the tile at pointers p (zero where masked)."""
-    return scaled_back(tl.load(p, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32), s_row, rmask, c0,
-                       SB, SCALED)
-
-
-@triton.jit
 def store_tile_scaled(ptr, s_ptr, x, rows, rmask, h, H, D, cols, cmask, SCALED: tl.constexpr):
     """``store_tile`` of one column block of a ``[T, H, D]`` array, with ``SCALED`` row-scaled: the scales
     ``[T, H, NSB]`` at s_ptr, the block being the program's axis 0 (a serial kernel's value block)."""

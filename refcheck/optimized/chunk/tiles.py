@@ -91,8 +91,8 @@ def load_rows(x, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, TMA: tl.constex
     """fp32 tile ``x[rows, h, c0 : c0 + BD]`` of a sequence-first ``[T, H, D]`` tensor, ``rows`` from ``t0`` on: through
     pointers (zero where masked), or with ``TMA`` through x as a descriptor (``common.tma_operands``, blocks
     ``[len(rows), 1, BD]``). Rows past the sequence's end then hold the next sequence's (zeros past the tensor), which
-    the caller weighs by zero; so does every serial pass (``state``: a prepared operand's rows by their row scales,
-    which load as zeros there)."""
+    the caller must weigh by zero or keep out of every stored row (the serial passes: a prepared operand's rows by
+    their row scales, which load as zeros there, and beta's zeros)."""
     if TMA:
         out = x.load([t0, h, c0]).reshape(rows.shape[0], BD).to(tl.float32)
     else:
