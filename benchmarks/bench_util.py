@@ -73,7 +73,8 @@ def warm(script: str, jobs_args: list[list[str]], jobs: int, flag: str = "--warm
 
 def kernel_times(steps: dict, top: int = 12, repeats: int = 3) -> dict[str, dict[str, float]]:
     """CUDA time per kernel of each named step (a no-argument callable; torch.profiler, mean of
-    ``repeats`` after one untimed call): ``{step: {kernel: ms}}``, the ``top`` longest kernels."""
+    ``repeats`` after one untimed call): ``{step: {kernel: ms}}``, the ``top`` longest kernels and, under
+    "(every kernel)", the sum over all of them."""
     from torch.profiler import ProfilerActivity, profile
     out = {}
     for name, step in steps.items():
@@ -89,5 +90,6 @@ def kernel_times(steps: dict, top: int = 12, repeats: int = 3) -> dict[str, dict
             torch.cuda.synchronize()
         times = sorted(((e.key, e.device_time_total / repeats / 1e3) for e in prof.key_averages()), key=lambda r: -r[1])
         out[name] = {key[:60]: round(ms, 3) for key, ms in times[:top]}
+        out[name]["(every kernel)"] = round(sum(ms for _, ms in times), 3)
         print(f"kernels {name}: " + ", ".join(f"{k[:28]} {v:.3f}" for k, v in list(out[name].items())[:8]), flush=True)
     return out

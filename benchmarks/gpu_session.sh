@@ -9,6 +9,9 @@
 #   fp16-range  benchmarks/fp16_state_range.py: an fp16 input whose state outgrows fp16 (ours and FLA's gla, simple_gla)
 #   bench       benchmarks/kda.py: ours vs flash-linear-attention 0.6.0, roofline measured in the run
 #   profile     benchmarks/kda.py --profile: each kernel stage under several launch configurations
+#   kernels     benchmarks/kda.py --kernels: the CUDA time of each kernel of KERNELS_SHAPES (default B1_T32768),
+#               forward and forward+backward, ours and FLA's (KERNELS_ARGS=--ours-only: ours alone), the host's
+#               and the wall time of each step, and the host's calls of ours
 #   ncu         benchmarks/kda.py --ncu-step under Nsight Compute: what bounds each kernel, ours and FLA's
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
@@ -151,6 +154,10 @@ for step in "$@"; do
       timeout -s INT "${PROFILE_S:-300}" python3 benchmarks/kda.py --profile --jobs "$JOBS" ${PROFILE_STAGES:+--stages $PROFILE_STAGES} ${PROFILE_SHAPES:+--shapes $PROFILE_SHAPES} ${PROFILE_ARGS:-} \
         > "$OUT/kda_profile.log" 2>&1
       echo "profile exit $?" >> "$OUT/kda_profile.log" ;;
+    kernels)
+      timeout -s INT "${KERNELS_S:-300}" python3 benchmarks/kda.py --kernels ${KERNELS_ARGS:-} --jobs "$JOBS" --shapes ${KERNELS_SHAPES:-B1_T32768} \
+        --out "$OUT/kda_kernels.json" > "$OUT/kda_kernels.log" 2>&1
+      echo "kernels exit $?" >> "$OUT/kda_kernels.log" ;;
     ncu)
       # hardware counters of every kernel of one B=8 forward+backward, ours and FLA's (each kernel replayed
       # once per counter pass; the clocks left alone, METHOD.md)
@@ -217,6 +224,7 @@ for step in "$@"; do
     fp16-range) echo "== fp16 state range =="; grep -v Warn "$OUT/fp16_state_range.log" | tail -8 ;;
     bench) echo "== kda benchmark =="; tail -40 "$OUT/kda_bench.log" ;;
     profile) echo "== kda profile =="; grep -E " ms$|failed|exit" "$OUT/kda_profile.log" | tail -40 ;;
+    kernels) echo "== kda kernels =="; grep -E "^==|^kernels|^host|exit|Self CPU total|  (cuda|aten::|Kda|[a-z_]+_kernel) " "$OUT/kda_kernels.log" | cut -c1-240 ;;
     ncu) echo "== kda ncu =="; cat "$OUT/kda_ncu.txt"; tail -3 "$OUT/kda_ncu.err" ;;
     check) echo "== kda check =="; tail -12 "$OUT/kda_check.log" ;;
     attention-bench) echo "== attention benchmark =="; tail -30 "$OUT/attention_bench.log" ;;

@@ -4,6 +4,8 @@
                                                 then the CUDA time of each kernel (torch.profiler), ours and FLA's
     python benchmarks/kda.py --check --jobs 8   correctness against float64 over a set of configurations
     python benchmarks/kda.py --profile --jobs 8 time each kernel stage under several launch configurations
+    python benchmarks/kda.py --kernels --shapes B1_T32768   the CUDA time of each kernel, forward and
+                                                forward+backward, ours and FLA's
     python benchmarks/kda.py --ncu-step         under Nsight Compute (``gpu_session.sh ncu`` gives the command):
                                                 one B=8 forward+backward, ours and FLA's; then
     python benchmarks/kda.py --ncu-table k.csv  what bounds each kernel (hardware counters: DRAM and SM
@@ -285,20 +287,86 @@ def gradient_errors(fla):
     return out
 
 
-def kernel_times(fla, shape="B8_T4096"):
-    """CUDA time per kernel of one forward+backward (``bench_util.kernel_times``), ours and FLA's,
-    safe_gate off/on: ``{"ours safe=False": {kernel: ms}, ...}``."""
+def kernel_times(fla, shape="B8_T4096", backward=True):
+    """CUDA time per kernel of one forward+backward (forward alone without ``backward``;
+    ``bench_util.kernel_times``), ours and FLA's, safe_gate off/on (off alone where the shape's gate is
+    not bounded): ``{"ours safe=False": {kernel: ms}, ...}``."""
     x, cu = shape_inputs(shape)
     steps = {}
     for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
-        for safe in (False, True) if impl is not None else ():
-            leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+        for safe in safe_options(shape) if impl is not None else ():
+            leaves = {n: t.detach().requires_grad_(backward) for n, t in x.items()}
 
             def step(impl=impl, leaves=leaves, safe=safe):
-                o, _ = call(impl, leaves, cu, safe)
-                torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+                with torch.set_grad_enabled(backward):
+                    o, _ = call(impl, leaves, cu, safe)
+                    if backward:
+                        torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
             steps[f"{impl_name} safe={safe}"] = step
     return bench_util.kernel_times(steps)
+
+
+def host_and_wall(step, calls=5):
+    """``(host, wall)`` ms of one call of ``step``: the host's time to queue it (``calls`` in a row, no wait for the
+    GPU in between) and ``do_bench``'s median. Where the host takes longer than the kernels, the GPU waits between
+    them and the wall time exceeds the kernels' sum."""
+    from triton.testing import do_bench
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        step()
+    host = (time.perf_counter() - t) / calls * 1e3
+    torch.cuda.synchronize()
+    return host, do_bench(step, return_mode="median")
+
+
+def host_calls(step, top=14) -> str:
+    """The host's calls of one ``step`` (after one untimed) by their own time on the host, torch.profiler: where the
+    host waits for the GPU (``cudaStreamSynchronize``, ``cudaMemcpy``, ``cudaFree``), or what keeps it busy."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.set_sync_debug_mode("warn")  # a warning, with its stack, at each call that waits for the GPU
+    step()
+    torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def kernels(shapes, out_path, jobs, ours_only=False):
+    """``kernel_times`` of every shape, forward and forward+backward, with each step's host and wall time
+    (``host_and_wall``): ``{"shapes": {shape: {mode: {step: {kernel: ms}}}}, "host_wall_ms": ...}``. ``ours_only``:
+    without FLA, and without the parallel compiles (ours compile in a minute or two; FLA's autotuning takes longer)."""
+    fla, why = (None, "not asked for") if ours_only else fla_impl()
+    if not ours_only:
+        bench_util.warm(__file__, [[name, str(safe)] for name in shapes for safe in safe_options(name)], jobs)
+    if fla is None:
+        print(f"FLA: {why}")
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": __import__("triton").__version__, "shapes": {}, "host_wall_ms": {}}
+    for name in shapes:
+        x, cu = shape_inputs(name)
+        for mode, backward in (("fwd", False), ("fwd+bwd", True)):
+            print(f"== {name} {mode}", flush=True)
+            result["shapes"].setdefault(name, {})[mode] = kernel_times(fla, name, backward)
+            for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
+                for safe in safe_options(name) if impl is not None else ():
+                    def step(impl=impl, safe=safe, backward=backward):
+                        leaves = {n: t.detach().requires_grad_(backward) for n, t in x.items()}
+                        with torch.set_grad_enabled(backward):
+                            o, _ = call(impl, leaves, cu, safe)
+                            if backward:
+                                torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
+                    host, wall = host_and_wall(step)
+                    if impl is optimized.kda and not safe:
+                        print(host_calls(step), flush=True)
+                    key = f"{name} {mode} {impl_name} safe={safe}"
+                    result["host_wall_ms"][key] = dict(host=round(host, 3), wall=round(wall, 3))
+                    print(f"host/wall {key}: host {host:.3f} ms, wall {wall:.3f} ms", flush=True)
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 # ---------------------------------------------------------------------------- hardware counters (ncu)
@@ -399,6 +467,11 @@ CHECKS = {
                                                   safe=-5.0, knobs=dict(use_gather=True)),
     "fp32 K=V=32 B=2 partial chunk": dict(dtype="fp32", B=2, T=197, H=2, K=32, V=32, h0=True,
                                           knobs=dict(precision="tf32x3")),
+    # the serial passes over segments (``chunk.segments``), their scan included
+    "bf16 varlen h0 segments of 4": dict(dtype="bf16", B=1, T=2000, H=4, K=128, V=128, l2=True, h0=True,
+                                         lengths=[0, 900, 37, 1063], knobs=dict(segment_chunks=4)),
+    "fp32 K=V=256 B=2 h0 segments of 2": dict(dtype="fp32", B=2, T=700, H=2, K=256, V=256, h0=True,
+                                              knobs=dict(precision="tf32x3", segment_chunks=2)),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -598,6 +671,9 @@ def main():
     ap.add_argument("--profile", action="store_true", help="time each kernel stage under several launches")
     ap.add_argument("--stages", nargs="*", help="--profile: only these stages (intra, recurrence, dstate, ...)")
     ap.add_argument("--defaults", action="store_true", help="--profile: only the default launches")
+    ap.add_argument("--kernels", action="store_true",
+                    help="CUDA time of each kernel, forward and forward+backward, ours and FLA's (--shapes)")
+    ap.add_argument("--ours-only", action="store_true", help="--kernels: without FLA")
     ap.add_argument("--ncu-step", action="store_true", help="the profiled step of ncu (see the module docstring)")
     ap.add_argument("--ncu-metrics", action="store_true", help="print the metrics ncu is to collect")
     ap.add_argument("--ncu-table", help="tabulate an ncu --csv --page raw file of --ncu-step (JSON with --out)")
@@ -618,6 +694,8 @@ def main():
         profile_stage(profile_data("B8_T4096" if DEVICE == "cuda" else "tiny"), stage, cfg, safe, gather)()
     elif args.profile:
         profile(args.shapes or ["B8_T4096", "B1_T32768"], args.jobs, args.stages, args.defaults)
+    elif args.kernels:
+        kernels(args.shapes or ["B1_T32768"], args.out, args.jobs, args.ours_only)
     elif args.check_one:
         print(json.dumps(check_one(args.check_one)))
     elif args.check:

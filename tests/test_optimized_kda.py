@@ -333,6 +333,32 @@ def test_segment_length_splits_only_a_gpu_left_idle():
     assert length(1, 0, lengths=[0]) == 0
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("K, V", [(16, 24), (80, 16)])
+def test_segment_scan_chains_the_maps_in_float64(reverse, K, V):
+    """``segments.scan`` (one launch) against the chain ``S_{j+1} = M_j S_j + E_j`` in float64, over sequences of
+    3, 0, 1 and 2 segments; M transposed and E a view of wider rows (the strides the passes give it), K past one
+    block of the map (80 > 64)."""
+    from refcheck.optimized.chunk.segments import scan, split
+    from refcheck.optimized.common import make_chunks
+    gen = torch.Generator().manual_seed(5)
+    chunks = make_chunks(1, 384, torch.tensor([0, 192, 192, 256, 384]), 64, "cpu")
+    segments = split(chunks, 1)
+    NS, H, N = 6, 2, 4
+    E = torch.randn(NS, H, K, V + 7, generator=gen)[..., :V]
+    M = (torch.randn(NS, H, K, K, generator=gen) / K ** 0.5).transpose(-1, -2)
+    for first in (None, torch.randn(N, H, K, V, generator=gen)):
+        entries, last = scan(E, M, first, segments, reverse)
+        S = torch.zeros(N, H, K, V, dtype=torch.float64) if first is None else first.double()
+        want_entries = torch.zeros(NS, H, K, V, dtype=torch.float64)
+        for n, segs in enumerate([[0, 1, 2], [], [3], [4, 5]]):
+            for s in reversed(segs) if reverse else segs:
+                want_entries[s] = S[n]
+                S[n] = M[s].double() @ S[n] + E[s].double()
+        assert rel(entries, want_entries) < 1e-6 and rel(last, S) < 1e-6
+        assert rel(last[1], want_entries.new_zeros(H, K, V) if first is None else first[1].double()) == 0
+
+
 def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     from refcheck.optimized.common import make_chunks
     cu = torch.tensor([0, 3, 70])
