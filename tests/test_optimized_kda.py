@@ -359,6 +359,16 @@ def test_segment_scan_chains_the_maps_in_float64(reverse, K, V):
         assert rel(last[1], want_entries.new_zeros(H, K, V) if first is None else first[1].double()) == 0
 
 
+def test_segment_plans_are_reused_for_one_chunk_table():
+    from refcheck.optimized.chunk.segments import plan
+    from refcheck.optimized.common import make_chunks
+    chunks = make_chunks(1, 640, None, 64, "cpu")
+    segments = plan(chunks, 1, 16, 2)
+    assert segments is not None and plan(chunks, 1, 16, 2) is segments
+    assert plan(chunks, 1, 16, 3) is not segments and plan(chunks, 1, 16, 0) is None
+    assert plan(make_chunks(1, 640, torch.tensor([0, 640]), 64, "cpu"), 1, 16, 2) is not segments
+
+
 def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     from refcheck.optimized.common import make_chunks
     cu = torch.tensor([0, 3, 70])

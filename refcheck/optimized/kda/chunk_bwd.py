@@ -361,7 +361,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
     # grads_state's value blocks lie within the writers' (``scaled.scaled_back``: one scale a row); grads_v's may span several
     # (``scaled.load_tile_scaled_blocks``): at 64 where the reverse pass writes blocks of 32 (``dstate_launch``), H100,
-    # B=8, 0.591 ms at 32 in ``results/kda_h100.json``'s kernel times, 0.065 less at 64
+    # B=8, 0.591 ms at 32 in ``results/kda_h100_session11.json``'s kernel times, 0.065 less at 64
     widest = min(64, hs.block, dh.block) if scaled else 64
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
     # grads_state's loop over the value blocks in blocks of 32, three load stages (the row and column kernels have
