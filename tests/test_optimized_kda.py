@@ -359,6 +359,34 @@ def test_segment_scan_chains_the_maps_in_float64(reverse, K, V):
         assert rel(last[1], want_entries.new_zeros(H, K, V) if first is None else first[1].double()) == 0
 
 
+def test_host_work_over_segments_does_not_grow_with_their_number():
+    """A forward and backward over 4 and over 16 segments of one chunk queue the same torch calls: each serial pass's
+    scan is one launch, not a loop over segments (which at B=1, T=32768 on an H100 kept the host busier than the
+    GPU: ``docs/performance.md``, twelfth session). Counted below the dispatcher, so the count holds on a GPU too."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for T in (256, 1024):
+        x, opts = kda_case(T=T, h0=True, K=16, V=16, decay=-0.05)
+        leaves = {n: t.requires_grad_() for n, t in x.items()}
+        with Calls() as calls:
+            o, ht = optimized.kda(**leaves, **opts, segment_chunks=1)
+            torch.autograd.grad((o, ht), list(leaves.values()), (torch.ones_like(o), torch.ones_like(ht)))
+        counts.append(calls.count)
+    assert counts[0] == counts[1], counts[1] - counts[0]
+
+
 def test_segment_plans_are_reused_for_one_chunk_table():
     from refcheck.optimized.chunk.segments import plan
     from refcheck.optimized.common import make_chunks
