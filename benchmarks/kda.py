@@ -5,7 +5,8 @@
     python benchmarks/kda.py --check --jobs 8   correctness against float64 over a set of configurations
     python benchmarks/kda.py --profile --jobs 8 time each kernel stage under several launch configurations
     python benchmarks/kda.py --kernels --shapes B1_T32768   the CUDA time of each kernel, forward and
-                                                forward+backward, ours and FLA's
+                                                forward+backward, ours and FLA's, with the host's and the
+                                                wall time of each call
     python benchmarks/kda.py --ncu-step         under Nsight Compute (``gpu_session.sh ncu`` gives the command):
                                                 one B=8 forward+backward, ours and FLA's; then
     python benchmarks/kda.py --ncu-table k.csv  what bounds each kernel (hardware counters: DRAM and SM
@@ -287,12 +288,12 @@ def gradient_errors(fla):
     return out
 
 
-def kernel_times(fla, shape="B8_T4096", backward=True):
-    """CUDA time per kernel of one forward+backward (forward alone without ``backward``;
-    ``bench_util.kernel_times``), ours and FLA's, safe_gate off/on (off alone where the shape's gate is
-    not bounded): ``{"ours safe=False": {kernel: ms}, ...}``."""
+def steps(fla, shape, backward=True):
+    """One no-argument call per (implementation, safe_gate) on the inputs of ``shape``: a forward+backward
+    (a forward alone without ``backward``), ours and FLA's, safe_gate off/on (off alone where the shape's gate is
+    not bounded): ``{"ours safe=False": step, ...}``."""
     x, cu = shape_inputs(shape)
-    steps = {}
+    out = {}
     for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
         for safe in safe_options(shape) if impl is not None else ():
             leaves = {n: t.detach().requires_grad_(backward) for n, t in x.items()}
@@ -302,8 +303,14 @@ def kernel_times(fla, shape="B8_T4096", backward=True):
                     o, _ = call(impl, leaves, cu, safe)
                     if backward:
                         torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
-            steps[f"{impl_name} safe={safe}"] = step
-    return bench_util.kernel_times(steps)
+            out[f"{impl_name} safe={safe}"] = step
+    return out
+
+
+def kernel_times(fla, shape="B8_T4096", backward=True):
+    """CUDA time per kernel of each of ``steps`` (``bench_util.kernel_times``): ``{"ours safe=False": {kernel: ms},
+    ...}``."""
+    return bench_util.kernel_times(steps(fla, shape, backward))
 
 
 def host_and_wall(step, calls=5):
@@ -346,24 +353,17 @@ def kernels(shapes, out_path, jobs, ours_only=False):
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": __import__("triton").__version__, "shapes": {}, "host_wall_ms": {}}
     for name in shapes:
-        x, cu = shape_inputs(name)
         for mode, backward in (("fwd", False), ("fwd+bwd", True)):
             print(f"== {name} {mode}", flush=True)
-            result["shapes"].setdefault(name, {})[mode] = kernel_times(fla, name, backward)
-            for impl_name, impl in (("ours", optimized.kda), ("fla", fla)):
-                for safe in safe_options(name) if impl is not None else ():
-                    def step(impl=impl, safe=safe, backward=backward):
-                        leaves = {n: t.detach().requires_grad_(backward) for n, t in x.items()}
-                        with torch.set_grad_enabled(backward):
-                            o, _ = call(impl, leaves, cu, safe)
-                            if backward:
-                                torch.autograd.grad(o, list(leaves.values()), torch.ones_like(o))
-                    host, wall = host_and_wall(step)
-                    if impl is optimized.kda and not safe:
-                        print(host_calls(step), flush=True)
-                    key = f"{name} {mode} {impl_name} safe={safe}"
-                    result["host_wall_ms"][key] = dict(host=round(host, 3), wall=round(wall, 3))
-                    print(f"host/wall {key}: host {host:.3f} ms, wall {wall:.3f} ms", flush=True)
+            named = steps(fla, name, backward)
+            result["shapes"].setdefault(name, {})[mode] = bench_util.kernel_times(named)
+            for step_name, step in named.items():
+                host, wall = host_and_wall(step)
+                if step_name == "ours safe=False":
+                    print(host_calls(step), flush=True)
+                key = f"{name} {mode} {step_name}"
+                result["host_wall_ms"][key] = dict(host=round(host, 3), wall=round(wall, 3))
+                print(f"host/wall {key}: host {host:.3f} ms, wall {wall:.3f} ms", flush=True)
     if out_path:
         with open(out_path, "w") as f:
             json.dump(result, f, indent=1)
