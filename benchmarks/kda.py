@@ -549,6 +549,7 @@ the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
+    + [("intra", dict(rows=dict(num_warps=w)), False, False) for w in (1, 2, 8)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),

@@ -15,12 +15,10 @@ With ``G`` the chunk-local cumulative log-decay (non-increasing along the rows: 
 * below the diagonal (d >= 1), the reference row r = 16 b, the first row of block b:
   ``e^{G_i - G_r} e^{G_r - G_j}``, both factors in (0, 1] (j < r <= i), whatever the decay.
 * on the diagonal (d = 0), as ``subchunk`` sums the ``[C, C]`` forms (its docstring has the bounds): by
-  dots against each block's middle row where the decay inside the blocks allows it
-  (``max |G - G_m| <= DIAG_SPAN``), else by levels inside the sub-chunk (``diag_levels``: 8, 4, 2, 1
-  rows, each against a reference row that keeps both factors in (0, 1], as below the diagonal), for any
-  decay. ``pair_blocks``' ``DIAG`` says which: "dots" always (safe_gate's promise bounds the span; also
-  the first pass of the general path, which returns the span so that the chunks beyond it are done
-  again), "general" by channel block (the dots where the span allows, else the levels).
+  dots against each block's middle row (``pair_blocks``), trusted where the decay inside the blocks allows
+  it (``max |G - G_m| <= DIAG_SPAN``: always under safe_gate's promise); elsewhere (the general path's
+  flagged chunks, ``chunk_fwd.intra``) exactly, one row of a block per program (``diag_row``), each
+  factor ``e^{G_i - G_j}`` formed on its own, for any decay.
 
 The inverse ``T = (I + L)^{-1}``, ``L = Diag(beta) A``: the diagonal blocks by exact doubling inside
 each 16 x 16 slice (at ``DPREC``), then block forward substitution, one block diagonal at a time (at
@@ -38,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.tiles import decay
-from .subchunk import DIAG_SPAN, level_pairs
+from .subchunk import level_pairs
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
 
@@ -104,38 +102,26 @@ def diag_dots(A, P, k, q, G, G_m, BC: tl.constexpr, DPREC: tl.constexpr):
 
 
 @triton.jit
-def diag_levels(A, P, k, q, G, G_ptr, t0, n, h, H, K, cols, cmask, BC: tl.constexpr, DPREC: tl.constexpr):
-    """Add one channel block to the diagonal blocks for any decay, by levels inside the sub-chunks: level S
-    (8, 4, 2, 1) takes the pairs with i in an odd S-block and j in the S-block just before it, against
-    the first row r of i's S-block, ``e^{G_i - G_r} e^{G_r - G_j}`` with both factors in (0, 1]; every
-    pair j < i of a sub-chunk is in one level. One exponential per row serves both sides (``e^{G_i - G_r}``
-    on odd-block rows, ``e^{G_r - G_j}`` on even-block rows, r their common reference row). Then the
-    diagonal of P, ``q_i . k_i``. Unrolled: as a loop (inside the branch of ``pair_blocks``' pipelined
-    channel loop) Triton 3.6 for sm_90 miscompiled it for bf16 inputs too, o wrong by 0.92 on an H100
-    (``benchmarks/kda.py``), as it did the former exact sum's loop for fp32 (``chunk_fwd.intra``)."""
-    i = tl.arange(0, BC)
-    b = tl.arange(0, NB)[:, None, None]
-    for lvl in tl.static_range(4):
-        blk = i // (8 >> lvl)
-        odd = (blk % 2) == 1
-        ref = tl.where(odd, blk, blk + 1) * (8 >> lvl)
-        rows = tl.minimum(b * BC + ref[None, :, None], n - 1)
-        G_ref = load_rows(G_ptr, t0, rows, rows >= 0, h, H, K, cols, cmask)
-        e = decay(tl.where(odd[None, :, None], G - G_ref, G_ref - G))
-        right = trans3(k * e)
-        pairs = level_pairs(8 >> lvl, BC)[None]
-        A += tl.where(pairs, tl.dot(k * e, right, input_precision=DPREC), 0.0)
-        P += tl.where(pairs, tl.dot(q * e, right, input_precision=DPREC), 0.0)
-    return A, P + tl.where((i[:, None] == i[None, :])[None], tl.sum(q * k, axis=2)[:, :, None], 0.0)
+def diag_row(q_ptr, k_ptr, G_ptr, k_j, G_j, j, t0, i, h, H, K, d, dmask):
+    """Row i of the diagonal block of its sub-chunk, exactly for any decay: ``(A_ij, P_ij)`` for the sub-chunk's
+    columns j (``[BC]`` chunk rows; both zero for j > i, and A's j = i the solve does not read, ``block_inverse``)
+    from their rows ``k_j``, ``G_j`` ``[BC, BK]`` (``d`` the channels): each factor ``e^{G_id - G_jd}`` (in (0, 1]
+    for j <= i) formed on its own, those of j > i as ``e^{-inf} = 0``, so that nothing overflows."""
+    row = ((t0 + i).to(tl.int64) * H + h) * K + d
+    G_i = tl.load(G_ptr + row, mask=dmask, other=0.0)
+    kj_e = k_j * decay(tl.where((j <= i)[:, None], G_i[None, :] - G_j, float("-inf")))
+    a = tl.sum(tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32)[None, :] * kj_e, axis=1)
+    p = tl.sum(tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32)[None, :] * kj_e, axis=1)
+    return a, p
 
 
 @triton.jit
-def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DIAG: tl.constexpr,
-                PREC: tl.constexpr, DPREC: tl.constexpr, BELOW: tl.constexpr = True):
+def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                DPREC: tl.constexpr):
     """The block diagonals ``A_0..A_3`` (strictly lower) and ``P_0..P_3`` (lower, unscaled), summed over
-    the channels in blocks of BK, and the largest ``|G - G_m|`` inside a sub-chunk (``[NB, BC, BK]``, by
-    channel block; zeros unless ``DIAG`` is "dots"); the diagonal blocks as ``DIAG`` says (module
-    docstring). Without ``BELOW`` the diagonal blocks only (the others zero)."""
+    the channels in blocks of BK, the diagonal blocks by dots against their middle rows, and the largest
+    ``|G - G_m|`` inside a sub-chunk (``[NB, BC, BK]``, by channel block): where it exceeds ``DIAG_SPAN``,
+    the diagonal blocks are not to be trusted (module docstring)."""
     A0 = tl.zeros((NB, BC, BC), tl.float32)
     A1, A2, A3, P0, P1, P2, P3 = A0, A0, A0, A0, A0, A0, A0
     ck = tl.arange(0, BK)[None, None, :]
@@ -146,21 +132,14 @@ def pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.co
         k = block_x(kp, t0, n, 0, h, H, K, ck, cmask, BC)
         q = block_x(qp, t0, n, 0, h, H, K, ck, cmask, BC)
         G = block_gate(Gp, t0, n, 0, 0, BC, h, H, K, ck, cmask, BC)
-        if BELOW:
-            G_r = block_gate(Gp, t0, n, 0, 0, 1, h, H, K, ck, cmask, BC)
-            e = decay(G - G_r)
-            A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC)
-            A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
-            A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
+        G_r = block_gate(Gp, t0, n, 0, 0, 1, h, H, K, ck, cmask, BC)
+        e = decay(G - G_r)
+        A1, P1 = below(A1, P1, k * e, q * e, kp, Gp, G_r, t0, n, 1, h, H, K, ck, cmask, BC, PREC)
+        A2, P2 = below(A2, P2, k * e, q * e, kp, Gp, G_r, t0, n, 2, h, H, K, ck, cmask, BC, PREC)
+        A3, P3 = below(A3, P3, k * e, q * e, kp, Gp, G_r, t0, n, 3, h, H, K, ck, cmask, BC, PREC)
         G_m = block_gate(Gp, t0, n, 0, BC // 2, 1, h, H, K, ck, cmask, BC)
-        if DIAG == "dots":
-            A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
-            span = tl.maximum(span, tl.abs(G - G_m).to(tl.float32))  # G is fp64 for fp32 inputs
-        else:
-            if tl.max(tl.abs(G - G_m)) <= DIAG_SPAN:
-                A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
-            else:
-                A0, P0 = diag_levels(A0, P0, k, q, G, Gp, t0, n, h, H, K, ck, cmask, BC, DPREC)
+        A0, P0 = diag_dots(A0, P0, k, q, G, G_m, BC, DPREC)
+        span = tl.maximum(span, tl.abs(G - G_m).to(tl.float32))  # G is fp64 for fp32 inputs
     return A0, A1, A2, A3, P0, P1, P2, P3, span
 
 

@@ -11,7 +11,7 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     S1 = Diag(gamma) S0 + Kd^T U
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
-row of the chunk matrix), by sub-chunk blocks (``blocks``; without safe_gate in two passes, ``intra``);
+row of the chunk matrix), by sub-chunk blocks (``blocks``; without safe_gate in three launches, ``intra``);
 ``recurrence`` walks the chunks of each sequence in order, one program per (value block, sequence, head),
 keeping S in registers, and writes the entry state of every chunk (``h [NC, H, K, V]``) and U
 (``[T, H, V]``); O of every chunk then follows from them in parallel (``chunk.output``, GLA's output with U
@@ -55,11 +55,11 @@ from ..common import Chunks, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
     block_beta,
+    diag_row,
     load_diag,
     pair_blocks,
     solve,
     store_below,
-    store_diag,
     store_lower,
     store_zeros_above,
 )
@@ -67,6 +67,10 @@ from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
 SUB = 16
+DIAG_ROWS_LAUNCH = dict(num_warps=2)
+"""``diag_rows_kernel``'s launch (``[16, K]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, strong decay,
+``intra`` with its three launches, ``results/kda_profile_diag_rows_h200.txt``): 1.604 ms at 2 warps, 1.657 at 4, 1.828 at
+8, 1.964 at 1."""
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
@@ -87,12 +91,8 @@ def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0
                 DPREC: tl.constexpr):
     """T and P of one chunk and head (``intra_kernel``); ``flag`` its entry of the flags. The blocks below
     the diagonal do not depend on the decay's strength: the checked pass stores those of the chunks it
-    marks (P's in P, A's in T's memory until the flagged pass solves), and the flagged pass forms the
-    diagonal blocks only."""
-    diag: tl.constexpr = "general" if PASS == "flagged" else "dots"
-    below: tl.constexpr = PASS != "flagged"
-    A0, A1, A2, A3, P0, P1, P2, P3, span = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, diag, PREC,
-                                                       DPREC, below)
+    marks (P's in P, A's in T's memory, where ``diag_rows_kernel`` adds the diagonal blocks for the solve)."""
+    A0, A1, A2, A3, P0, P1, P2, P3, span = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, PREC, DPREC)
     if PASS == "checked":
         if tl.max(span) > DIAG_SPAN:
             tl.store(flag_ptr + flag, 1)
@@ -102,12 +102,6 @@ def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0
         else:
             store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC,
                           DPREC)
-    elif PASS == "flagged":
-        store_diag(P_ptr, scale * P0, t0, n, 0, h, H, C, BC)
-        A1 = load_diag(T_ptr, t0, n, 0, 1, h, H, C, BC)
-        A2 = load_diag(T_ptr, t0, n, 0, 2, h, H, C, BC)
-        A3 = load_diag(T_ptr, t0, n, 0, 3, h, H, C, BC)
-        solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
     else:
         store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC, DPREC)
 
@@ -119,8 +113,8 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
     """One chunk and head, by sub-chunk blocks (``blocks``): ``T = (I + Diag(beta) A)^{-1}`` and ``P``
     (scale included). ``PASS``: "safe" (safe_gate: the diagonal blocks by dots), "checked" (the same, but a
     chunk whose decay inside a sub-chunk exceeds ``DIAG_SPAN`` gets only its blocks below the diagonal stored,
-    and is marked in ``flag[c, h]``), "flagged" (the marked chunks only: their diagonal blocks, each tile by
-    dots or by levels as its span allows, then the solve; the others return at once)."""
+    and is marked in ``flag[c, h]``), "flagged" (the marked chunks only, once ``diag_rows_kernel`` has stored
+    their diagonal blocks: the solve from the blocks in memory; the others return at once)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -128,11 +122,37 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
     flag = c.to(tl.int64) * H + h
     if PASS == "flagged":
         if tl.load(flag_ptr + flag) != 0:
-            intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC,
-                        BK, PASS, PREC, DPREC)
+            solve(T_ptr, load_diag(T_ptr, t0, n, 0, 0, h, H, C, BC), load_diag(T_ptr, t0, n, 0, 1, h, H, C, BC),
+                  load_diag(T_ptr, t0, n, 0, 2, h, H, C, BC), load_diag(T_ptr, t0, n, 0, 3, h, H, C, BC),
+                  block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
     else:
         intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC, BK,
                     PASS, PREC, DPREC)
+
+
+@triton.jit
+def diag_rows_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                     C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """One sub-chunk of a chunk the checked pass marked, and one head: the rows of its diagonal block of A (into T's
+    memory, beside the blocks below the diagonal, for the flagged pass's solve) and of P (scaled), exactly
+    (``blocks.diag_row``), one row after another against the sub-chunk's k and G held in registers."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
+        t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+        j = tl.program_id(2) * BC + tl.arange(0, BC)
+        d = tl.arange(0, BK)
+        dmask = d < K
+        rows = ((t0 + tl.minimum(j, n - 1)).to(tl.int64) * H + h)[:, None] * K + d[None, :]
+        live = (j < n)[:, None] & dmask[None, :]
+        k_j = tl.load(k_ptr + rows, mask=live, other=0.0).to(tl.float32)
+        G_j = tl.load(G_ptr + rows, mask=dmask[None, :], other=0.0)
+        for r in range(tl.minimum(BC, n - tl.program_id(2) * BC)):
+            i = tl.program_id(2) * BC + r
+            a, p = diag_row(q_ptr, k_ptr, G_ptr, k_j, G_j, j, t0, i, h, H, K, d, dmask)
+            out = ((t0 + i).to(tl.int64) * H + h) * C + j
+            tl.store(T_ptr + out, a)
+            tl.store(P_ptr + out, scale * p)
 
 
 @triton.jit
@@ -173,45 +193,34 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
-    ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``).
+    ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``; ``rows``: ``diag_rows_kernel``'s).
 
-    Without safe_gate, two passes: "checked" (safe_gate's kernel, storing the chunks whose decay allows its
-    dots and marking the others), then "flagged" (the marked chunks, with the levels where a tile needs
-    them). The levels' code is in the second kernel only: compiled into the one kernel of the general path
-    (a branch per channel block), their tiles took registers from every chunk's dots, spilling 448 B a
-    thread, 1.02 ms against safe_gate's 0.79 at normal decay (H100, bf16, B=8, T=4096, H=16, K=128, ncu,
+    Without safe_gate, three launches: "checked" (safe_gate's kernel, storing the chunks whose decay allows its
+    dots and marking the others), ``diag_rows_kernel`` (the marked chunks' diagonal blocks, exactly), then
+    "flagged" (the marked chunks' solve). The exact sums have kernels of their own: compiled into the one kernel of
+    the general path (a branch per channel block), their tiles took registers from every chunk's dots, spilling
+    448 B a thread, 1.02 ms against safe_gate's 0.79 at normal decay (H100, bf16, B=8, T=4096, H=16, K=128, ncu,
     ``results/kda_ncu_h100_start.json``)."""
     total, H, K = k.shape
+    config = dict(config or {})
+    rows_cfg = DIAG_ROWS_LAUNCH | config.pop("rows", {})
     # measured on an H100 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``, the general path
-    # with ``blocks.diag_levels``): channel blocks of 16 0.995 ms against 32 1.095 and 64 2.049, one load
+    # with its former levels): channel blocks of 16 0.995 ms against 32 1.095 and 64 2.049, one load
     # stage 1.334, 8 warps 1.659; safe_gate 0.775 at 16 and at 32 (``results/kda_profile_intra_levels_h100.txt``)
-    cfg = dict(BK=min(padded(K), 16), num_warps=4, num_stages=2) | (config or {})
+    cfg = dict(BK=min(padded(K), 16), num_warps=4, num_stages=2) | config
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     if not (chunks.num_chunks and H):
         return T, P
     flags = torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
+    args = (T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     for kind in ("safe",) if safe else ("checked", "flagged"):
-        step = cfg
-        if kind == "flagged" and torch.float32 not in (q.dtype, k.dtype) and not (config and "BK" in config):
-            # the diagonal blocks alone, by levels where the decay is strong: channel blocks of 32 (H200, bf16, B=8,
-            # T=4096, H=16, K=128, nearly every chunk flagged, ``benchmarks/kda.py --profile``, both passes at one
-            # BK: 16 3.17 ms, 32 2.56, 64 3.18, where the checked pass alone takes 0.87, 0.94, 1.17 at normal decay;
-            # ``results/kda_profile_intra_strong_h200.txt``). fp32 inputs (G in fp64) keep 16: at 32 and one stage
-            # (below) the pass spills 344 B a thread offline, and no GPU has timed it
-            step = cfg | dict(BK=min(padded(K), 32))
-        if kind == "flagged" and torch.float32 in (q.dtype, k.dtype) and not (config and "num_stages" in config):
-            # Triton 3.6 for sm_90 mis-pipelined the former exact diagonal path (a 16-step loop inside a
-            # branch of the pipelined channel loop, where ``blocks.diag_levels`` is now) when q and k are fp32:
-            # A and P came out wrong by O(1) wherever a chunk's decay took that path, in tf32 and tf32x3 (an
-            # H100 law run with --bucket-seed 3997324711; the H200 run of the session before showed the same).
-            # bf16 inputs, ieee, one load stage and the interpreter were right; so was no rewrite of the loop
-            # that still pipelined it. The levels have no loop; one stage stays until a GPU shows two right
-            step = step | dict(num_stages=1)
-        launch(intra_kernel, (chunks.num_chunks, H),
-               (q, k, G, beta, T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K),
+        if kind == "flagged":
+            launch(diag_rows_kernel, (chunks.num_chunks, H, NB), (q, k, G) + args,
+                   dict(C=chunks.size, BC=SUB, BK=padded(K)), [rows_cfg])
+        launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, beta) + args,
                dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
-               [step, step | dict(num_stages=1), step | dict(BK=min(step["BK"], 16), num_stages=1)])
+               [cfg, cfg | dict(num_stages=1), cfg | dict(BK=min(cfg["BK"], 16), num_stages=1)])
     return T, P
 
 

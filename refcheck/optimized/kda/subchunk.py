@@ -35,10 +35,13 @@ registers (``USE_GATHER``) or, the fallback, by loading them again from memory (
 Here every sum is taken on whole ``[C, C]`` and ``[C, BK]`` tiles, the pairs a level or the diagonal does
 not own masked off. KDA's forward takes the pairs by sub-chunk blocks instead (``blocks``: no masked-off
 product is computed, and the inverse is solved block by block), with the same split of the exponent;
-where a tile's span is too large there, it continues the levels inside the sub-chunks (8, 4, 2, 1 rows:
-``blocks.diag_levels``) instead of the exact sum. Here those levels did not pay: on whole ``[C, C]``
-tiles at "tf32x3" they took the backward under strong decay from 12.1 to 21.3 ms (B=8, T=4096, H100)
-and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact sum).
+where a chunk's span is too large there, a kernel of its own sums its diagonal blocks exactly, a row at a time
+(``chunk_fwd.diag_rows_kernel``). Not kept here: levels inside the sub-chunks (8, 4, 2, 1 rows), on whole
+``[C, C]`` tiles at "tf32x3", took the backward under strong decay from 12.1 to 21.3 ms (B=8, T=4096, H100)
+and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact sum); the exact sum
+as ``[BC, BC, BK]`` tiles, a sub-chunk at a time, took the row kernel from 3.26 to 7.03 ms under strong decay
+and both kernels 0.03-0.07 ms slower at normal decay
+(``benchmarks/results/kda_kernels_h100_session13_exact_tiles_not_kept.txt``).
 """
 from __future__ import annotations
 
