@@ -549,7 +549,7 @@ the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
      for safe in (False, True)]
-    + [("intra", dict(rows=dict(num_warps=w)), False, False) for w in (1, 2, 8)]
+    + [("intra", dict(rows=dict(num_warps=w)), False, False) for w in (1, 4, 8)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
@@ -564,6 +564,7 @@ PROFILE_VARIANTS = (
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16), dict(TMA=False))
        for safe in (False, True)]
+    + [("grads", dict(diag=dict(num_warps=w)), False, False) for w in (1, 4)]
     + [("grads", dict(value=cfg), False, False) for cfg in (dict(num_warps=8), dict(BV=32), dict(BV=32, num_stages=2),
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]
     + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")
@@ -585,13 +586,13 @@ def profile_data(name):
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
-    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
+    T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY, scale=scale,
-                hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
+                scale=scale, hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
 
 
 def profile_stage(d, stage, cfg, safe, gather):
@@ -628,7 +629,8 @@ def profile_stage(d, stage, cfg, safe, gather):
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
-                                       d["dY"], d["do"], None, None, None, ch, sc, safe, gather, "tf32",
+                                       d["dY"], d["do"], None, None, None, ch, sc, None if safe else d["flags"],
+                                       gather, "tf32",
                                        f["q"].dtype, f["k"].dtype, cfg)
     if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
         q = d["q"] if stage == "prepare_with_q" else None

@@ -202,7 +202,7 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
     beta = torch.rand(T, H, generator=gen)
     chunks = make_chunks(1, T, None, 64, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
     keys = prepare_keys(k, G, chunks, "tf32", q=q)
     stored = {}
     for scaled in (False, True):
@@ -238,7 +238,7 @@ def test_output_reads_row_scaled_values_across_writer_blocks(V, block):
     beta = torch.rand(T, H, generator=gen)
     chunks = make_chunks(1, T, None, 64, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
     _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, None, chunks, "tf32", final=False,
                              hs_dtype=torch.bfloat16, scaled_values=True, config=dict(BV=block))
     assert U.scaled and U.block == block and not hs.scaled
@@ -270,7 +270,7 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     g = -torch.rand(T, H, K, generator=gen)
     G = gate_cumsum(g, None, None, None, chunks)
-    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
+    Tm, P, flags = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
     keys = prepare_keys(k, G, chunks, precision, q=q)
     assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm, [64, 1, 64]))[0]
     runs = []
@@ -279,7 +279,7 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
                                   scaled=row_scaled(precision), config=dict(TMA=tma))
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, chunks, K ** -0.5, precision, True,
                              scaled=row_scaled(precision), config=dict(TMA=tma))
-        dx = grads(q, k, v, g, G, beta, hs, dh, U, dY, do, None, None, None, chunks, K ** -0.5, False, False, precision,
+        dx = grads(q, k, v, g, G, beta, hs, dh, U, dY, do, None, None, None, chunks, K ** -0.5, flags, False, precision,
                    torch.float32, torch.float32, config=dict(TMA=tma))
         runs.append([ht, hs.data, U.data, dh.data, dY.data, dh0, *dx[:5]])
     for x, y in zip(*runs):
@@ -305,7 +305,7 @@ def test_serial_passes_over_segments_take_each_launchs_value_block_through_tma()
     segments = split(chunks, 1)
     assert [serial_config(segments.chunks, H, K, W, None)["BV"] for W in (V, V + K)] == [32, 64]
     G = gate_cumsum(-0.05 * torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    Tm, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, _, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
     keys = prepare_keys(k, G, chunks, "tf32")
     runs = []
     for tma in (True, False):

@@ -115,7 +115,7 @@ class KdaFunction(torch.autograd.Function):
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
-        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
+        Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
         # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there)
         ht, hs, U, trans = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
@@ -125,7 +125,7 @@ class KdaFunction(torch.autograd.Function):
         o = chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *kept, *(trans or ()))
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *kept, *(trans or ()))
         ctx.cfg = cfg
         ctx.shape = (B, T)
         return o.view(B, T, H, V), ht
@@ -133,7 +133,7 @@ class KdaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, *rest = ctx.saved_tensors
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *rest = ctx.saved_tensors
         kept, trans = rest[:2] if cfg.keep else (), Transitions(*rest[-2:]) if cfg.segments is not None else None
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
@@ -149,7 +149,7 @@ class KdaFunction(torch.autograd.Function):
                              transitions=trans)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
-            cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.use_gather,
+            cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, flags, cfg.use_gather,
             cfg.precision, torch.float32 if cfg.l2norm else q.dtype, torch.float32 if cfg.l2norm else k.dtype)
         if cfg.l2norm:
             dq, dk = l2norm_backward(q, dq), l2norm_backward(k, dk)

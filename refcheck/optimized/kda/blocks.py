@@ -102,17 +102,13 @@ def diag_dots(A, P, k, q, G, G_m, BC: tl.constexpr, DPREC: tl.constexpr):
 
 
 @triton.jit
-def diag_row(q_ptr, k_ptr, G_ptr, k_j, G_j, j, t0, i, h, H, K, d, dmask):
+def diag_row(k_j, G_j, j, i, k_i, q_i, G_i):
     """Row i of the diagonal block of its sub-chunk, exactly for any decay: ``(A_ij, P_ij)`` for the sub-chunk's
-    columns j (``[BC]`` chunk rows; both zero for j > i, and A's j = i the solve does not read, ``block_inverse``)
-    from their rows ``k_j``, ``G_j`` ``[BC, BK]`` (``d`` the channels): each factor ``e^{G_id - G_jd}`` (in (0, 1]
-    for j <= i) formed on its own, those of j > i as ``e^{-inf} = 0``, so that nothing overflows."""
-    row = ((t0 + i).to(tl.int64) * H + h) * K + d
-    G_i = tl.load(G_ptr + row, mask=dmask, other=0.0)
+    rows j ``[BC]`` (both zero for j > i, and A's j = i the solve does not read, ``block_inverse``) from their
+    ``k_j``, ``G_j`` ``[BC, BK]`` and row i's ``k_i``, ``q_i``, ``G_i`` ``[BK]``: each factor ``e^{G_id - G_jd}`` (in
+    (0, 1] for j <= i) formed on its own, those of j > i as ``e^{-inf} = 0``, so that nothing overflows."""
     kj_e = k_j * decay(tl.where((j <= i)[:, None], G_i[None, :] - G_j, float("-inf")))
-    a = tl.sum(tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32)[None, :] * kj_e, axis=1)
-    p = tl.sum(tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32)[None, :] * kj_e, axis=1)
-    return a, p
+    return tl.sum(k_i[None, :] * kj_e, axis=1), tl.sum(q_i[None, :] * kj_e, axis=1)
 
 
 @triton.jit

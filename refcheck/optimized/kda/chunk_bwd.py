@@ -58,11 +58,11 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile, store_tile
+from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile, store_tile, tile_ptrs
 from ..common import Chunks, launch, launch_only, padded, tma_operands, use_tma
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
-from .subchunk import chunk_colform, chunk_rowform, diag_precision
+from .subchunk import chunk_colform, chunk_rowform, diag_precision, diag_source_row
 
 
 @triton.jit
@@ -230,8 +230,20 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr
 
 
 @triton.jit
-def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr,
-                     cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
+def diag_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
+    """Whether the row and column forms take the diagonal blocks' pairs by dots: always under safe_gate, else where
+    the forward's checked pass did not flag the chunk (``chunk_fwd.intra``; ``grads_diag_kernel`` sums them exactly
+    there)."""
+    if SAFE:
+        dots = True
+    else:
+        dots = tl.load(flag_ptr + c.to(tl.int64) * H + h) == 0
+    return dots
+
+
+@triton.jit
+def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dqp_ptr, dq_ptr, dk_ptr, dG_ptr,
+                     dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
                      BK: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
                      DPREC: tl.constexpr):
     """Key side, part 2 (the row form): ``R_L, R_P`` of dL and dP; completes dq (from its partial at
@@ -240,11 +252,10 @@ def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dq_
                                                                        start_ptr, H, K, C, BK)
     k0 = kb * BK
     i = tl.arange(0, C)
-    mbase = (t0.to(tl.int64) * H + h) * C
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    R_L, R_P = chunk_rowform(dL, dP, k, G, dL_ptr + mbase, dP_ptr + mbase, H * C, k_ptr + base, G_ptr + base,
-                             H * K, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
+    R_L, R_P = chunk_rowform(dL, dP, k, G, G_ptr + base, H * K, ck, kmask, n, diag_dots(flag_ptr, c, h, H, SAFE), C,
+                             BC, USE_GATHER, PREC, DPREC)
     dq_row = scale * R_P
     dk_row = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * R_L
     dq = load_tile(dqp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + dq_row
@@ -258,8 +269,8 @@ def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dq_
 
 
 @triton.jit
-def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_ptr, bias_ptr, dkp_ptr, dGp_ptr,
-                     dk_ptr, dg_ptr, da_ptr, ddt_ptr, cu_ptr, seq_ptr, start_ptr, scale, lower_bound, H, K,
+def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, alog_ptr, bias_ptr, dkp_ptr,
+                     dGp_ptr, dk_ptr, dg_ptr, da_ptr, ddt_ptr, cu_ptr, seq_ptr, start_ptr, scale, lower_bound, H, K,
                      C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
                      USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, USE_GATE: tl.constexpr,
                      HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
@@ -270,12 +281,10 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
     k0 = kb * BK
     i = tl.arange(0, C)
     beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-    mbase = (t0.to(tl.int64) * H + h) * C
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, dL_ptr + mbase, dP_ptr + mbase, H * C,
-                       beta_ptr + t0.to(tl.int64) * H + h, H, scale, k_ptr + base, q_ptr + base, G_ptr + base,
-                       H * K, ck, kmask, n, C, BC, SAFE, USE_GATHER, PREC, DPREC)
+    Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, G_ptr + base, H * K, ck, kmask, n,
+                       diag_dots(flag_ptr, c, h, H, SAFE), C, BC, USE_GATHER, PREC, DPREC)
     dk = load_tile(dkp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + Qc
     dgate = tl.cumsum(load_tile(dGp_ptr + k0, rows, rmask, h, H, K, ck, kmask) - k * Qc, axis=0, reverse=True)
     store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
@@ -286,6 +295,64 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, alog_
         tl.store(da_ptr + (c * H + h) * tl.cdiv(K, BK) + kb, tl.sum(da, axis=0))
     else:
         store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
+
+
+@triton.jit
+def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr,
+                      cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
+                      BK: tl.constexpr):
+    """Key side, between parts 1 and 2, for the chunks the forward flagged (``diag_dots``): one sub-chunk (axis 2),
+    channel block and head. The share of its diagonal block in the row and column forms, exactly, one source row j
+    after another into every row of the sub-chunk at once (``subchunk.diag_source_row``: no reduction, the rows of j
+    from memory), then added to the partials of dq, dk and dG and to dbeta's share of this block as the row and
+    column kernels add theirs (dG's ``-k Qc`` before the column kernel's reverse cumulative sum)."""
+    nkb = tl.cdiv(K, BK)
+    c = tl.program_id(0) // nkb
+    h = tl.program_id(1)
+    if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
+        kb = tl.program_id(0) % nkb
+        t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+        i = tl.program_id(2) * BC + tl.arange(0, BC)
+        rows, live = t0 + i, i < n
+        d = kb * BK + tl.arange(0, BK)
+        dmask = d < K
+        G = load_gate(G_ptr, t0 + tl.minimum(i, n - 1), i < C, h, H, K, d, dmask)
+        mrow = ((t0 + i).to(tl.int64) * H + h) * C
+        R1 = tl.zeros((BC, BK), tl.float32)
+        R2 = tl.zeros((BC, BK), tl.float32)
+        Q = tl.zeros((BC, BK), tl.float32)
+        for r in range(tl.minimum(BC, n - tl.program_id(2) * BC)):
+            j = tl.program_id(2) * BC + r
+            row = (t0 + j).to(tl.int64) * H + h
+            mj = row * C + i  # row j of dL, dP at the sub-chunk's columns
+            beta_j = tl.load(beta_ptr + row).to(tl.float32)
+            r1, r2, qc = diag_source_row(G, i, j, tl.load(k_ptr + row * K + d, mask=dmask, other=0.0).to(tl.float32),
+                                         tl.load(q_ptr + row * K + d, mask=dmask, other=0.0).to(tl.float32),
+                                         tl.load(G_ptr + row * K + d, mask=dmask, other=0.0),
+                                         tl.load(dL_ptr + mrow + j, mask=live & (i >= j), other=0.0),
+                                         tl.load(dP_ptr + mrow + j, mask=live & (i >= j), other=0.0),
+                                         beta_j * tl.load(dL_ptr + mj, mask=i <= j, other=0.0),
+                                         scale * tl.load(dP_ptr + mj, mask=i <= j, other=0.0))
+            R1 += r1
+            R2 += r2
+            Q += qc
+        k = load_tile(k_ptr, rows, live, h, H, K, d, dmask)
+        dq_row = scale * R2
+        dk_row = load_rowvec(beta_ptr, rows, live, h, H)[:, None] * R1
+        m = live[:, None] & dmask[None, :]
+        p = tile_ptrs(dq_ptr, rows, h, H, K, d)
+        tl.store(p, tl.load(p, mask=m) + dq_row, mask=m)
+        p = tile_ptrs(dk_ptr, rows, h, H, K, d)
+        tl.store(p, tl.load(p, mask=m) + dk_row + Q, mask=m)
+        p = tile_ptrs(dG_ptr, rows, h, H, K, d)
+        tl.store(p, tl.load(p, mask=m) + load_tile(q_ptr, rows, live, h, H, K, d, dmask) * dq_row + k * (dk_row - Q),
+                 mask=m)
+        slot = dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h
+        tl.store(slot, tl.load(slot, mask=live) + tl.sum(k * R1, axis=1), mask=live)
+
+
+DIAG_LAUNCH = dict(num_warps=2)
+"""``grads_diag_kernel``'s launch (``[16, BK]`` tiles), as the forward's ``chunk_fwd.DIAG_ROWS_LAUNCH``."""
 
 
 def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> dict:
@@ -340,15 +407,16 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
 
 
 def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do, A_log, dt_bias, lower_bound,
-          chunks: Chunks, scale: float, safe: bool, use_gather: bool, precision: str, dq_dtype, dk_dtype,
-          config: dict | None = None):
+          chunks: Chunks, scale: float, flags: torch.Tensor | None, use_gather: bool, precision: str, dq_dtype,
+          dk_dtype, config: dict | None = None):
     """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``. hs and U as the
-    forward pass stored them, dh and dY as the reverse pass did (each pair scaled alike or not).
+    forward pass stored them, dh and dY as the reverse pass did (each pair scaled alike or not); ``flags`` the
+    forward's (``chunk_fwd.intra``: the chunks whose diagonal blocks are summed exactly), None under safe_gate.
 
     dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
     raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
     launches (``BK``, ``BV``, ``num_warps`` of the key side; ``value``: ``BV``, ``num_warps`` of the
-    value side)."""
+    value side; ``diag``: ``grads_diag_kernel``'s)."""
     total, H, K = k.shape
     V = v.shape[-1]
     NC = chunks.num_chunks
@@ -364,6 +432,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     # B=8, 0.591 ms at 32 in ``results/kda_h100_session11.json``'s kernel times, 0.065 less at 64
     widest = min(64, hs.block, dh.block) if scaled else 64
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
+    dcfg = DIAG_LAUNCH | config.pop("diag", {})
     # grads_state's loop over the value blocks in blocks of 32, three load stages (the row and column kernels have
     # no loop of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``,
     # two runs, ``results/kda_profile_grads_blocks_h100.txt``) the four gradient kernels took 5.41 ms against 5.59
@@ -388,6 +457,8 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
                 chunks.start, H, V, U.blocks, dY.blocks),
                dict(C=C, U_SB=U.block, DY_SB=dY.block, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
         chunk_args = (chunks.cu, chunks.seq, chunks.start)
+        safe = flags is None
+        flag_ptr = dL if safe else flags  # read where not safe only
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
         ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
                   kcfg | dict(BV=16, num_warps=8, num_stages=1)]
@@ -405,12 +476,16 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
         ladder = [step | dict(TMA=tma) for step in ladder]
         launch(grads_state_kernel, (NC * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision), ladder)
         no_bv = [{n: v for n, v in step.items() if n not in ("BV", "TMA")} for step in ladder]
+        if not safe:
+            launch(grads_diag_kernel, (NC * nkb, H, C // SUB),
+                   (q, k, G, beta, dL, dP, flags, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
+                   dict(C=C, BC=SUB, BK=kcfg["BK"]), [dcfg])
         launch(grads_row_kernel, (NC * nkb, H),
-               (q, k, G, beta, dL, dP, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
+               (q, k, G, beta, dL, dP, flag_ptr, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
                paths, no_bv)
         launch(grads_col_kernel, (NC * nkb, H),
-               (q, k, g, G, beta, dL, dP, A_log if use_gate else g, dt_bias if dt_bias is not None else g, dk_part,
-                dG_part, dk, dg, da if use_gate else g, ddt if use_gate else g, *chunk_args, scale,
+               (q, k, g, G, beta, dL, dP, flag_ptr, A_log if use_gate else g, dt_bias if dt_bias is not None else g,
+                dk_part, dG_part, dk, dg, da if use_gate else g, ddt if use_gate else g, *chunk_args, scale,
                 float(lower_bound or 0.0), H, K),
                paths | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
                             USE_LB=lower_bound is not None), no_bv)

@@ -50,7 +50,7 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, load_rows, load_rowvec
+from ..chunk.tiles import chunk_span, load_gate, load_rows, load_rowvec, load_tile
 from ..common import Chunks, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
@@ -143,13 +143,15 @@ def diag_rows_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_pt
         j = tl.program_id(2) * BC + tl.arange(0, BC)
         d = tl.arange(0, BK)
         dmask = d < K
-        rows = ((t0 + tl.minimum(j, n - 1)).to(tl.int64) * H + h)[:, None] * K + d[None, :]
-        live = (j < n)[:, None] & dmask[None, :]
-        k_j = tl.load(k_ptr + rows, mask=live, other=0.0).to(tl.float32)
-        G_j = tl.load(G_ptr + rows, mask=dmask[None, :], other=0.0)
+        live = j < n
+        k_j = load_tile(k_ptr, t0 + j, live, h, H, K, d, dmask)
+        G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
         for r in range(tl.minimum(BC, n - tl.program_id(2) * BC)):
             i = tl.program_id(2) * BC + r
-            a, p = diag_row(q_ptr, k_ptr, G_ptr, k_j, G_j, j, t0, i, h, H, K, d, dmask)
+            row = ((t0 + i).to(tl.int64) * H + h) * K + d
+            a, p = diag_row(k_j, G_j, j, i, tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                            tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                            tl.load(G_ptr + row, mask=dmask, other=0.0))
             out = ((t0 + i).to(tl.int64) * H + h) * C + j
             tl.store(T_ptr + out, a)
             tl.store(P_ptr + out, scale * p)
@@ -192,7 +194,9 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
 
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
-    """``(T, P)``, fp32 ``[T, H, C]`` each: the inverse factor and the scaled Aqk of every chunk.
+    """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
+    under safe_gate) the chunks whose diagonal blocks were summed exactly, int32 ``[NC, H]`` (the backward sums
+    them alike, ``chunk_bwd.grads``).
     ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``; ``rows``: ``diag_rows_kernel``'s).
 
     Without safe_gate, three launches: "checked" (safe_gate's kernel, storing the chunks whose decay allows its
@@ -210,10 +214,10 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     cfg = dict(BK=min(padded(K), 16), num_warps=4, num_stages=2) | config
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
+    flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     if not (chunks.num_chunks and H):
-        return T, P
-    flags = torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
-    args = (T, P, flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
+        return T, P, flags
+    args = (T, P, T if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     for kind in ("safe",) if safe else ("checked", "flagged"):
         if kind == "flagged":
             launch(diag_rows_kernel, (chunks.num_chunks, H, NB), (q, k, G) + args,
@@ -221,7 +225,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, beta) + args,
                dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
                [cfg, cfg | dict(num_stages=1), cfg | dict(BK=min(cfg["BK"], 16), num_stages=1)])
-    return T, P
+    return T, P, flags
 
 
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,

@@ -22,26 +22,27 @@ factor overflows. Pairs are split by where i and j sit:
     relative accuracy; the entries j > i that the mask drops are at most e^80 |X||Y|, finite in fp32
     for the unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
     ``DPREC`` (``diag_precision``).
-  - an exact elementwise sum, one column r of every block per step (16 steps), for any decay.
+  - exactly, every factor ``exp(G_i - G_j)`` formed on its own, for any decay: for the chunks the forward's
+    checked pass flagged (``chunk_fwd.intra``: a sub-chunk's span above ``DIAG_SPAN``), a row at a time in a
+    kernel of their own (``diag_source_row``, ``chunk_bwd.grads_diag_kernel``), which the row and column forms
+    here leave those blocks to.
   The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the dots: there
-  ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m), and the exact sum
-  is not compiled. The general path measures the span of each tile (one chunk, one channel block)
-  and takes the dots where it is at most ``DIAG_SPAN``, the exact sum elsewhere: the cost of the
-  exact sum is paid only where the decay inside a sub-chunk is strong.
+  ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m).
 
-Rows are read at other rows (the reference rows, the diagonal's column r) with ``tl.gather`` on the
-registers (``USE_GATHER``) or, the fallback, by loading them again from memory (``take_rows``).
+Rows are read at other rows (the reference rows) with ``tl.gather`` on the registers (``USE_GATHER``) or,
+the fallback, by loading them again from memory (``take_rows``).
 
 Here every sum is taken on whole ``[C, C]`` and ``[C, BK]`` tiles, the pairs a level or the diagonal does
 not own masked off. KDA's forward takes the pairs by sub-chunk blocks instead (``blocks``: no masked-off
-product is computed, and the inverse is solved block by block), with the same split of the exponent;
-where a chunk's span is too large there, a kernel of its own sums its diagonal blocks exactly, a row at a time
-(``chunk_fwd.diag_rows_kernel``). Not kept here: levels inside the sub-chunks (8, 4, 2, 1 rows), on whole
-``[C, C]`` tiles at "tf32x3", took the backward under strong decay from 12.1 to 21.3 ms (B=8, T=4096, H100)
-and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact sum); the exact sum
-as ``[BC, BC, BK]`` tiles, a sub-chunk at a time, took the row kernel from 3.26 to 7.03 ms under strong decay
-and both kernels 0.03-0.07 ms slower at normal decay
-(``benchmarks/results/kda_kernels_h100_session13_exact_tiles_not_kept.txt``).
+product is computed, and the inverse is solved block by block), with the same split of the exponent and the
+same flagged chunks' exact rows (``chunk_fwd.diag_rows_kernel``). Not kept: levels inside the sub-chunks (8, 4,
+2, 1 rows), on whole ``[C, C]`` tiles at "tf32x3", took the backward under strong decay from 12.1 to 21.3 ms
+(B=8, T=4096, H100) and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact
+sum); the exact sum as ``[BC, BC, BK]`` tiles in the row and column kernels, a sub-chunk at a time, took the row
+kernel from 3.26 to 7.03 ms under strong decay and both kernels 0.03-0.07 ms slower at normal decay
+(``benchmarks/results/kda_kernels_h100_session13_exact_tiles_not_kept.txt``). The exact sum that the row and
+column kernels took before, a column of every block per step (16 steps, in a branch of each kernel), is replaced
+by the kernel of its own (``docs/performance.md``, thirteenth session).
 """
 from __future__ import annotations
 
@@ -133,16 +134,15 @@ def expand_band(band, C: tl.constexpr, BC: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------- row/column forms
-# The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) are both in
-# registers (for the tensor-core levels) and in memory at ``L_ptr``/``P_ptr`` (chunk row 0, row
-# stride ``mstride``), where the exact diagonal steps read their band entries.
+# The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) in registers, for the
+# tensor-core levels and the diagonal dots.
 
 
 @triton.jit
-def chunk_rowform(M1, M2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
-                  BC: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
-                  DPREC: tl.constexpr):
-    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for M1 = dL, M2 = dP."""
+def chunk_rowform(M1, M2, y, G, G_ptr, stride, cols, cmask, n, diag, C: tl.constexpr, BC: tl.constexpr,
+                  USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
+    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for M1 = dL, M2 = dP; the diagonal
+    blocks' pairs by dots where ``diag``, else left out (``diag_source_row``)."""
     R1 = tl.zeros(y.shape, tl.float32)
     R2 = tl.zeros(y.shape, tl.float32)
     for lvl in tl.static_range(2):
@@ -152,52 +152,20 @@ def chunk_rowform(M1, M2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, col
         left = tl.where(odd[:, None], e, 0.0)
         R1 += left * tl.dot(tl.where(valid, M1, 0.0), right, input_precision=PREC)
         R2 += left * tl.dot(tl.where(valid, M2, 0.0), right, input_precision=PREC)
-    el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-    if SAFE:
-        R1, R2 = rowform_diag_dots(R1, R2, M1, M2, y, el, er, C, BC, DPREC)
-    else:
-        if dots:
-            R1, R2 = rowform_diag_dots(R1, R2, M1, M2, y, el, er, C, BC, DPREC)
-        else:
-            R1, R2 = rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n,
-                                        C, BC, USE_GATHER)
+    if diag:
+        el, er, _ = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
+        same = same_block(C, BC)
+        right = y * er
+        R1 += el * tl.dot(tl.where(same, M1, 0.0), right, input_precision=DPREC)
+        R2 += el * tl.dot(tl.where(same, M2, 0.0), right, input_precision=DPREC)
     return R1, R2
 
 
 @triton.jit
-def rowform_diag_dots(R1, R2, M1, M2, y, el, er, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
-    """The diagonal blocks' share of the row form, by dots against the middle rows."""
-    same = same_block(C, BC)
-    right = y * er
-    R1 += el * tl.dot(tl.where(same, M1, 0.0), right, input_precision=DPREC)
-    R2 += el * tl.dot(tl.where(same, M2, 0.0), right, input_precision=DPREC)
-    return R1, R2
-
-
-@triton.jit
-def rowform_diag_exact(R1, R2, y, G, L_ptr, P_ptr, mstride, y_ptr, G_ptr, stride, cols, cmask, n, C: tl.constexpr,
-                       BC: tl.constexpr, USE_GATHER: tl.constexpr):
-    """The diagonal blocks' share of the row form, exactly: column r of every block per step."""
-    i = tl.arange(0, C)
-    start = (i // BC) * BC
-    for r in range(BC):
-        jr = start + r
-        y_r = take_rows(y, y_ptr, stride, jr, cols, cmask, n, False, USE_GATHER)
-        G_r = take_rows(G, G_ptr, stride, jr, cols, cmask, n, True, USE_GATHER)
-        ye = y_r * decay(tl.where((i >= jr)[:, None], G - G_r, float("-inf")))
-        m1 = tl.load(L_ptr + i * mstride + jr, mask=i < n, other=0.0)  # M1[i, jr]
-        m2 = tl.load(P_ptr + i * mstride + jr, mask=i < n, other=0.0)
-        R1 += m1[:, None] * ye
-        R2 += m2[:, None] * ye
-    return R1, R2
-
-
-@triton.jit
-def chunk_colform(M1, x1, M2, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr, G_ptr,
-                  stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, SAFE: tl.constexpr,
+def chunk_colform(M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, diag, C: tl.constexpr, BC: tl.constexpr,
                   USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
     """``Q_jd = sum_{i >= j} (M1_ij x1_id + M2_ij x2_id) e^{G_id - G_jd}`` for M1 = Diag(beta) dL,
-    M2 = pscale dP (beta at ``beta_ptr``, row stride ``bstride``)."""
+    M2 = scale dP; the diagonal blocks' pairs by dots where ``diag``, else left out (``diag_source_row``)."""
     Q = tl.zeros(x1.shape, tl.float32)
     for lvl in tl.static_range(2):
         odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, 32 >> lvl, C, USE_GATHER)
@@ -205,42 +173,29 @@ def chunk_colform(M1, x1, M2, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, p
         acc = tl.dot(tl.trans(tl.where(valid, M1, 0.0)), tl.where(odd[:, None], x1 * e, 0.0), input_precision=PREC)
         acc += tl.dot(tl.trans(tl.where(valid, M2, 0.0)), tl.where(odd[:, None], x2 * e, 0.0), input_precision=PREC)
         Q += tl.where(odd[:, None], 0.0, e) * acc
-    el, er, dots = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-    if SAFE:
-        Q = colform_diag_dots(Q, M1, x1, M2, x2, el, er, C, BC, DPREC)
-    else:
-        if dots:
-            Q = colform_diag_dots(Q, M1, x1, M2, x2, el, er, C, BC, DPREC)
-        else:
-            Q = colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr,
-                                   G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
+    if diag:
+        el, er, _ = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
+        same = same_block(C, BC)
+        acc = tl.dot(tl.trans(tl.where(same, M1, 0.0)), x1 * el, input_precision=DPREC)
+        acc += tl.dot(tl.trans(tl.where(same, M2, 0.0)), x2 * el, input_precision=DPREC)
+        Q += er * acc
     return Q
 
 
 @triton.jit
-def colform_diag_dots(Q, M1, x1, M2, x2, el, er, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
-    """The diagonal blocks' share of the column form, by dots against the middle rows."""
-    same = same_block(C, BC)
-    acc = tl.dot(tl.trans(tl.where(same, M1, 0.0)), x1 * el, input_precision=DPREC)
-    acc += tl.dot(tl.trans(tl.where(same, M2, 0.0)), x2 * el, input_precision=DPREC)
-    return Q + er * acc
+def diag_source_row(G, i, j, k_j, q_j, G_j, dL_ij, dP_ij, m1_ji, m2_ji):
+    """What the sub-chunk's row j gives its rows i ``[BC]`` (their ``G [BC, BK]``) in the row and column forms,
+    exactly for any decay, each factor ``e^{+-(G_id - G_jd)}`` formed on its own:
 
+        R1_i += dL_ij k_j e^{G_i - G_j}  (i >= j),    R2_i += the same with dP_ij
+        Q_i  += (m1_ji k_j + m2_ji q_j) e^{G_j - G_i}  (i <= j)
 
-@triton.jit
-def colform_diag_exact(Q, x1, x2, G, L_ptr, P_ptr, mstride, beta_ptr, bstride, pscale, x1_ptr, x2_ptr, G_ptr,
-                       stride, cols, cmask, n, C: tl.constexpr, BC: tl.constexpr, USE_GATHER: tl.constexpr):
-    """The diagonal blocks' share of the column form, exactly: row r of every block per step."""
-    i = tl.arange(0, C)
-    start = (i // BC) * BC
-    for r in range(BC):
-        ir = start + r
-        x1_r = take_rows(x1, x1_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
-        x2_r = take_rows(x2, x2_ptr, stride, ir, cols, cmask, n, False, USE_GATHER)
-        G_r = take_rows(G, G_ptr, stride, ir, cols, cmask, n, True, USE_GATHER)
-        e = decay(tl.where((ir >= i)[:, None], G_r - G, float("-inf")))
-        live = ir < n
-        m1 = tl.load(L_ptr + ir * mstride + i, mask=live, other=0.0)  # dL[ir, i]
-        m1 *= tl.load(beta_ptr + ir * bstride, mask=live, other=0.0).to(tl.float32)
-        m2 = pscale * tl.load(P_ptr + ir * mstride + i, mask=live, other=0.0)
-        Q += (m1[:, None] * x1_r + m2[:, None] * x2_r) * e
-    return Q
+    from row j's ``k_j``, ``q_j``, ``G_j`` ``[BK]``, column j of dL and dP (``dL_ij``, ``dP_ij`` ``[BC]``) and row j
+    of ``Diag(beta) dL`` and ``scale dP`` (``m1_ji``, ``m2_ji`` ``[BC]``). One exponential an entry serves both forms:
+    the exponent is ``G_i - G_j`` where i >= j, ``G_j - G_i`` elsewhere. Returns the three ``[BC, BK]`` terms."""
+    after = (i >= j)[:, None]
+    e = decay(tl.where(after, G - G_j[None, :], G_j[None, :] - G))
+    ke = tl.where(after, k_j[None, :] * e, 0.0)
+    col = (i <= j)[:, None]
+    return (dL_ij[:, None] * ke, dP_ij[:, None] * ke,
+            tl.where(col, (m1_ji[:, None] * k_j[None, :] + m2_ji[:, None] * q_j[None, :]) * e, 0.0))
