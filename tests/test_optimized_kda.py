@@ -65,6 +65,9 @@ CASES = {
     "fp32 ieee general": (dict(T=130), dict(precision="ieee")),
     "fp32 ieee general strong decay": (dict(T=130, strong=True), dict(precision="ieee")),
     "fp32 tf32 general strong decay gather": (dict(T=100, strong=True), dict(precision="tf32", use_gather=True)),
+    # strong decay in partial chunks (tokens 24..39 end the first sequence, 40..55 open the second): their last
+    # sub-chunks are partial too
+    "fp32 ieee varlen strong decay partial chunks": (dict(T=100, lengths=[40, 60], strong=True), dict(precision="ieee")),
     "fp32 tf32x3 safe gather": (dict(safe=-5.0), dict(precision="tf32x3", use_gather=True)),
     "fp32 ieee varlen empty h0 keep": (dict(T=110, lengths=[0, 37, 0, 73], h0=True),
                                        dict(precision="ieee", disable_recompute=True)),

@@ -298,61 +298,72 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_
 
 
 @triton.jit
+def diag_block_grads(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, t0, n, b, kb,
+                     h, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
+    """``grads_diag_kernel``'s work on sub-chunk b and channel block kb."""
+    i = b * BC + tl.arange(0, BC)
+    rows, live = t0 + i, i < n
+    d = kb * BK + tl.arange(0, BK)
+    dmask = d < K
+    G = load_gate(G_ptr, t0 + tl.minimum(i, n - 1), i < C, h, H, K, d, dmask)
+    mrow = ((t0 + i).to(tl.int64) * H + h) * C
+    R1 = tl.zeros((BC, BK), tl.float32)
+    R2 = tl.zeros((BC, BK), tl.float32)
+    Q = tl.zeros((BC, BK), tl.float32)
+    for j in range(b * BC, tl.minimum(b * BC + BC, n)):
+        row = (t0 + j).to(tl.int64) * H + h
+        mj = row * C + i  # row j of dL, dP at the sub-chunk's columns
+        beta_j = tl.load(beta_ptr + row).to(tl.float32)
+        r1, r2, qc = diag_source_row(G, i, j, tl.load(k_ptr + row * K + d, mask=dmask, other=0.0).to(tl.float32),
+                                     tl.load(q_ptr + row * K + d, mask=dmask, other=0.0).to(tl.float32),
+                                     tl.load(G_ptr + row * K + d, mask=dmask, other=0.0),
+                                     tl.load(dL_ptr + mrow + j, mask=live & (i >= j), other=0.0),
+                                     tl.load(dP_ptr + mrow + j, mask=live & (i >= j), other=0.0),
+                                     beta_j * tl.load(dL_ptr + mj, mask=i <= j, other=0.0),
+                                     scale * tl.load(dP_ptr + mj, mask=i <= j, other=0.0))
+        R1 += r1
+        R2 += r2
+        Q += qc
+    k = load_tile(k_ptr, rows, live, h, H, K, d, dmask)
+    dq_row = scale * R2
+    dk_row = load_rowvec(beta_ptr, rows, live, h, H)[:, None] * R1
+    m = live[:, None] & dmask[None, :]
+    p = tile_ptrs(dq_ptr, rows, h, H, K, d)
+    tl.store(p, tl.load(p, mask=m) + dq_row, mask=m)
+    p = tile_ptrs(dk_ptr, rows, h, H, K, d)
+    tl.store(p, tl.load(p, mask=m) + dk_row + Q, mask=m)
+    p = tile_ptrs(dG_ptr, rows, h, H, K, d)
+    tl.store(p, tl.load(p, mask=m) + load_tile(q_ptr, rows, live, h, H, K, d, dmask) * dq_row + k * (dk_row - Q),
+             mask=m)
+    slot = dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h
+    tl.store(slot, tl.load(slot, mask=live) + tl.sum(k * R1, axis=1), mask=live)
+
+
+@triton.jit
 def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr,
                       cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
                       BK: tl.constexpr):
-    """Key side, between parts 1 and 2, for the chunks the forward flagged (``diag_dots``): one sub-chunk (axis 2),
-    channel block and head. The share of its diagonal block in the row and column forms, exactly, one source row j
-    after another into every row of the sub-chunk at once (``subchunk.diag_source_row``: no reduction, the rows of j
-    from memory), then added to the partials of dq, dk and dG and to dbeta's share of this block as the row and
+    """Key side, between parts 1 and 2, for the chunks the forward flagged (``diag_dots``; the others return at once:
+    one program per chunk and head, so that at normal decay the launch costs little): every sub-chunk and channel
+    block in turn, the share of its diagonal block in the row and column forms, exactly, one source row j after
+    another into every row of the sub-chunk at once (``subchunk.diag_source_row``: no reduction, the rows of j from
+    memory), then added to the partials of dq, dk and dG and to dbeta's share of the channel block as the row and
     column kernels add theirs (dG's ``-k Qc`` before the column kernel's reverse cumulative sum)."""
-    nkb = tl.cdiv(K, BK)
-    c = tl.program_id(0) // nkb
+    c = tl.program_id(0)
     h = tl.program_id(1)
     if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
-        kb = tl.program_id(0) % nkb
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-        i = tl.program_id(2) * BC + tl.arange(0, BC)
-        rows, live = t0 + i, i < n
-        d = kb * BK + tl.arange(0, BK)
-        dmask = d < K
-        G = load_gate(G_ptr, t0 + tl.minimum(i, n - 1), i < C, h, H, K, d, dmask)
-        mrow = ((t0 + i).to(tl.int64) * H + h) * C
-        R1 = tl.zeros((BC, BK), tl.float32)
-        R2 = tl.zeros((BC, BK), tl.float32)
-        Q = tl.zeros((BC, BK), tl.float32)
-        for r in range(tl.minimum(BC, n - tl.program_id(2) * BC)):
-            j = tl.program_id(2) * BC + r
-            row = (t0 + j).to(tl.int64) * H + h
-            mj = row * C + i  # row j of dL, dP at the sub-chunk's columns
-            beta_j = tl.load(beta_ptr + row).to(tl.float32)
-            r1, r2, qc = diag_source_row(G, i, j, tl.load(k_ptr + row * K + d, mask=dmask, other=0.0).to(tl.float32),
-                                         tl.load(q_ptr + row * K + d, mask=dmask, other=0.0).to(tl.float32),
-                                         tl.load(G_ptr + row * K + d, mask=dmask, other=0.0),
-                                         tl.load(dL_ptr + mrow + j, mask=live & (i >= j), other=0.0),
-                                         tl.load(dP_ptr + mrow + j, mask=live & (i >= j), other=0.0),
-                                         beta_j * tl.load(dL_ptr + mj, mask=i <= j, other=0.0),
-                                         scale * tl.load(dP_ptr + mj, mask=i <= j, other=0.0))
-            R1 += r1
-            R2 += r2
-            Q += qc
-        k = load_tile(k_ptr, rows, live, h, H, K, d, dmask)
-        dq_row = scale * R2
-        dk_row = load_rowvec(beta_ptr, rows, live, h, H)[:, None] * R1
-        m = live[:, None] & dmask[None, :]
-        p = tile_ptrs(dq_ptr, rows, h, H, K, d)
-        tl.store(p, tl.load(p, mask=m) + dq_row, mask=m)
-        p = tile_ptrs(dk_ptr, rows, h, H, K, d)
-        tl.store(p, tl.load(p, mask=m) + dk_row + Q, mask=m)
-        p = tile_ptrs(dG_ptr, rows, h, H, K, d)
-        tl.store(p, tl.load(p, mask=m) + load_tile(q_ptr, rows, live, h, H, K, d, dmask) * dq_row + k * (dk_row - Q),
-                 mask=m)
-        slot = dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h
-        tl.store(slot, tl.load(slot, mask=live) + tl.sum(k * R1, axis=1), mask=live)
+        for kb in range(tl.cdiv(K, BK)):
+            for b in range(tl.cdiv(n, BC)):
+                diag_block_grads(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, t0,
+                                 n, b, kb, h, scale, H, K, TOTAL, C, BC, BK)
 
 
 DIAG_LAUNCH = dict(num_warps=2)
-"""``grads_diag_kernel``'s launch (``[16, BK]`` tiles), as the forward's ``chunk_fwd.DIAG_ROWS_LAUNCH``."""
+"""``grads_diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, strong decay,
+the gradient kernels together, ``results/kda_profile_diag_grid_h200.txt``): 5.890 ms at 2 warps, 6.021 at 4, 7.034 at 1.
+With a program per sub-chunk and channel block it took 0.08 ms at normal decay, where every program returns at once
+(H100, ``results/kda_h100.json``)."""
 
 
 def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> dict:
@@ -477,7 +488,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
         launch(grads_state_kernel, (NC * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision), ladder)
         no_bv = [{n: v for n, v in step.items() if n not in ("BV", "TMA")} for step in ladder]
         if not safe:
-            launch(grads_diag_kernel, (NC * nkb, H, C // SUB),
+            launch(grads_diag_kernel, (NC, H),
                    (q, k, G, beta, dL, dP, flags, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
                    dict(C=C, BC=SUB, BK=kcfg["BK"]), [dcfg])
         launch(grads_row_kernel, (NC * nkb, H),

@@ -69,8 +69,10 @@ CHUNK = 64
 SUB = 16
 DIAG_ROWS_LAUNCH = dict(num_warps=2)
 """``diag_rows_kernel``'s launch (``[16, K]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, strong decay,
-``intra`` with its three launches, ``results/kda_profile_diag_rows_h200.txt``): 1.604 ms at 2 warps, 1.657 at 4, 1.828 at
-8, 1.964 at 1."""
+``intra`` with its three launches, ``results/kda_profile_diag_grid_h200.txt``): 1.743 ms at 2 warps, 1.797 at 4, 1.851 at
+8, 1.992 at 1. With a program per sub-chunk (four times the programs) it took 1.604 at 2 warps
+(``results/kda_profile_diag_rows_h200.txt``), but 0.021 ms at normal decay, where every program returns at once, against
+0.006 now."""
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
@@ -133,28 +135,28 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 @triton.jit
 def diag_rows_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                      C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
-    """One sub-chunk of a chunk the checked pass marked, and one head: the rows of its diagonal block of A (into T's
-    memory, beside the blocks below the diagonal, for the flagged pass's solve) and of P (scaled), exactly
-    (``blocks.diag_row``), one row after another against the sub-chunk's k and G held in registers."""
+    """One chunk the checked pass marked, and one head (the others return at once: one program per chunk and head,
+    so that at normal decay, where none is marked, the launch costs little): the rows of its diagonal blocks of A
+    (into T's memory, beside the blocks below the diagonal, for the flagged pass's solve) and of P (scaled), exactly
+    (``blocks.diag_row``), one row after another against its sub-chunk's k and G held in registers."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-        j = tl.program_id(2) * BC + tl.arange(0, BC)
         d = tl.arange(0, BK)
         dmask = d < K
-        live = j < n
-        k_j = load_tile(k_ptr, t0 + j, live, h, H, K, d, dmask)
-        G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
-        for r in range(tl.minimum(BC, n - tl.program_id(2) * BC)):
-            i = tl.program_id(2) * BC + r
-            row = ((t0 + i).to(tl.int64) * H + h) * K + d
-            a, p = diag_row(k_j, G_j, j, i, tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32),
-                            tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32),
-                            tl.load(G_ptr + row, mask=dmask, other=0.0))
-            out = ((t0 + i).to(tl.int64) * H + h) * C + j
-            tl.store(T_ptr + out, a)
-            tl.store(P_ptr + out, scale * p)
+        for b in range(tl.cdiv(n, BC)):
+            j = b * BC + tl.arange(0, BC)
+            k_j = load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask)
+            G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
+            for i in range(b * BC, tl.minimum(b * BC + BC, n)):
+                row = ((t0 + i).to(tl.int64) * H + h) * K + d
+                a, p = diag_row(k_j, G_j, j, i, tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                                tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                                tl.load(G_ptr + row, mask=dmask, other=0.0))
+                out = ((t0 + i).to(tl.int64) * H + h) * C + j
+                tl.store(T_ptr + out, a)
+                tl.store(P_ptr + out, scale * p)
 
 
 @triton.jit
@@ -220,7 +222,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     args = (T, P, T if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     for kind in ("safe",) if safe else ("checked", "flagged"):
         if kind == "flagged":
-            launch(diag_rows_kernel, (chunks.num_chunks, H, NB), (q, k, G) + args,
+            launch(diag_rows_kernel, (chunks.num_chunks, H), (q, k, G) + args,
                    dict(C=chunks.size, BC=SUB, BK=padded(K)), [rows_cfg])
         launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, beta) + args,
                dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
