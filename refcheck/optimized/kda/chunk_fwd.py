@@ -133,30 +133,43 @@ def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
 
 
 @triton.jit
+def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r1, C: tl.constexpr, BC: tl.constexpr,
+              W: tl.constexpr, BK: tl.constexpr):
+    """Rows ``s + r0 .. s + r1 - 1`` (those below n) of the diagonal block whose first row is chunk row s, against the
+    block's first W columns (the others are above the diagonal for these rows: P's are stored as zeros), exactly
+    (``blocks.diag_row``), one row after another against those columns' k and G held in registers."""
+    d = tl.arange(0, BK)
+    dmask = d < K
+    j = s + tl.arange(0, W)
+    k_j = load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask)
+    G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
+    for i in range(s + r0, tl.minimum(s + r1, n)):
+        row = ((t0 + i).to(tl.int64) * H + h) * K + d
+        a, p = diag_row(k_j, G_j, j, i, tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                        tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                        tl.load(G_ptr + row, mask=dmask, other=0.0))
+        out = ((t0 + i).to(tl.int64) * H + h) * C
+        tl.store(T_ptr + out + j, a)
+        tl.store(P_ptr + out + j, scale * p)
+        if W < BC:
+            tl.store(P_ptr + out + s + W + tl.arange(0, BC - W), tl.zeros((BC - W,), tl.float32))
+
+
+@triton.jit
 def diag_rows_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                      C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     """One chunk the checked pass marked, and one head (the others return at once: one program per chunk and head,
     so that at normal decay, where none is marked, the launch costs little): the rows of its diagonal blocks of A
     (into T's memory, beside the blocks below the diagonal, for the flagged pass's solve) and of P (scaled), exactly
-    (``blocks.diag_row``), one row after another against its sub-chunk's k and G held in registers."""
+    (``diag_rows``). A block's first half of rows takes its first half of columns only, so that of the 16 x 16 pairs
+    it computes 192, where every row against every column took 256."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-        d = tl.arange(0, BK)
-        dmask = d < K
         for b in range(tl.cdiv(n, BC)):
-            j = b * BC + tl.arange(0, BC)
-            k_j = load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask)
-            G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
-            for i in range(b * BC, tl.minimum(b * BC + BC, n)):
-                row = ((t0 + i).to(tl.int64) * H + h) * K + d
-                a, p = diag_row(k_j, G_j, j, i, tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32),
-                                tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32),
-                                tl.load(G_ptr + row, mask=dmask, other=0.0))
-                out = ((t0 + i).to(tl.int64) * H + h) * C + j
-                tl.store(T_ptr + out, a)
-                tl.store(P_ptr + out, scale * p)
+            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, b * BC, 0, BC // 2, C, BC, BC // 2, BK)
+            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, b * BC, BC // 2, BC, C, BC, BC, BK)
 
 
 @triton.jit
