@@ -16,7 +16,9 @@ channel block, in three kernels that pass fp32 partials of dq, dk and dG along (
 the terms of the chunk states; ``grads_row``: the row form, completing dq; ``grads_col``: the column
 form, completing dk and dg). Fused into one kernel they do not fit in registers: it took 8.1 ms at
 B=8, T=4096, H=16, K=V=128 on an H200 where the parts took 1.2, 1.9 and 1.9 ms alone (two kernels,
-state + row fused: 5.3 + 2.8 ms; three: 1.9 + 2.9 + 2.8 ms).
+state + row fused: 5.3 + 2.8 ms; three: 1.9 + 2.9 + 2.8 ms). Between the first two, ``grads_diag`` adds, for the
+chunks whose decay inside a sub-chunk is too strong for the diagonal blocks' dots (the forward flags them), those
+blocks' share of both forms, exactly.
 
     dV = Diag(beta) dY,  dbeta_i = sum_v Z_iv dY_iv + sum_j dL_ij A_ij
     dL = -strictly_lower(dY U^T)      (from dT = dU Y^T: dL = -T^T dT T^T = -dY (T Y)^T)
