@@ -17,8 +17,8 @@ With ``G`` the chunk-local cumulative log-decay (non-increasing along the rows: 
 * on the diagonal (d = 0), as ``subchunk`` sums the ``[C, C]`` forms (its docstring has the bounds): by
   dots against each block's middle row (``pair_blocks``), trusted where the decay inside the blocks allows
   it (``max |G - G_m| <= DIAG_SPAN``: always under safe_gate's promise); elsewhere (the general path's
-  flagged chunks, ``chunk_fwd.intra``) exactly, one row of a block per program (``diag_row``), each
-  factor ``e^{G_i - G_j}`` formed on its own, for any decay.
+  flagged chunks, ``chunk_fwd.intra``) exactly, a row at a time in a kernel of their own (``diag_row``,
+  ``chunk_fwd.diag_rows_kernel``), each factor ``e^{G_i - G_j}`` formed on its own, for any decay.
 
 The inverse ``T = (I + L)^{-1}``, ``L = Diag(beta) A``: the diagonal blocks by exact doubling inside
 each 16 x 16 slice (at ``DPREC``), then block forward substitution, one block diagonal at a time (at

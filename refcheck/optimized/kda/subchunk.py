@@ -23,9 +23,9 @@ factor overflows. Pairs are split by where i and j sit:
     for the unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
     ``DPREC`` (``diag_precision``).
   - exactly, every factor ``exp(G_i - G_j)`` formed on its own, for any decay: for the chunks the forward's
-    checked pass flagged (``chunk_fwd.intra``: a sub-chunk's span above ``DIAG_SPAN``), a row at a time in a
-    kernel of their own (``diag_source_row``, ``chunk_bwd.grads_diag_kernel``), which the row and column forms
-    here leave those blocks to.
+    checked pass flagged (``chunk_fwd.intra``: a sub-chunk's span above ``DIAG_SPAN``), a source row at a time
+    in a kernel of their own (``diag_source_row``, ``chunk_bwd.grads_diag_kernel``), which the row and column
+    forms here leave those blocks to.
   The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the dots: there
   ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m).
 
