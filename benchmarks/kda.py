@@ -630,8 +630,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, None if safe else d["flags"],
-                                       gather, "tf32",
-                                       f["q"].dtype, f["k"].dtype, cfg)
+                                       gather, "tf32", f["q"].dtype, f["k"].dtype, cfg)
     if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
         q = d["q"] if stage == "prepare_with_q" else None
         return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q, config=cfg)

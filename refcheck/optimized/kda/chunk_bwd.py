@@ -232,7 +232,7 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr
 
 
 @triton.jit
-def diag_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
+def diag_by_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
     """Whether the row and column forms take the diagonal blocks' pairs by dots: always under safe_gate, else where
     the forward's checked pass did not flag the chunk (``chunk_fwd.intra``; ``grads_diag_kernel`` sums them exactly
     there)."""
@@ -256,7 +256,7 @@ def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dq
     i = tl.arange(0, C)
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    R_L, R_P = chunk_rowform(dL, dP, k, G, G_ptr + base, H * K, ck, kmask, n, diag_dots(flag_ptr, c, h, H, SAFE), C,
+    R_L, R_P = chunk_rowform(dL, dP, k, G, G_ptr + base, H * K, ck, kmask, n, diag_by_dots(flag_ptr, c, h, H, SAFE), C,
                              BC, USE_GATHER, PREC, DPREC)
     dq_row = scale * R_P
     dk_row = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * R_L
@@ -286,7 +286,7 @@ def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_
     dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
     dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
     Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, G_ptr + base, H * K, ck, kmask, n,
-                       diag_dots(flag_ptr, c, h, H, SAFE), C, BC, USE_GATHER, PREC, DPREC)
+                       diag_by_dots(flag_ptr, c, h, H, SAFE), C, BC, USE_GATHER, PREC, DPREC)
     dk = load_tile(dkp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + Qc
     dgate = tl.cumsum(load_tile(dGp_ptr + k0, rows, rmask, h, H, K, ck, kmask) - k * Qc, axis=0, reverse=True)
     store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
@@ -345,7 +345,7 @@ def diag_block_grads(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dq_ptr, dk_p
 def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr,
                       cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
                       BK: tl.constexpr):
-    """Key side, between parts 1 and 2, for the chunks the forward flagged (``diag_dots``; the others return at once:
+    """Key side, between parts 1 and 2, for the chunks the forward flagged (``diag_by_dots``; the others return at once:
     one program per chunk and head, so that at normal decay the launch costs little): every sub-chunk and channel
     block in turn, the share of its diagonal block in the row and column forms, exactly, one source row j after
     another into every row of the sub-chunk at once (``subchunk.diag_source_row``: no reduction, the rows of j from
