@@ -565,6 +565,11 @@ PROFILE_VARIANTS = (
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16), dict(TMA=False))
        for safe in (False, True)]
     + [("grads", dict(diag=dict(num_warps=w)), False, False) for w in (1, 4)]
+    + [("grads", dict(pairs=cfg), safe, False) for cfg in (dict(maxnreg=None), dict(maxnreg=128), dict(maxnreg=192),
+                                                           dict(num_warps=1, maxnreg=None), dict(num_warps=4),
+                                                           dict(num_warps=8), dict(num_stages=1), dict(num_stages=3))
+       for safe in (False, True)]
+    + [("grads", dict(BK=64, pairs=dict(maxnreg=None)), safe, False) for safe in (False, True)]
     + [("grads", dict(value=cfg), False, False) for cfg in (dict(num_warps=8), dict(BV=32), dict(BV=32, num_stages=2),
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]
     + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")

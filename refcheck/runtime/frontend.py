@@ -62,7 +62,7 @@ def specialize(kernel, bound: dict, options: dict, arch: int = 90):
     from triton.runtime.jit import create_function_from_signature
     backend = make_backend(GPUTarget("cuda", arch, 32))
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    kwargs = {k: v for k, v in options.items() if k in ("num_warps", "num_stages")}
+    kwargs = {k: v for k, v in options.items() if k in ("num_warps", "num_stages", "maxnreg")}
     bound_args, specialization, _ = binder(**bound, **kwargs)
     _, sig, consts, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, kwargs)
     return sig, consts, attrs, kwargs

@@ -64,7 +64,7 @@ from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, 
 from ..common import Chunks, launch, launch_only, padded, tma_operands, use_tma
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
-from .subchunk import chunk_colform, chunk_rowform, diag_precision, diag_source_row
+from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, sub_rowform, sub_rows
 
 
 @triton.jit
@@ -244,59 +244,67 @@ def diag_by_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
 
 
 @triton.jit
-def grads_row_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dqp_ptr, dq_ptr, dk_ptr, dG_ptr,
-                     dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
-                     BK: tl.constexpr, SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr,
-                     DPREC: tl.constexpr):
-    """Key side, part 2 (the row form): ``R_L, R_P`` of dL and dP; completes dq (from its partial at
-    ``dqp_ptr``) and adds to the partials of dk and dG and to dbeta's share of this block."""
-    c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
-                                                                       start_ptr, H, K, C, BK)
-    k0 = kb * BK
-    i = tl.arange(0, C)
-    dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
-    dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    R_L, R_P = chunk_rowform(dL, dP, k, G, G_ptr + base, H * K, ck, kmask, n, diag_by_dots(flag_ptr, c, h, H, SAFE), C,
-                             BC, USE_GATHER, PREC, DPREC)
-    dq_row = scale * R_P
-    dk_row = load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * R_L
-    dq = load_tile(dqp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + dq_row
-    dk = load_tile(dk_ptr + k0, rows, rmask, h, H, K, ck, kmask) + dk_row
-    dG = load_tile(dG_ptr + k0, rows, rmask, h, H, K, ck, kmask) + q * dq_row + k * dk_row
-    store_tile(dq_ptr + k0, dq, rows, rmask, h, H, K, ck, kmask)
-    store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
-    store_tile(dG_ptr + k0, dG, rows, rmask, h, H, K, ck, kmask)
-    slot = dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h
-    tl.store(slot, tl.load(slot, mask=rmask, other=0.0) + tl.sum(k * R_L, axis=1), mask=rmask)
-
-
-@triton.jit
-def grads_col_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, alog_ptr, bias_ptr, dkp_ptr,
-                     dGp_ptr, dk_ptr, dg_ptr, da_ptr, ddt_ptr, cu_ptr, seq_ptr, start_ptr, scale, lower_bound, H, K,
-                     C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr,
-                     USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr, USE_GATE: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
-    """Key side, part 3 (the column form): ``Qc``, then ``dk = dk' + Qc``, ``dG = dG' - k Qc``, the
-    reverse cumulative sum of dG and, with ``USE_GATE``, the gate's backward."""
-    c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
-                                                                       start_ptr, H, K, C, BK)
-    k0 = kb * BK
-    i = tl.arange(0, C)
-    beta = load_rowvec(beta_ptr, rows, rmask, h, H)
-    dL = load_tile(dL_ptr, rows, rmask, h, H, C, i, i < C)
-    dP = load_tile(dP_ptr, rows, rmask, h, H, C, i, i < C)
-    Qc = chunk_colform(beta[:, None] * dL, k, dP * scale, q, G, G_ptr + base, H * K, ck, kmask, n,
-                       diag_by_dots(flag_ptr, c, h, H, SAFE), C, BC, USE_GATHER, PREC, DPREC)
-    dk = load_tile(dkp_ptr + k0, rows, rmask, h, H, K, ck, kmask) + Qc
-    dgate = tl.cumsum(load_tile(dGp_ptr + k0, rows, rmask, h, H, K, ck, kmask) - k * Qc, axis=0, reverse=True)
-    store_tile(dk_ptr + k0, dk, rows, rmask, h, H, K, ck, kmask)
+def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, alog_ptr, bias_ptr, dqp_ptr,
+                       dkp_ptr, dGp_ptr, dq_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_ptr, ddt_ptr, cu_ptr, seq_ptr, start_ptr,
+                       scale, lower_bound, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                       SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr,
+                       USE_GATE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
+    """Key side, part 2 (the pair sums), one channel block of a chunk (program axis 0, ``chunk * NKB + block``) and
+    head, a sub-chunk at a time from the last (``subchunk``): the row form ``R_L, R_P`` of dL and dP and the column
+    form ``Qc``, then ``dq = dq' + scale R_P``, ``dk = dk' + Diag(beta) R_L + Qc``, ``dG = dG' + q scale R_P +
+    k (Diag(beta) R_L - Qc)`` from the partials, dbeta's share of the block, the reverse cumulative sum of dG over the
+    chunk (the sums of the sub-chunks after carried along) and, with ``USE_GATE``, the gate's backward."""
+    nkb = tl.cdiv(K, BK)
+    c = tl.program_id(0) // nkb
+    kb = tl.program_id(0) % nkb
+    h = tl.program_id(1)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    d = kb * BK + tl.arange(0, BK)
+    dmask = d < K
+    diag = diag_by_dots(flag_ptr, c, h, H, SAFE)
+    rate = 1.0
     if USE_GATE:
         rate = tl.exp(tl.load(alog_ptr + h).to(tl.float32))
-        da = gate_backward_tile(dgate, g_ptr + k0, bias_ptr + k0, dg_ptr + k0, ddt_ptr + k0, rows, rmask, ck, kmask,
-                                c, h, H, K, rate, lower_bound, HAS_BIAS, USE_LB)
-        tl.store(da_ptr + (c * H + h) * tl.cdiv(K, BK) + kb, tl.sum(da, axis=0))
-    else:
-        store_tile(dg_ptr + k0, dgate, rows, rmask, h, H, K, ck, kmask)
+    after = tl.zeros((BK,), tl.float32)   # dG summed over the rows after the sub-chunk
+    da = tl.zeros((BK,), tl.float32)
+    ddt = tl.zeros((BK,), tl.float32)
+    nsub = tl.cdiv(n, BC)
+    for back in range(nsub):
+        s = nsub - 1 - back
+        _, rows, live, grows = sub_rows(t0, n, s, BC)
+        k = load_tile(k_ptr, rows, live, h, H, K, d, dmask)
+        q = load_tile(q_ptr, rows, live, h, H, K, d, dmask)
+        G = load_gate(G_ptr, grows, grows >= 0, h, H, K, d, dmask)
+        beta = load_rowvec(beta_ptr, rows, live, h, H)
+        R_L, R_P = sub_rowform(dL_ptr, dP_ptr, k_ptr, G_ptr, G, t0, n, s, h, H, K, d, dmask, C, BC, USE_GATHER, PREC)
+        Qc = sub_colform(dL_ptr, dP_ptr, q_ptr, k_ptr, G_ptr, beta_ptr, G, t0, n, s, scale, h, H, K, d, dmask, C, BC,
+                         USE_GATHER, PREC)
+        if diag:
+            r_L, r_P, q_c = sub_diag(dL_ptr, dP_ptr, k, beta[:, None] * k, scale * q, G, G_ptr, t0, n, s, h, H, K, d,
+                                     dmask, C, BC, USE_GATHER, DPREC)
+            R_L += r_L
+            R_P += r_P
+            Qc += q_c
+        dq_row = scale * R_P
+        dk_row = beta[:, None] * R_L
+        store_tile(dq_ptr, load_tile(dqp_ptr, rows, live, h, H, K, d, dmask) + dq_row, rows, live, h, H, K, d, dmask)
+        store_tile(dk_ptr, load_tile(dkp_ptr, rows, live, h, H, K, d, dmask) + dk_row + Qc, rows, live, h, H, K, d,
+                   dmask)
+        dG = load_tile(dGp_ptr, rows, live, h, H, K, d, dmask) + q * dq_row + k * (dk_row - Qc)
+        slot = dbeta_ptr + ((1 + kb).to(tl.int64) * TOTAL + rows) * H + h
+        tl.store(slot, tl.load(slot, mask=live, other=0.0) + tl.sum(k * R_L, axis=1), mask=live)
+        dgate = tl.cumsum(dG, axis=0, reverse=True) + after[None, :]
+        after += tl.sum(dG, axis=0)
+        if USE_GATE:
+            da_s, ddt_s = gate_backward_tile(dgate, g_ptr, bias_ptr, dg_ptr, rows, live, d, dmask, h, H, K, rate,
+                                             lower_bound, HAS_BIAS, USE_LB)
+            da += da_s
+            ddt += ddt_s
+        else:
+            store_tile(dg_ptr, dgate, rows, live, h, H, K, d, dmask)
+    if USE_GATE:
+        tl.store(da_ptr + (c * H + h) * nkb + kb, tl.sum(da, axis=0))
+        tl.store(ddt_ptr + (c.to(tl.int64) * H + h) * K + d, ddt, mask=dmask)
 
 
 @triton.jit
@@ -361,6 +369,13 @@ def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, d
                                  n, b, kb, h, scale, H, K, TOTAL, C, BC, BK)
 
 
+PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
+"""``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
+(bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on,
+``results/kda_profile_pairs_h200.txt``): 4.038 / 3.880 ms here; uncapped at 2 warps (255 registers) 4.471 / 4.573,
+capped at 128 registers 4.591 / 4.181, at 192 4.583 / 4.432; 1 warp 4.033 / 3.954, 4 warps 6.026 / 6.211, 8 warps 10.46 /
+10.94; one load stage 4.807 / 5.094, three 4.485 / 4.542; channel blocks of 64 (grads_state's too) at 2 warps 4.139 /
+4.061. The row and column kernels it replaces, with the same grads_v and grads_state: 4.99 / 4.96 (``kda_kernels``)."""
 DIAG_LAUNCH = dict(num_warps=2)
 """``grads_diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, strong decay,
 the gradient kernels together, ``results/kda_profile_diag_grid_h200.txt``): 5.890 ms at 2 warps, 6.021 at 4, 7.034 at 1.
@@ -446,6 +461,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     widest = min(64, hs.block, dh.block) if scaled else 64
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
     dcfg = DIAG_LAUNCH | config.pop("diag", {})
+    pcfg = PAIRS_LAUNCH | config.pop("pairs", {})
     # grads_state's loop over the value blocks in blocks of 32, three load stages (the row and column kernels have
     # no loop of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``,
     # two runs, ``results/kda_profile_grads_blocks_h100.txt``) the four gradient kernels took 5.41 ms against 5.59
@@ -454,6 +470,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     if scaled and kcfg["BV"] > widest:
         raise ValueError(f"config: value blocks of at most {widest} columns (the row-scaled arrays' blocks)")
     nkb = triton.cdiv(K, kcfg["BK"])
+    pcfg["BK"] = kcfg["BK"]   # dbeta's shares are by grads_state's channel blocks
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
     dv = torch.empty_like(v)
@@ -488,20 +505,16 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
         tma = use_tma(kcfg, *(x for x, _ in state_blocks_of(kcfg)))  # the same for every step of the ladder
         ladder = [step | dict(TMA=tma) for step in ladder]
         launch(grads_state_kernel, (NC * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision), ladder)
-        no_bv = [{n: v for n, v in step.items() if n not in ("BV", "TMA")} for step in ladder]
         if not safe:
             launch(grads_diag_kernel, (NC, H),
                    (q, k, G, beta, dL, dP, flags, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
                    dict(C=C, BC=SUB, BK=kcfg["BK"]), [dcfg])
-        launch(grads_row_kernel, (NC * nkb, H),
-               (q, k, G, beta, dL, dP, flag_ptr, dq_part, dq, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
-               paths, no_bv)
-        launch(grads_col_kernel, (NC * nkb, H),
+        launch(grads_pairs_kernel, (NC * nkb, H),
                (q, k, g, G, beta, dL, dP, flag_ptr, A_log if use_gate else g, dt_bias if dt_bias is not None else g,
-                dk_part, dG_part, dk, dg, da if use_gate else g, ddt if use_gate else g, *chunk_args, scale,
-                float(lower_bound or 0.0), H, K),
+                dq_part, dk_part, dG_part, dq, dk, dg, dbeta, da if use_gate else g, ddt if use_gate else g,
+                *chunk_args, scale, float(lower_bound or 0.0), H, K, total),
                paths | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
-                            USE_LB=lower_bound is not None), no_bv)
+                            USE_LB=lower_bound is not None), [pcfg])
     dbeta = dbeta.sum(0).to(beta.dtype)
     if not use_gate:
         return dq, dk, dv, dg, dbeta, None, None

@@ -108,19 +108,18 @@ def gate_forward_kernel(g_ptr, alog_ptr, bias_ptr, out_ptr, cu_ptr, seq_ptr, sta
 
 
 @triton.jit
-def gate_backward_tile(dgate, g_ptr, bias_ptr, dg_ptr, ddt_ptr, rows, rmask, cols, cmask, c, h, H, K, rate,
-                       lower_bound, HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
+def gate_backward_tile(dgate, g_ptr, bias_ptr, dg_ptr, rows, rmask, cols, cmask, h, H, K, rate, lower_bound,
+                       HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
     """Chain ``dgate`` (fp32 [R, BK], the gradient of the gate values of tokens ``rows``) through the
-    gate: store ``dg`` (g's dtype) and this chunk's ``dt_bias`` partial ``ddt[c, h, cols]``; return
-    the tile's contribution to ``dA_log[h]``, per channel ``[BK]``."""
+    gate: store ``dg`` (g's dtype); return the tile's contributions to ``dA_log[h]`` and to ``dt_bias[h, cols]``,
+    per channel (``([BK], [BK])``)."""
     x = load_gate_input(g_ptr, bias_ptr, rows, rmask, cols, cmask, h, H, K, HAS_BIAS)
     d_x, d_a = gate_partials(x, rate, lower_bound, USE_LB)
     mask = rmask[:, None] & cmask[None, :]
     dx = tl.where(mask, dgate * d_x, 0.0)
     off = (rows.to(tl.int64)[:, None] * H + h) * K + cols[None, :]
     tl.store(dg_ptr + off, dx.to(dg_ptr.dtype.element_ty), mask=mask)
-    tl.store(ddt_ptr + (c.to(tl.int64) * H + h) * K + cols, tl.sum(dx, axis=0), mask=cmask)
-    return tl.sum(tl.where(mask, dgate * d_a, 0.0), axis=0)
+    return tl.sum(tl.where(mask, dgate * d_a, 0.0), axis=0), tl.sum(dx, axis=0)
 
 
 @triton.jit
@@ -139,8 +138,10 @@ def gate_backward_kernel(dgate_ptr, g_ptr, alog_ptr, bias_ptr, dg_ptr, da_ptr, d
         cmask = cols < K
         off = (rows.to(tl.int64)[:, None] * H + h) * K + cols[None, :]
         dgate = tl.load(dgate_ptr + off, mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-        da += gate_backward_tile(dgate, g_ptr, bias_ptr, dg_ptr, ddt_ptr, rows, rmask, cols, cmask, blk, h, H, K,
-                                 rate, lower_bound, HAS_BIAS, USE_LB)
+        da_k, ddt_k = gate_backward_tile(dgate, g_ptr, bias_ptr, dg_ptr, rows, rmask, cols, cmask, h, H, K, rate,
+                                         lower_bound, HAS_BIAS, USE_LB)
+        da += da_k
+        tl.store(ddt_ptr + (blk.to(tl.int64) * H + h) * K + cols, ddt_k, mask=cmask)
     tl.store(da_ptr + blk * H + h, tl.sum(da, axis=0))
 
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..chunk.tiles import decay
+from ..chunk.tiles import decay, load_gate, load_rowvec, load_tile
 
 
 @triton.jit
@@ -134,52 +134,90 @@ def expand_band(band, C: tl.constexpr, BC: tl.constexpr):
 
 
 # ------------------------------------------------------------------------------- row/column forms
-# The backward's coefficient matrices (dL, dP: ``[C, C]`` per chunk, lower triangular) in registers, for the
-# tensor-core levels and the diagonal dots.
+# KDA's backward, a sub-chunk s of BC rows at a time (``chunk_bwd.grads_pairs_kernel``): ``[BC, BK]`` tiles of q, k
+# and G and ``[BC, BC]`` blocks of the coefficient matrices (dL, dP: ``[T, H, C]`` fp32, lower triangular, zeros
+# above the diagonal) read from memory as a pair of sub-chunks needs them, as FLA's intra-chunk backward does: no
+# masked-off product is formed, and the tiles are small enough for several programs an SM.
 
 
 @triton.jit
-def chunk_rowform(M1, M2, y, G, G_ptr, stride, cols, cmask, n, diag, C: tl.constexpr, BC: tl.constexpr,
-                  USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """``(R1, R2)``, ``Rm_id = sum_{j <= i} Mm_ij y_jd e^{G_id - G_jd}`` for M1 = dL, M2 = dP; the diagonal
-    blocks' pairs by dots where ``diag``, else left out (``diag_source_row``)."""
-    R1 = tl.zeros(y.shape, tl.float32)
-    R2 = tl.zeros(y.shape, tl.float32)
-    for lvl in tl.static_range(2):
-        odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, 32 >> lvl, C, USE_GATHER)
-        valid = level_pairs(32 >> lvl, C)
-        right = tl.where(odd[:, None], 0.0, y * e)
-        left = tl.where(odd[:, None], e, 0.0)
-        R1 += left * tl.dot(tl.where(valid, M1, 0.0), right, input_precision=PREC)
-        R2 += left * tl.dot(tl.where(valid, M2, 0.0), right, input_precision=PREC)
-    if diag:
-        el, er, _ = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-        same = same_block(C, BC)
-        right = y * er
-        R1 += el * tl.dot(tl.where(same, M1, 0.0), right, input_precision=DPREC)
-        R2 += el * tl.dot(tl.where(same, M2, 0.0), right, input_precision=DPREC)
+def sub_rows(t0, n, s, BC: tl.constexpr):
+    """Sub-chunk s of a chunk of n valid rows from token t0: ``(i, rows, live, grows)``, its chunk rows, token rows,
+    which are valid, and token rows clamped to the last valid one (for G)."""
+    i = s * BC + tl.arange(0, BC)
+    return i, t0 + i, i < n, t0 + tl.minimum(i, n - 1)
+
+
+@triton.jit
+def sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, r: tl.constexpr, BC: tl.constexpr, USE_GATHER: tl.constexpr):
+    """Row r of sub-chunk s's G tile (clamped to the chunk's last valid row, as the tile holds it), on every row
+    ``[BC, BK]`` (``take_rows``)."""
+    return take_rows(G, G_ptr + ((t0 + s * BC).to(tl.int64) * H + h) * K, H * K, tl.full((BC,), r, tl.int32), cols,
+                     cmask, n - s * BC, True, USE_GATHER)
+
+
+@triton.jit
+def sub_rowform(dL_ptr, dP_ptr, k_ptr, G_ptr, G, t0, n, s, h, H, K, cols, cmask, C: tl.constexpr, BC: tl.constexpr,
+                USE_GATHER: tl.constexpr, PREC: tl.constexpr):
+    """``(R1, R2)`` ``[BC, BK]`` for the rows i of sub-chunk s (G its tile), the pairs with j in the sub-chunks before
+    it: ``Rm_i = sum_j Mm_ij k_j e^{G_i - G_j}``, M1 = dL, M2 = dP, against s's first row r,
+    ``e^{G_i - G_r} (M_sa (k_a e^{G_r - G_a}))`` (both factors <= 1: j < r <= i), one dot per sub-chunk a and M."""
+    _, rows, live, _ = sub_rows(t0, n, s, BC)
+    R1 = tl.zeros(G.shape, tl.float32)
+    R2 = tl.zeros(G.shape, tl.float32)
+    if s > 0:
+        G_r = sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, 0, BC, USE_GATHER)
+        for a in range(s):
+            j, jrows, jlive, _ = sub_rows(t0, n, a, BC)
+            ke = load_tile(k_ptr, jrows, jlive, h, H, K, cols, cmask) * decay(
+                G_r - load_gate(G_ptr, jrows, jlive, h, H, K, cols, cmask))
+            R1 = tl.dot(load_tile(dL_ptr, rows, live, h, H, C, j, j < C), ke, R1, input_precision=PREC)
+            R2 = tl.dot(load_tile(dP_ptr, rows, live, h, H, C, j, j < C), ke, R2, input_precision=PREC)
+        e = decay(G - G_r)
+        R1 *= e
+        R2 *= e
     return R1, R2
 
 
 @triton.jit
-def chunk_colform(M1, x1, M2, x2, G, G_ptr, stride, cols, cmask, n, diag, C: tl.constexpr, BC: tl.constexpr,
-                  USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """``Q_jd = sum_{i >= j} (M1_ij x1_id + M2_ij x2_id) e^{G_id - G_jd}`` for M1 = Diag(beta) dL,
-    M2 = scale dP; the diagonal blocks' pairs by dots where ``diag``, else left out (``diag_source_row``)."""
-    Q = tl.zeros(x1.shape, tl.float32)
-    for lvl in tl.static_range(2):
-        odd, e = level_factors(G, G_ptr, stride, cols, cmask, n, 32 >> lvl, C, USE_GATHER)
-        valid = level_pairs(32 >> lvl, C)
-        acc = tl.dot(tl.trans(tl.where(valid, M1, 0.0)), tl.where(odd[:, None], x1 * e, 0.0), input_precision=PREC)
-        acc += tl.dot(tl.trans(tl.where(valid, M2, 0.0)), tl.where(odd[:, None], x2 * e, 0.0), input_precision=PREC)
-        Q += tl.where(odd[:, None], 0.0, e) * acc
-    if diag:
-        el, er, _ = diag_factors(G, G_ptr, stride, cols, cmask, n, C, BC, USE_GATHER)
-        same = same_block(C, BC)
-        acc = tl.dot(tl.trans(tl.where(same, M1, 0.0)), x1 * el, input_precision=DPREC)
-        acc += tl.dot(tl.trans(tl.where(same, M2, 0.0)), x2 * el, input_precision=DPREC)
-        Q += er * acc
+def sub_colform(dL_ptr, dP_ptr, q_ptr, k_ptr, G_ptr, beta_ptr, G, t0, n, s, scale, h, H, K, cols, cmask,
+                C: tl.constexpr, BC: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr):
+    """``Q`` ``[BC, BK]`` for the rows j of sub-chunk s (G its tile), the pairs with i in the sub-chunks after it:
+    ``Q_j = sum_i (beta_i dL_ij k_i + scale dP_ij q_i) e^{G_i - G_j}``, against s's last row r,
+    ``e^{G_r - G_j} (dL_as^T (beta k e^{G_i - G_r})_a + ...)`` (both factors <= 1: j <= r < i)."""
+    j, _, _, _ = sub_rows(t0, n, s, BC)
+    Q = tl.zeros(G.shape, tl.float32)
+    nsub = tl.cdiv(n, BC)
+    if s < nsub - 1:
+        G_r = sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, BC - 1, BC, USE_GATHER)
+        for a in range(s + 1, nsub):
+            _, irows, ilive, igrows = sub_rows(t0, n, a, BC)
+            e = decay(load_gate(G_ptr, igrows, igrows >= 0, h, H, K, cols, cmask) - G_r)
+            x1 = load_tile(k_ptr, irows, ilive, h, H, K, cols, cmask) * (load_rowvec(beta_ptr, irows, ilive, h, H)[:, None] * e)
+            x2 = load_tile(q_ptr, irows, ilive, h, H, K, cols, cmask) * (scale * e)
+            Q = tl.dot(tl.trans(load_tile(dL_ptr, irows, ilive, h, H, C, j, j < C)), x1, Q, input_precision=PREC)
+            Q = tl.dot(tl.trans(load_tile(dP_ptr, irows, ilive, h, H, C, j, j < C)), x2, Q, input_precision=PREC)
+        Q *= decay(G_r - G)
     return Q
+
+
+@triton.jit
+def sub_diag(dL_ptr, dP_ptr, k, x1, x2, G, G_ptr, t0, n, s, h, H, K, cols, cmask, C: tl.constexpr, BC: tl.constexpr,
+             USE_GATHER: tl.constexpr, DPREC: tl.constexpr):
+    """The diagonal block's shares ``(R1, R2, Q)`` of sub-chunk s (``sub_rowform``'s and ``sub_colform``'s pairs with i
+    and j both in s; x1 = beta k, x2 = scale q of its rows) by dots against its middle row m:
+    ``e^{G_i - G_m} (M (k e^{G_m - G}))_i`` and ``e^{G_m - G_j} (M^T (x e^{G - G_m}))_j``, where the decay inside the
+    sub-chunk allows them (``DIAG_SPAN``)."""
+    i, rows, live, _ = sub_rows(t0, n, s, BC)
+    d = G - sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, BC // 2, BC, USE_GATHER)
+    el = decay(d)
+    er = decay(-d)
+    M1 = load_tile(dL_ptr, rows, live, h, H, C, i, i < C)
+    M2 = load_tile(dP_ptr, rows, live, h, H, C, i, i < C)
+    ke = k * er
+    Q = tl.dot(tl.trans(M1), x1 * el, input_precision=DPREC)
+    Q = tl.dot(tl.trans(M2), x2 * el, Q, input_precision=DPREC)
+    return (el * tl.dot(M1, ke, input_precision=DPREC), el * tl.dot(M2, ke, input_precision=DPREC), er * Q)
 
 
 @triton.jit
