@@ -279,12 +279,11 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
         R_L, R_P = sub_rowform(dL_ptr, dP_ptr, k_ptr, G_ptr, G, t0, n, s, h, H, K, d, dmask, C, BC, USE_GATHER, PREC)
         Qc = sub_colform(dL_ptr, dP_ptr, q_ptr, k_ptr, G_ptr, beta_ptr, G, t0, n, s, scale, h, H, K, d, dmask, C, BC,
                          USE_GATHER, PREC)
-        if diag:
-            r_L, r_P, q_c = sub_diag(dL_ptr, dP_ptr, k, beta[:, None] * k, scale * q, G, G_ptr, t0, n, s, h, H, K, d,
-                                     dmask, C, BC, USE_GATHER, DPREC)
-            R_L += r_L
-            R_P += r_P
-            Qc += q_c
+        r_L, r_P, q_c = sub_diag(dL_ptr, dP_ptr, k, beta[:, None] * k, scale * q, G, G_ptr, t0, n, s, h, H, K, d,
+                                 dmask, diag, C, BC, USE_GATHER, DPREC)
+        R_L += r_L
+        R_P += r_P
+        Qc += q_c
         dq_row = scale * R_P
         dk_row = beta[:, None] * R_L
         store_tile(dq_ptr, load_tile(dqp_ptr, rows, live, h, H, K, d, dmask) + dq_row, rows, live, h, H, K, d, dmask)
@@ -375,7 +374,12 @@ PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 ``results/kda_profile_pairs_h200.txt``): 4.038 / 3.880 ms here; uncapped at 2 warps (255 registers) 4.471 / 4.573,
 capped at 128 registers 4.591 / 4.181, at 192 4.583 / 4.432; 1 warp 4.033 / 3.954, 4 warps 6.026 / 6.211, 8 warps 10.46 /
 10.94; one load stage 4.807 / 5.094, three 4.485 / 4.542; channel blocks of 64 (grads_state's too) at 2 warps 4.139 /
-4.061. The row and column kernels it replaces, with the same grads_v and grads_state: 4.99 / 4.96 (``kda_kernels``)."""
+4.061. The row and column kernels it replaced took 3.447 / 3.410 ms where it takes 2.526 / 2.427 (B=8, ``kernels_ms``,
+``results/kda_kernels_h200_session14_*.log``); its diagonal dots run without a branch on the flag (the flagged chunks'
+blocks and exponents zeroed, ``subchunk.sub_diag``): behind ``if`` they cost 0.30 ms more at normal decay (2.827 ms)
+and 0.26 less under strong decay, where ``grads_diag_kernel`` adds those blocks. That kernel's loop moved into this one
+(``sub_diag`` or the exact sum per sub-chunk) took 3.281 ms at normal decay and 4.402 under strong decay against
+2.179 + 1.708 (``..._exact_in_pairs_not_kept.log``)."""
 DIAG_LAUNCH = dict(num_warps=2)
 """``grads_diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, strong decay,
 the gradient kernels together, ``results/kda_profile_diag_grid_h200.txt``): 5.890 ms at 2 warps, 6.021 at 4, 7.034 at 1.

@@ -202,18 +202,19 @@ def sub_colform(dL_ptr, dP_ptr, q_ptr, k_ptr, G_ptr, beta_ptr, G, t0, n, s, scal
 
 
 @triton.jit
-def sub_diag(dL_ptr, dP_ptr, k, x1, x2, G, G_ptr, t0, n, s, h, H, K, cols, cmask, C: tl.constexpr, BC: tl.constexpr,
-             USE_GATHER: tl.constexpr, DPREC: tl.constexpr):
+def sub_diag(dL_ptr, dP_ptr, k, x1, x2, G, G_ptr, t0, n, s, h, H, K, cols, cmask, diag, C: tl.constexpr,
+             BC: tl.constexpr, USE_GATHER: tl.constexpr, DPREC: tl.constexpr):
     """The diagonal block's shares ``(R1, R2, Q)`` of sub-chunk s (``sub_rowform``'s and ``sub_colform``'s pairs with i
     and j both in s; x1 = beta k, x2 = scale q of its rows) by dots against its middle row m:
     ``e^{G_i - G_m} (M (k e^{G_m - G}))_i`` and ``e^{G_m - G_j} (M^T (x e^{G - G_m}))_j``, where the decay inside the
-    sub-chunk allows them (``DIAG_SPAN``)."""
+    sub-chunk allows them (``diag``, ``DIAG_SPAN``); zeros elsewhere (the blocks and the exponents taken as zeros, so
+    that nothing overflows: the dots run either way, without a branch)."""
     i, rows, live, _ = sub_rows(t0, n, s, BC)
-    d = G - sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, BC // 2, BC, USE_GATHER)
+    d = tl.where(diag, G - sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, BC // 2, BC, USE_GATHER), 0.0)
     el = decay(d)
     er = decay(-d)
-    M1 = load_tile(dL_ptr, rows, live, h, H, C, i, i < C)
-    M2 = load_tile(dP_ptr, rows, live, h, H, C, i, i < C)
+    M1 = load_tile(dL_ptr, rows, live & diag, h, H, C, i, i < C)
+    M2 = load_tile(dP_ptr, rows, live & diag, h, H, C, i, i < C)
     ke = k * er
     Q = tl.dot(tl.trans(M1), x1 * el, input_precision=DPREC)
     Q = tl.dot(tl.trans(M2), x2 * el, Q, input_precision=DPREC)
