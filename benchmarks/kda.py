@@ -557,7 +557,12 @@ PROFILE_VARIANTS = (
                                                  dict(BK=16, BV=128, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=128, num_warps=8, num_stages=1),
                                                  dict(BK=32, BV=128, num_warps=4, num_stages=1),
-                                                 dict(BK=16, BV=128, num_warps=4, num_stages=2))]
+                                                 dict(BK=16, BV=128, num_warps=4, num_stages=2),
+                                                 dict(BK=32, BV=128, num_warps=4, num_stages=2),
+                                                 dict(BK=32, BV=64, num_warps=4, num_stages=2),
+                                                 dict(BK=64, BV=64, num_warps=4, num_stages=2),
+                                                 dict(BK=32, BV=128, num_warps=8, num_stages=2),
+                                                 dict(BK=32, BV=128, num_warps=4, num_stages=3))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward")
        for cfg in SEGMENTS + POINTERS[1:]]
