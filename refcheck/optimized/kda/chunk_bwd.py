@@ -12,13 +12,13 @@ sequence and head), storing ``dS1`` of every chunk (``dh [NC, H, K, V]``) and ``
 the memory, and the "tf32" dots that read them see them rounded to nearest).
 ``grads`` then works on each chunk independently, with ``h = S0``, ``dh = dS1``: first the value
 side (``grads_v``: dv, and dL, dP stored for the key side), then the key side, one program per
-channel block, in three kernels that pass fp32 partials of dq, dk and dG along (``grads_state``:
-the terms of the chunk states; ``grads_row``: the row form, completing dq; ``grads_col``: the column
-form, completing dk and dg). Fused into one kernel they do not fit in registers: it took 8.1 ms at
-B=8, T=4096, H=16, K=V=128 on an H200 where the parts took 1.2, 1.9 and 1.9 ms alone (two kernels,
-state + row fused: 5.3 + 2.8 ms; three: 1.9 + 2.9 + 2.8 ms). Between the first two, ``grads_diag`` adds, for the
-chunks whose decay inside a sub-chunk is too strong for the diagonal blocks' dots (the forward flags them), those
-blocks' share of both forms, exactly.
+channel block, in two kernels that pass fp32 partials of dq, dk and dG along (``grads_state``:
+the terms of the chunk states; ``grads_pairs``: the pair sums of dL and dP in their row and column forms, a
+sub-chunk at a time, completing dq, dk and dg). Fused into one kernel the state terms and the pair sums do not fit
+in registers: it took 8.1 ms at B=8, T=4096, H=16, K=V=128 on an H200 where the parts took 1.2, 1.9 and 1.9 ms
+alone (the pair sums then in a row and a column kernel on whole chunk tiles). Between the two, ``grads_diag`` adds,
+for the chunks whose decay inside a sub-chunk is too strong for the diagonal blocks' dots (the forward flags them),
+those blocks' share of both forms, exactly.
 
     dV = Diag(beta) dY,  dbeta_i = sum_v Z_iv dY_iv + sum_j dL_ij A_ij
     dL = -strictly_lower(dY U^T)      (from dT = dU Y^T: dL = -T^T dT T^T = -dY (T Y)^T)
@@ -233,7 +233,7 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr
 
 @triton.jit
 def diag_by_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
-    """Whether the row and column forms take the diagonal blocks' pairs by dots: always under safe_gate, else where
+    """Whether the pair sums take the diagonal blocks' pairs by dots: always under safe_gate, else where
     the forward's checked pass did not flag the chunk (``chunk_fwd.intra``; ``grads_diag_kernel`` sums them exactly
     there)."""
     if SAFE:
@@ -356,8 +356,8 @@ def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, d
     one program per chunk and head, so that at normal decay the launch costs little): every sub-chunk and channel
     block in turn, the share of its diagonal block in the row and column forms, exactly, one source row j after
     another into every row of the sub-chunk at once (``subchunk.diag_source_row``: no reduction, the rows of j from
-    memory), then added to the partials of dq, dk and dG and to dbeta's share of the channel block as the row and
-    column kernels add theirs (dG's ``-k Qc`` before the column kernel's reverse cumulative sum)."""
+    memory), then added to the partials of dq, dk and dG and to dbeta's share of the channel block as
+    ``grads_pairs_kernel`` adds its own (dG's ``-k Qc`` before its reverse cumulative sum)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
@@ -448,7 +448,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
     raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
     launches (``BK``, ``BV``, ``num_warps`` of the key side; ``value``: ``BV``, ``num_warps`` of the
-    value side; ``diag``: ``grads_diag_kernel``'s)."""
+    value side; ``pairs``: ``grads_pairs_kernel``'s, ``diag``: ``grads_diag_kernel``'s)."""
     total, H, K = k.shape
     V = v.shape[-1]
     NC = chunks.num_chunks
@@ -466,10 +466,11 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
     dcfg = DIAG_LAUNCH | config.pop("diag", {})
     pcfg = PAIRS_LAUNCH | config.pop("pairs", {})
-    # grads_state's loop over the value blocks in blocks of 32, three load stages (the row and column kernels have
-    # no loop of loads to pipeline): on an H100 (bf16, B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``,
-    # two runs, ``results/kda_profile_grads_blocks_h100.txt``) the four gradient kernels took 5.41 ms against 5.59
-    # with blocks of 64 at two stages (safe_gate 5.37 vs 5.52); 5.74 at one stage, 6.05 at four, 5.72 with blocks of 16
+    # grads_state's loop over the value blocks in blocks of 32, three load stages (measured when the pair sums' row
+    # and column kernels took this launch too; ``grads_pairs_kernel`` has its own, ``PAIRS_LAUNCH``): on an H100 (bf16,
+    # B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``, two runs, ``results/kda_profile_grads_blocks_h100.txt``)
+    # the four gradient kernels took 5.41 ms against 5.59 with blocks of 64 at two stages (safe_gate 5.37 vs 5.52); 5.74
+    # at one stage, 6.05 at four, 5.72 with blocks of 16
     kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest, 32), num_warps=4, num_stages=3) | config
     if scaled and kcfg["BV"] > widest:
         raise ValueError(f"config: value blocks of at most {widest} columns (the row-scaled arrays' blocks)")

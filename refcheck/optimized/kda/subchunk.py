@@ -11,38 +11,42 @@ decay nothing). Every kernel of the KDA chunk form reduces to three decayed sums
 ``exp(G_i - G_j)`` must never be formed as ``exp(G_i) * exp(-G_j)``: with strong decays the second
 factor overflows. Pairs are split by where i and j sit:
 
-* different sub-chunks, two tensor-core levels. Level S (32, then 16) takes i in an odd S-block and j
-  in the even S-block just before it, and a reference row r = the first row of i's block:
-  ``exp(G_i - G_r) * exp(G_r - G_j)``. With ``g <= 0`` both factors lie in (0, 1] (r <= i, j < r), so
-  nothing overflows, whatever the decay. One masked ``[C, BK] x [BK, C]`` dot per level and operand.
+* different sub-chunks, by dots against a reference row r between them: ``exp(G_i - G_r) * exp(G_r - G_j)``
+  with j < r <= i, both factors in (0, 1] (``g <= 0``), so nothing overflows, whatever the decay. On whole
+  ``[C, C]`` tiles (GLA's ``gla.pairs``) in two tensor-core levels: level S (32, then 16) takes i in an odd
+  S-block and j in the even S-block just before it, r the first row of i's block, one masked
+  ``[C, BK] x [BK, C]`` dot per level and operand (``level_factors``, ``level_pairs``). KDA's backward takes
+  them a sub-chunk s at a time (``sub_rowform``, ``sub_colform``): r the first row of s for the sub-chunks
+  before it (row form), its last row for those after it (column form), one ``[BC, BC] x [BC, BK]`` dot per
+  sub-chunk pair and operand, no product masked off.
 * the same sub-chunk (diagonal 16x16 blocks), two ways:
   - dots against the block's middle row m = 16*b + 8: ``exp(G_i - G_m) * exp(G_m - G_j)``. Where
     the span ``|G_i - G_m| <= 40`` for every row and channel of the tile, both factors stay below
     e^40 = 2.4e17 and each product ``= exp(G_i - G_j) <= 1`` (j <= i) keeps fp32 (and tf32)
     relative accuracy; the entries j > i that the mask drops are at most e^80 |X||Y|, finite in fp32
     for the unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
-    ``DPREC`` (``diag_precision``).
+    ``DPREC`` (``diag_precision``; ``diag_factors``, ``sub_diag``).
   - exactly, every factor ``exp(G_i - G_j)`` formed on its own, for any decay: for the chunks the forward's
     checked pass flagged (``chunk_fwd.intra``: a sub-chunk's span above ``DIAG_SPAN``), a source row at a time
-    in a kernel of their own (``diag_source_row``, ``chunk_bwd.grads_diag_kernel``), which the row and column
-    forms here leave those blocks to.
+    in a kernel of their own (``diag_source_row``, ``chunk_bwd.grads_diag_kernel``), which the backward's pair
+    sums leave those blocks to.
   The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the dots: there
   ``G_i - G_m <= 8 |lb| <= 40`` (i < m) and ``G_m - G_j <= 7 |lb| <= 35`` (j > m).
 
 Rows are read at other rows (the reference rows) with ``tl.gather`` on the registers (``USE_GATHER``) or,
 the fallback, by loading them again from memory (``take_rows``).
 
-Here every sum is taken on whole ``[C, C]`` and ``[C, BK]`` tiles, the pairs a level or the diagonal does
-not own masked off. KDA's forward takes the pairs by sub-chunk blocks instead (``blocks``: no masked-off
-product is computed, and the inverse is solved block by block), with the same split of the exponent and the
-same flagged chunks' exact rows (``chunk_fwd.diag_rows_kernel``). Not kept: levels inside the sub-chunks (8, 4,
+KDA's forward takes the pairs by sub-chunk blocks too (``blocks``: the inverse is solved block by block), with
+the same split of the exponent and the same flagged chunks' exact rows (``chunk_fwd.diag_rows_kernel``). The
+backward took them on whole ``[C, C]`` tiles, in a row kernel and a column kernel at 255 registers, until the
+fourteenth session: its sub-chunk form (``chunk_bwd.grads_pairs_kernel``) took 3.447 -> 2.526 ms for both
+(H200, bf16, B=8, T=4096, H=16, K=128; ``docs/performance.md``). Not kept: levels inside the sub-chunks (8, 4,
 2, 1 rows), on whole ``[C, C]`` tiles at "tf32x3", took the backward under strong decay from 12.1 to 21.3 ms
 (B=8, T=4096, H100) and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact
 sum); the exact sum as ``[BC, BC, BK]`` tiles in the row and column kernels, a sub-chunk at a time, took the row
 kernel from 3.26 to 7.03 ms under strong decay and both kernels 0.03-0.07 ms slower at normal decay
-(``benchmarks/results/kda_kernels_h100_session13_exact_tiles_not_kept.txt``). The exact sum that the row and
-column kernels took before, a column of every block per step (16 steps, in a branch of each kernel), is replaced
-by the kernel of its own (``docs/performance.md``, thirteenth session).
+(``benchmarks/results/kda_kernels_h100_session13_exact_tiles_not_kept.txt``); the exact sum inside
+``grads_pairs_kernel`` (``..._session14_exact_in_pairs_not_kept.log``).
 """
 from __future__ import annotations
 
