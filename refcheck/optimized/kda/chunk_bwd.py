@@ -156,18 +156,22 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv
 
 
 @triton.jit
-def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.constexpr, BK: tl.constexpr):
-    """The tiles of one channel block and chunk (program axis 0, ``chunk * NKB + block``) and head (axis 1)
-    that every key-side kernel starts from: ``(c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G)``.
-    The channel blocks of a chunk run side by side, so that the tiles each of them reads whole (U, dY, dO,
-    the ``[C, C]`` dL and dP) come from DRAM once and from L2 after: with the chunk on axis 0 and the block
-    on axis 2 they were read once per block (H100, bf16, B=8, T=4096, H=16, K=V=128, ncu: DRAM traffic of
-    ``grads_state`` 5.30 -> 3.11 GB, ``grads_row`` 3.48 -> 2.63, ``grads_col`` 2.61 -> 1.76; together 6.12 ->
-    5.62 ms, ``results/kda_ncu_h100*.json``)."""
+def key_program(K, BK: tl.constexpr):
+    """``(c, kb, h)``: the chunk, channel block and head of a key-side program (axis 0 ``chunk * NKB + block``, axis 1
+    the head). The channel blocks of a chunk run side by side, so that the tiles each of them reads whole (U, dY, dO,
+    the ``[C, C]`` dL and dP) come from DRAM once and from L2 after: with the chunk on axis 0 and the block on axis 2
+    they were read once per block (H100, bf16, B=8, T=4096, H=16, K=V=128, ncu: DRAM traffic of ``grads_state`` 5.30
+    -> 3.11 GB, the pair sums' row and column kernels 3.48 -> 2.63 and 2.61 -> 1.76; together 6.12 -> 5.62 ms,
+    ``results/kda_ncu_h100*.json``)."""
     nkb = tl.cdiv(K, BK)
-    c = tl.program_id(0) // nkb
-    kb = tl.program_id(0) % nkb
-    h = tl.program_id(1)
+    return tl.program_id(0) // nkb, tl.program_id(0) % nkb, tl.program_id(1)
+
+
+@triton.jit
+def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.constexpr, BK: tl.constexpr):
+    """The tiles of one channel block and chunk and head (``key_program``) that ``grads_state_kernel`` starts from:
+    ``(c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G)``."""
+    c, kb, h = key_program(K, BK)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     i = tl.arange(0, C)
     rows = t0 + i
@@ -254,10 +258,7 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
     form ``Qc``, then ``dq = dq' + scale R_P``, ``dk = dk' + Diag(beta) R_L + Qc``, ``dG = dG' + q scale R_P +
     k (Diag(beta) R_L - Qc)`` from the partials, dbeta's share of the block, the reverse cumulative sum of dG over the
     chunk (the sums of the sub-chunks after carried along) and, with ``USE_GATE``, the gate's backward."""
-    nkb = tl.cdiv(K, BK)
-    c = tl.program_id(0) // nkb
-    kb = tl.program_id(0) % nkb
-    h = tl.program_id(1)
+    c, kb, h = key_program(K, BK)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     d = kb * BK + tl.arange(0, BK)
     dmask = d < K
@@ -302,7 +303,7 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
         else:
             store_tile(dg_ptr, dgate, rows, live, h, H, K, d, dmask)
     if USE_GATE:
-        tl.store(da_ptr + (c * H + h) * nkb + kb, tl.sum(da, axis=0))
+        tl.store(da_ptr + (c * H + h) * tl.cdiv(K, BK) + kb, tl.sum(da, axis=0))
         tl.store(ddt_ptr + (c.to(tl.int64) * H + h) * K + d, ddt, mask=dmask)
 
 
@@ -372,14 +373,14 @@ PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 """``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
 (bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on,
 ``results/kda_profile_pairs_h200.txt``): 4.038 / 3.880 ms here; uncapped at 2 warps (255 registers) 4.471 / 4.573,
-capped at 128 registers 4.591 / 4.181, at 192 4.583 / 4.432; 1 warp 4.033 / 3.954, 4 warps 6.026 / 6.211, 8 warps 10.46 /
-10.94; one load stage 4.807 / 5.094, three 4.485 / 4.542; channel blocks of 64 (grads_state's too) at 2 warps 4.139 /
-4.061. The row and column kernels it replaced took 3.447 / 3.410 ms where it takes 2.526 / 2.427 (B=8, ``kernels_ms``,
-``results/kda_kernels_h200_session14_*.log``); its diagonal dots run without a branch on the flag (the flagged chunks'
-blocks and exponents zeroed, ``subchunk.sub_diag``): behind ``if`` they cost 0.30 ms more at normal decay (2.827 ms)
-and 0.26 less under strong decay, where ``grads_diag_kernel`` adds those blocks. That kernel's loop moved into this one
-(``sub_diag`` or the exact sum per sub-chunk) took 3.281 ms at normal decay and 4.402 under strong decay against
-2.179 + 1.708 (``..._exact_in_pairs_not_kept.log``)."""
+capped at 128 registers 4.591 / 4.181, at 192 4.583 / 4.432; 1 warp 4.033 / 3.954, 4 warps 6.026 / 6.211, 8 warps
+10.46 / 10.94 (``kda_profile_pairs_4warps_h200.txt``); one load stage 4.807 / 5.094, three 4.485 / 4.542; channel
+blocks of 64 (grads_state's too) at 2 warps 4.139 / 4.061. The row and column kernels it replaced took 3.447 / 3.410
+ms where it takes 2.526 / 2.427 (B=8, ``kernels_ms``, ``results/kda_kernels_h200_session14_*.log``); its diagonal dots
+run without a branch on the flag (the flagged chunks' blocks and exponents zeroed, ``subchunk.sub_diag``): behind
+``if`` they cost 0.30 ms more at normal decay (2.827 ms) and 0.26 less under strong decay, where ``grads_diag_kernel``
+adds those blocks. That kernel's loop moved into this one (``sub_diag`` or the exact sum per sub-chunk) took 3.281 ms
+at normal decay and 4.402 under strong decay against 2.179 + 1.708 (``..._exact_in_pairs_not_kept.log``)."""
 DIAG_LAUNCH = dict(num_warps=2)
 """``grads_diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, strong decay,
 the gradient kernels together, ``results/kda_profile_diag_grid_h200.txt``): 5.890 ms at 2 warps, 6.021 at 4, 7.034 at 1.
