@@ -311,12 +311,11 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
 def diag_block_grads(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, t0, n, b, kb,
                      h, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     """``grads_diag_kernel``'s work on sub-chunk b and channel block kb."""
-    i = b * BC + tl.arange(0, BC)
-    rows, live = t0 + i, i < n
+    i, rows, live, grows = sub_rows(t0, n, b, BC)
     d = kb * BK + tl.arange(0, BK)
     dmask = d < K
-    G = load_gate(G_ptr, t0 + tl.minimum(i, n - 1), i < C, h, H, K, d, dmask)
-    mrow = ((t0 + i).to(tl.int64) * H + h) * C
+    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, d, dmask)
+    mrow = (rows.to(tl.int64) * H + h) * C
     R1 = tl.zeros((BC, BK), tl.float32)
     R2 = tl.zeros((BC, BK), tl.float32)
     Q = tl.zeros((BC, BK), tl.float32)
