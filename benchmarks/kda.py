@@ -547,9 +547,12 @@ POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
 """The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 PROFILE_VARIANTS = (
-    [("intra", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(BK=32), dict(BK=64), dict(num_warps=8))
+    [("intra", cfg, safe, False) for cfg in (
+        dict(), dict(diag=dict(BK=32)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=1)),
+        dict(diag=dict(num_warps=4)), dict(below=dict(BK=16)), dict(below=dict(BK=64)), dict(below=dict(num_warps=1)),
+        dict(below=dict(num_warps=4)), dict(below=dict(BK=16, num_warps=4)), dict(below=dict(num_stages=1)),
+        dict(below=dict(num_stages=3)), dict(diag=dict(BK=32), below=dict(BK=16)))
      for safe in (False, True)]
-    + [("intra", dict(rows=dict(num_warps=w)), False, False) for w in (1, 4, 8)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),

@@ -414,6 +414,59 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     assert make_chunks(2, 70, None, 64, "cpu") is rows and make_chunks(2, 71, None, 64, "cpu") is not rows
 
 
+@pytest.mark.parametrize("lengths, strong, safe, precision", [
+    ([150], False, False, "ieee"),
+    ([40, 0, 27, 83], True, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
+    ([150], True, False, "tf32"),
+    ([77, 73], False, True, "tf32x3"),
+])
+def test_intra_factors_match_float64(lengths, strong, safe, precision):
+    """``chunk_fwd.intra``'s T and P, row by row, against float64: per chunk ``A_ij = sum_d k_id k_jd e^{G_id - G_jd}``
+    (j < i), ``P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}`` (j <= i), ``T = (I + Diag(beta) A)^{-1}``, zeros above
+    the diagonal; the flags mark exactly the chunks with a sub-chunk whose decay exceeds ``DIAG_SPAN`` (the strong
+    decay's sub-chunks here, none at the weak one)."""
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_fwd import intra
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(7)
+    T, H, K = sum(lengths), 2, 40
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    beta = torch.rand(T, H, generator=gen)
+    g = -0.2 * torch.rand(T, H, K, generator=gen)  # weak: the blocks far below the diagonal carry weight
+    if strong:
+        g[20:60] *= 1000.0
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    chunks = make_chunks(1, T, cu, 64, "cpu")
+    G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)
+    scale = K ** -0.5
+    Tm, P, flags = intra(q, k, G, beta, chunks, scale, safe, precision)
+    tol = 1e-5 if precision != "tf32" else 2e-3
+    flagged = set()
+    for c in range(chunks.num_chunks):
+        t0 = int(chunks.start[c])
+        n = min(int(cu[int(chunks.seq[c]) + 1]) - t0, 64)
+        for h in range(H):
+            rows = slice(t0, t0 + n)
+            Gc = G[rows, h].double()
+            low = torch.ones(n, n, dtype=torch.bool).tril()[..., None]
+            E = torch.exp((Gc[:, None, :] - Gc[None, :, :]).where(low, -torch.inf))  # [i, j, d], zero for j > i
+            A = torch.einsum("id,jd,ijd->ij", k[rows, h].double(), k[rows, h].double(), E).tril(-1)
+            Pr = scale * torch.einsum("id,jd,ijd->ij", q[rows, h].double(), k[rows, h].double(), E)
+            Tr = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + beta[rows, h].double()[:, None] * A)
+            for name, got, ref in (("T", Tm[rows, h, :n], Tr), ("P", P[rows, h, :n], Pr)):
+                err = float((got.double() - ref).abs().max() / ref.abs().max())
+                assert err <= tol, (name, c, h, err)
+                assert bool((Tm[rows, h, n:] == 0).all() and (P[rows, h, n:] == 0).all()), (name, c, h)
+            spans = [float((Gc[b:b + 16] - Gc[min(b + 8, n - 1)]).abs().max()) for b in range(0, n, 16)]
+            if max(spans) > 40:
+                flagged.add((c, h))
+    if safe:
+        assert flags is None
+    else:
+        assert {tuple(x) for x in flags.nonzero().tolist()} == flagged
+        assert bool(flagged) == strong
+
+
 def test_kda_empty_sequences_keep_the_state():
     x, opts = kda_case(T=0, lengths=[0, 0], h0=True)
     o, ht = optimized.kda(**x, **opts)

@@ -23,7 +23,7 @@ from ..chunk.segments import Segments, Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
-from .chunk_fwd import CHUNK, intra, intra_kernel, recurrence
+from .chunk_fwd import CHUNK, below_kernel, intra, recurrence
 from .gate import gate_backward, gate_cumsum, gate_forward_kernel
 from .l2norm import l2norm_backward, l2norm_forward
 
@@ -193,7 +193,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         check_tensor(name, x, x.ndim, KERNEL_DTYPES)
         if x.device != q.device:
             raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
-    check_runs_on("q", q, intra_kernel)
+    check_runs_on("q", q, below_kernel)
     B, T, H, K = q.shape
     V = v.shape[-1]
     for name, d in (("q", K), ("v", V)):

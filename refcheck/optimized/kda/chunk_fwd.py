@@ -54,25 +54,24 @@ from ..chunk.tiles import chunk_span, load_gate, load_rows, load_rowvec, load_ti
 from ..common import Chunks, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
+    below_blocks,
+    below_inverse,
     block_beta,
+    diag_block,
     diag_row,
-    load_diag,
-    pair_blocks,
-    solve,
-    store_below,
-    store_lower,
-    store_zeros_above,
+    load_block,
+    store_block,
+    store_zeros_right,
+    unit_inverse,
 )
 from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
 SUB = 16
-DIAG_ROWS_LAUNCH = dict(num_warps=2)
-"""``diag_rows_kernel``'s launch (``[16, K]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, strong decay,
-``intra`` with its three launches, ``results/kda_profile_diag_grid_h200.txt``): 1.743 ms at 2 warps, 1.797 at 4, 1.851 at
-8, 1.992 at 1. With a program per sub-chunk (four times the programs) it took 1.604 at 2 warps
-(``results/kda_profile_diag_rows_h200.txt``), but 0.021 ms at normal decay, where every program returns at once, against
-0.006 now."""
+DIAG_LAUNCH = dict(BK=64, num_warps=2)
+"""``diag_kernel``'s launch (``[16, BK]`` tiles)."""
+BELOW_LAUNCH = dict(BK=32, num_warps=2)
+"""``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums)."""
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
@@ -80,64 +79,12 @@ every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8
 
 
 @triton.jit
-def store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C: tl.constexpr,
-                  BC: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr):
-    """P (scaled) and T of one chunk and head from their block diagonals (``blocks``)."""
-    store_lower(P_ptr, scale, P0, P1, P2, P3, t0, n, h, H, C, BC)
-    solve(T_ptr, A0, A1, A2, A3, block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
-
-
-@triton.jit
-def intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag,
-                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
-                DPREC: tl.constexpr):
-    """T and P of one chunk and head (``intra_kernel``); ``flag`` its entry of the flags. The blocks below
-    the diagonal do not depend on the decay's strength: the checked pass stores those of the chunks it
-    marks (P's in P, A's in T's memory, where ``diag_rows_kernel`` adds the diagonal blocks for the solve)."""
-    A0, A1, A2, A3, P0, P1, P2, P3, span = pair_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC, BK, PREC, DPREC)
-    if PASS == "checked":
-        if tl.max(span) > DIAG_SPAN:
-            tl.store(flag_ptr + flag, 1)
-            store_below(P_ptr, scale, P1, P2, P3, t0, n, h, H, C, BC)
-            store_zeros_above(P_ptr, t0, n, h, H, C, BC)
-            store_below(T_ptr, 1.0, A1, A2, A3, t0, n, h, H, C, BC)
-        else:
-            store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC,
-                          DPREC)
-    else:
-        store_factors(T_ptr, P_ptr, beta_ptr, scale, A0, A1, A2, A3, P0, P1, P2, P3, t0, n, h, H, C, BC, PREC, DPREC)
-
-
-@triton.jit
-def intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PASS: tl.constexpr, PREC: tl.constexpr,
-                 DPREC: tl.constexpr):
-    """One chunk and head, by sub-chunk blocks (``blocks``): ``T = (I + Diag(beta) A)^{-1}`` and ``P``
-    (scale included). ``PASS``: "safe" (safe_gate: the diagonal blocks by dots), "checked" (the same, but a
-    chunk whose decay inside a sub-chunk exceeds ``DIAG_SPAN`` gets only its blocks below the diagonal stored,
-    and is marked in ``flag[c, h]``), "flagged" (the marked chunks only, once ``diag_rows_kernel`` has stored
-    their diagonal blocks: the solve from the blocks in memory; the others return at once)."""
-    tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
-    c = tl.program_id(0)
-    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    h = tl.program_id(1)
-    flag = c.to(tl.int64) * H + h
-    if PASS == "flagged":
-        if tl.load(flag_ptr + flag) != 0:
-            solve(T_ptr, load_diag(T_ptr, t0, n, 0, 0, h, H, C, BC), load_diag(T_ptr, t0, n, 0, 1, h, H, C, BC),
-                  load_diag(T_ptr, t0, n, 0, 2, h, H, C, BC), load_diag(T_ptr, t0, n, 0, 3, h, H, C, BC),
-                  block_beta(beta_ptr, t0, n, 0, h, H, BC), t0, n, h, H, C, BC, PREC, DPREC)
-    else:
-        intra_chunk(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, scale, t0, n, h, H, K, flag, C, BC, BK,
-                    PASS, PREC, DPREC)
-
-
-@triton.jit
 def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r1, C: tl.constexpr, BC: tl.constexpr,
               W: tl.constexpr, BK: tl.constexpr):
     """Rows ``s + r0 .. s + r1 - 1`` (those below n) of the diagonal block whose first row is chunk row s, against the
     block's first W columns (the others are above the diagonal for these rows: P's are stored as zeros), exactly
-    (``blocks.diag_row``), one row after another against those columns' k and G held in registers."""
+    (``blocks.diag_row``), one row after another against those columns' k and G held in registers: A's into T's
+    memory, P's (scaled) into P's."""
     d = tl.arange(0, BK)
     dmask = d < K
     j = s + tl.arange(0, W)
@@ -156,20 +103,67 @@ def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r
 
 
 @triton.jit
-def diag_rows_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                     C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
-    """One chunk the checked pass marked, and one head (the others return at once: one program per chunk and head,
-    so that at normal decay, where none is marked, the launch costs little): the rows of its diagonal blocks of A
-    (into T's memory, beside the blocks below the diagonal, for the flagged pass's solve) and of P (scaled), exactly
-    (``diag_rows``). A block's first half of rows takes its first half of columns only, so that of the 16 x 16 pairs
-    it computes 192, where every row against every column took 256."""
+def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr, SAFE: tl.constexpr,
+                DPREC: tl.constexpr):
+    """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}``, and zeros
+    right of them (``blocks``). The blocks by dots against the middle row (``blocks.diag_block``); without
+    ``SAFE``, where the decay inside the sub-chunk exceeds ``DIAG_SPAN``, exactly instead (``diag_rows``, K in one
+    tile of KP), the chunk marked in ``flag[c, h]`` (the backward sums its diagonal blocks exactly too). A block's
+    first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192, not 256."""
+    c = tl.program_id(0) // NB
+    s = tl.program_id(0) % NB
+    h = tl.program_id(1)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    if s * BC < n:
+        A, P, span = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
+        exact = False
+        if not SAFE:
+            exact = span > DIAG_SPAN
+        if exact:
+            tl.store(flag_ptr + c.to(tl.int64) * H + h, 1)
+            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, 0, BC // 2, C, BC, BC // 2, KP)
+            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, BC // 2, BC, C, BC, BC, KP)
+            tl.debug_barrier()  # the rows' A, stored by other threads, read back
+            A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
+        else:
+            store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
+        store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s, h, H,
+                    C, BC)
+        store_zeros_right(T_ptr, t0, n, s, h, H, C, BC)
+        store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
+
+
+@triton.jit
+def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled) and of T, by block
+    forward substitution from T's diagonal blocks in memory (``blocks``)."""
+    tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
-    if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
-        t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-        for b in range(tl.cdiv(n, BC)):
-            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, b * BC, 0, BC // 2, C, BC, BC // 2, BK)
-            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, b * BC, BC // 2, BC, C, BC, BC, BK)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
+                                                                              BC, BK, PREC)
+    store_block(P_ptr, scale * P10, t0, n, 1, 0, h, H, C, BC)
+    store_block(P_ptr, scale * P20, t0, n, 2, 0, h, H, C, BC)
+    store_block(P_ptr, scale * P21, t0, n, 2, 1, h, H, C, BC)
+    store_block(P_ptr, scale * P30, t0, n, 3, 0, h, H, C, BC)
+    store_block(P_ptr, scale * P31, t0, n, 3, 1, h, H, C, BC)
+    store_block(P_ptr, scale * P32, t0, n, 3, 2, h, H, C, BC)
+    b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
+    b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
+    b3 = block_beta(beta_ptr, t0, n, 3, h, H, BC)
+    T10, T20, T21, T30, T31, T32 = below_inverse(
+        load_block(T_ptr, t0, n, 0, 0, h, H, C, BC), load_block(T_ptr, t0, n, 1, 1, h, H, C, BC),
+        load_block(T_ptr, t0, n, 2, 2, h, H, C, BC), load_block(T_ptr, t0, n, 3, 3, h, H, C, BC),
+        b1 * A10, b2 * A20, b2 * A21, b3 * A30, b3 * A31, b3 * A32, PREC)
+    store_block(T_ptr, T10, t0, n, 1, 0, h, H, C, BC)
+    store_block(T_ptr, T20, t0, n, 2, 0, h, H, C, BC)
+    store_block(T_ptr, T21, t0, n, 2, 1, h, H, C, BC)
+    store_block(T_ptr, T30, t0, n, 3, 0, h, H, C, BC)
+    store_block(T_ptr, T31, t0, n, 3, 1, h, H, C, BC)
+    store_block(T_ptr, T32, t0, n, 3, 2, h, H, C, BC)
 
 
 @triton.jit
@@ -211,35 +205,24 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
     under safe_gate) the chunks whose diagonal blocks were summed exactly, int32 ``[NC, H]`` (the backward sums
-    them alike, ``chunk_bwd.grads``).
-    ``config`` overrides the launch (``BK``, ``num_warps``, ``num_stages``; ``rows``: ``diag_rows_kernel``'s).
-
-    Without safe_gate, three launches: "checked" (safe_gate's kernel, storing the chunks whose decay allows its
-    dots and marking the others), ``diag_rows_kernel`` (the marked chunks' diagonal blocks, exactly), then
-    "flagged" (the marked chunks' solve). The exact sums have kernels of their own: compiled into the one kernel of
-    the general path (a branch per channel block), their tiles took registers from every chunk's dots, spilling
-    448 B a thread, 1.02 ms against safe_gate's 0.79 at normal decay (H100, bf16, B=8, T=4096, H=16, K=128, ncu,
-    ``results/kda_ncu_h100_start.json``)."""
+    them alike, ``chunk_bwd.grads``). Two launches: the diagonal blocks (``diag_kernel``), then those below them
+    (``below_kernel``). ``config`` overrides their launches (``{"diag": {...}, "below": {...}}``: ``BK``,
+    ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    config = dict(config or {})
-    rows_cfg = DIAG_ROWS_LAUNCH | config.pop("rows", {})
-    # measured on an H100 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/kda.py --profile``, the general path
-    # with its former levels): channel blocks of 16 0.995 ms against 32 1.095 and 64 2.049, one load
-    # stage 1.334, 8 warps 1.659; safe_gate 0.775 at 16 and at 32 (``results/kda_profile_intra_levels_h100.txt``)
-    cfg = dict(BK=min(padded(K), 16), num_warps=4, num_stages=2) | config
+    config = config or {}
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     P = torch.empty_like(T)
     flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     if not (chunks.num_chunks and H):
         return T, P, flags
-    args = (T, P, T if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
-    for kind in ("safe",) if safe else ("checked", "flagged"):
-        if kind == "flagged":
-            launch(diag_rows_kernel, (chunks.num_chunks, H), (q, k, G) + args,
-                   dict(C=chunks.size, BC=SUB, BK=padded(K)), [rows_cfg])
-        launch(intra_kernel, (chunks.num_chunks, H), (q, k, G, beta) + args,
-               dict(C=chunks.size, BC=SUB, PASS=kind, PREC=precision, DPREC=diag_precision(precision)),
-               [cfg, cfg | dict(num_stages=1), cfg | dict(BK=min(cfg["BK"], 16), num_stages=1)])
+    args = (q, k, G, beta, T, P)
+    where = (chunks.cu, chunks.seq, chunks.start, scale, H, K)
+    for kernel, grid, extra, constexprs, cfg in (
+            (diag_kernel, chunks.num_chunks * NB, (T if flags is None else flags,),
+             dict(KP=padded(K), SAFE=safe, DPREC=diag_precision(precision)), DIAG_LAUNCH | config.get("diag", {})),
+            (below_kernel, chunks.num_chunks, (), dict(PREC=precision), BELOW_LAUNCH | config.get("below", {}))):
+        cfg = cfg | dict(BK=min(cfg["BK"], padded(K)))
+        launch(kernel, (grid, H), args + extra + where, dict(C=chunks.size, BC=SUB) | constexprs, [cfg])
     return T, P, flags
 
 
