@@ -68,9 +68,11 @@ from .subchunk import DIAG_SPAN, diag_precision
 
 CHUNK = 64
 SUB = 16
-DIAG_LAUNCH = dict(BK=64, num_warps=2)
+DIAG_LAUNCH = dict(BK=32, num_warps=1)
 """``diag_kernel``'s launch (``[16, BK]`` tiles)."""
-BELOW_LAUNCH = dict(BK=32, num_warps=2)
+EXACT_LAUNCH = dict(num_warps=2)
+"""``exact_kernel``'s launch (``[16, K]`` tiles)."""
+BELOW_LAUNCH = dict(BK=32, num_warps=1)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums)."""
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
@@ -104,34 +106,50 @@ def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r
 
 @triton.jit
 def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr, SAFE: tl.constexpr,
-                DPREC: tl.constexpr):
-    """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}``, and zeros
-    right of them (``blocks``). The blocks by dots against the middle row (``blocks.diag_block``); without
-    ``SAFE``, where the decay inside the sub-chunk exceeds ``DIAG_SPAN``, exactly instead (``diag_rows``, K in one
-    tile of KP), the chunk marked in ``flag[c, h]`` (the backward sums its diagonal blocks exactly too). A block's
-    first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192, not 256."""
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
+    """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}`` by dots
+    against the middle row (``blocks.diag_block``), and zeros right of them. Without ``SAFE``, a sub-chunk whose
+    decay exceeds ``DIAG_SPAN`` is left to ``exact_kernel``: bit s of ``flag[c, h]`` set (the backward sums the
+    flagged chunks' diagonal blocks exactly too)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if s * BC < n:
         A, P, span = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
-        exact = False
+        dots = True
         if not SAFE:
-            exact = span > DIAG_SPAN
-        if exact:
-            tl.store(flag_ptr + c.to(tl.int64) * H + h, 1)
-            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, 0, BC // 2, C, BC, BC // 2, KP)
-            diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, BC // 2, BC, C, BC, BC, KP)
-            tl.debug_barrier()  # the rows' A, stored by other threads, read back
-            A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
-        else:
+            dots = span <= DIAG_SPAN
+        if dots:
             store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
-        store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s, h, H,
-                    C, BC)
+            store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s,
+                        h, H, C, BC)
+        else:
+            tl.atomic_or(flag_ptr + c.to(tl.int64) * H + h, 1 << s)
         store_zeros_right(T_ptr, t0, n, s, h, H, C, BC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
+
+
+@triton.jit
+def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
+    """One chunk and head (the chunks ``diag_kernel`` did not flag return at once): the diagonal blocks of the
+    flagged sub-chunks, exactly for any decay (``diag_rows``, K in one tile of BK), then their inverse. A block's
+    first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192, not 256."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    bits = tl.load(flag_ptr + c.to(tl.int64) * H + h)
+    if bits != 0:
+        t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+        for s in range(NB):
+            if (bits >> s) & 1:
+                diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, 0, BC // 2, C, BC, BC // 2,
+                          BK)
+                diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, BC // 2, BC, C, BC, BC, BK)
+                tl.debug_barrier()  # the rows' A, stored by other threads, read back
+                A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
+                store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s,
+                            s, h, H, C, BC)
 
 
 @triton.jit
@@ -204,9 +222,10 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
-    under safe_gate) the chunks whose diagonal blocks were summed exactly, int32 ``[NC, H]`` (the backward sums
-    them alike, ``chunk_bwd.grads``). Two launches: the diagonal blocks (``diag_kernel``), then those below them
-    (``below_kernel``). ``config`` overrides their launches (``{"diag": {...}, "below": {...}}``: ``BK``,
+    under safe_gate) where the diagonal blocks were summed exactly, int32 ``[NC, H]``, bit s for sub-chunk s (the
+    backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
+    safe_gate the flagged ones again exactly (``exact_kernel``), then the blocks below them (``below_kernel``).
+    ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "below": {...}}``: ``BK``,
     ``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     config = config or {}
@@ -215,14 +234,19 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     if not (chunks.num_chunks and H):
         return T, P, flags
-    args = (q, k, G, beta, T, P)
-    where = (chunks.cu, chunks.seq, chunks.start, scale, H, K)
-    for kernel, grid, extra, constexprs, cfg in (
-            (diag_kernel, chunks.num_chunks * NB, (T if flags is None else flags,),
-             dict(KP=padded(K), SAFE=safe, DPREC=diag_precision(precision)), DIAG_LAUNCH | config.get("diag", {})),
-            (below_kernel, chunks.num_chunks, (), dict(PREC=precision), BELOW_LAUNCH | config.get("below", {}))):
-        cfg = cfg | dict(BK=min(cfg["BK"], padded(K)))
-        launch(kernel, (grid, H), args + extra + where, dict(C=chunks.size, BC=SUB) | constexprs, [cfg])
+    args = (q, k, G, beta, T, P, T if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
+    fixed = dict(C=chunks.size, BC=SUB)
+    steps = [(diag_kernel, chunks.num_chunks * NB, args, dict(SAFE=safe, DPREC=diag_precision(precision)),
+              DIAG_LAUNCH | config.get("diag", {}))]
+    if not safe:
+        steps.append((exact_kernel, chunks.num_chunks, args, dict(BK=padded(K), DPREC=diag_precision(precision)),
+                      EXACT_LAUNCH | config.get("exact", {})))
+    steps.append((below_kernel, chunks.num_chunks, args[:6] + args[7:], dict(PREC=precision),
+                  BELOW_LAUNCH | config.get("below", {})))
+    for kernel, grid, kernel_args, constexprs, cfg in steps:
+        if "BK" in cfg:
+            cfg = cfg | dict(BK=min(cfg["BK"], padded(K)))
+        launch(kernel, (grid, H), kernel_args, fixed | constexprs, [cfg])
     return T, P, flags
 
 
