@@ -238,8 +238,8 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr
 @triton.jit
 def diag_by_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
     """Whether the pair sums take the diagonal blocks' pairs by dots: always under safe_gate, else where
-    the forward's checked pass did not flag the chunk (``chunk_fwd.intra``; ``grads_diag_kernel`` sums them exactly
-    there)."""
+    the forward did not flag the chunk (``chunk_fwd.intra``: a bit per sub-chunk whose decay was too strong for them;
+    ``grads_diag_kernel`` sums a flagged chunk's exactly)."""
     if SAFE:
         dots = True
     else:

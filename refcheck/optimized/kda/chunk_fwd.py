@@ -11,7 +11,8 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     S1 = Diag(gamma) S0 + Kd^T U
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
-row of the chunk matrix), by sub-chunk blocks (``blocks``; without safe_gate in three launches, ``intra``);
+row of the chunk matrix), by sub-chunk blocks (``blocks``): the diagonal blocks a sub-chunk a program, the blocks
+below them and the solve a chunk a program (``intra``);
 ``recurrence`` walks the chunks of each sequence in order, one program per (value block, sequence, head),
 keeping S in registers, and writes the entry state of every chunk (``h [NC, H, K, V]``) and U
 (``[T, H, V]``); O of every chunk then follows from them in parallel (``chunk.output``, GLA's output with U
@@ -69,11 +70,16 @@ from .subchunk import DIAG_SPAN, diag_precision
 CHUNK = 64
 SUB = 16
 DIAG_LAUNCH = dict(BK=32, num_warps=1)
-"""``diag_kernel``'s launch (``[16, BK]`` tiles)."""
-EXACT_LAUNCH = dict(num_warps=2)
-"""``exact_kernel``'s launch (``[16, K]`` tiles)."""
-BELOW_LAUNCH = dict(BK=32, num_warps=1)
-"""``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums)."""
+"""``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
+launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
+0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303."""
+EXACT_LAUNCH = dict(num_warps=1)
+"""``exact_kernel``'s launch (``[16, K]`` tiles): under strong decay (the same shape) ``intra`` 1.641 ms at 1 warp,
+1.742 at 2, 2.001 at 4."""
+BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
+"""``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
+of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
+for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609."""
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of

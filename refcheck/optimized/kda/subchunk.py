@@ -26,8 +26,8 @@ factor overflows. Pairs are split by where i and j sit:
     relative accuracy; the entries j > i that the mask drops are at most e^80 |X||Y|, finite in fp32
     for the unit-scale operands of KDA (and dropped by ``tl.where`` even when not). These dots run at
     ``DPREC`` (``diag_precision``; ``diag_factors``, ``sub_diag``).
-  - exactly, every factor ``exp(G_i - G_j)`` formed on its own, for any decay: for the chunks the forward's
-    checked pass flagged (``chunk_fwd.intra``: a sub-chunk's span above ``DIAG_SPAN``), a source row at a time
+  - exactly, every factor ``exp(G_i - G_j)`` formed on its own, for any decay: for the chunks the forward
+    flagged (``chunk_fwd.intra``: a sub-chunk's span above ``DIAG_SPAN``), a source row at a time
     in a kernel of their own (``diag_source_row``, ``chunk_bwd.grads_diag_kernel``), which the backward's pair
     sums leave those blocks to.
   The ``SAFE`` path (``lower_bound <= g <= 0``, lower_bound >= -5) always takes the dots: there
@@ -37,7 +37,7 @@ Rows are read at other rows (the reference rows) with ``tl.gather`` on the regis
 the fallback, by loading them again from memory (``take_rows``).
 
 KDA's forward takes the pairs by sub-chunk blocks too (``blocks``: the inverse is solved block by block), with
-the same split of the exponent and the same flagged chunks' exact rows (``chunk_fwd.diag_rows_kernel``). The
+the same split of the exponent and the flagged sub-chunks' exact rows (``chunk_fwd.exact_kernel``). The
 backward took them on whole ``[C, C]`` tiles, in a row kernel and a column kernel at 255 registers, until the
 fourteenth session: its sub-chunk form (``chunk_bwd.grads_pairs_kernel``) took 3.447 -> 2.526 ms for both
 (H200, bf16, B=8, T=4096, H=16, K=128; ``docs/performance.md``). Not kept: levels inside the sub-chunks (8, 4,
