@@ -73,9 +73,15 @@ DIAG_LAUNCH = dict(BK=32, num_warps=1)
 """``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
 launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
 0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303."""
-EXACT_LAUNCH = dict(num_warps=1)
-"""``exact_kernel``'s launch (``[16, K]`` tiles): under strong decay (the same shape) ``intra`` 1.641 ms at 1 warp,
-1.742 at 2, 2.001 at 4."""
+
+
+def exact_launch(K: int) -> dict:
+    """``exact_kernel``'s launch (``[16, K]`` tiles): a warp per 128 channels, the footprint a thread measured best at
+    K = 128 (under strong decay, the same shape: ``intra`` 1.641 ms at 1 warp, 1.742 at 2, 2.001 at 4); at K = 256
+    one warp spills 296 B a thread offline (Triton 3.6, sm_90), two none."""
+    return dict(num_warps=max(1, padded(K) // 128))
+
+
 BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
 of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
@@ -246,7 +252,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
               DIAG_LAUNCH | config.get("diag", {}))]
     if not safe:
         steps.append((exact_kernel, chunks.num_chunks, args, dict(BK=padded(K), DPREC=diag_precision(precision)),
-                      EXACT_LAUNCH | config.get("exact", {})))
+                      exact_launch(K) | config.get("exact", {})))
     steps.append((below_kernel, chunks.num_chunks, args[:6] + args[7:], dict(PREC=precision),
                   BELOW_LAUNCH | config.get("below", {})))
     for kernel, grid, kernel_args, constexprs, cfg in steps:
