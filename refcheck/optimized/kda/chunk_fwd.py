@@ -248,17 +248,17 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
         return T, P, flags
     args = (q, k, G, beta, T, P, T if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB)
-    steps = [(diag_kernel, chunks.num_chunks * NB, args, dict(SAFE=safe, DPREC=diag_precision(precision)),
-              DIAG_LAUNCH | config.get("diag", {}))]
+    dprec = diag_precision(precision)
+
+    def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
+        return cfg | dict(BK=min(cfg["BK"], padded(K)))
+    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec),
+           [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
-        steps.append((exact_kernel, chunks.num_chunks, args, dict(BK=padded(K), DPREC=diag_precision(precision)),
-                      exact_launch(K) | config.get("exact", {})))
-    steps.append((below_kernel, chunks.num_chunks, args[:6] + args[7:], dict(PREC=precision),
-                  BELOW_LAUNCH | config.get("below", {})))
-    for kernel, grid, kernel_args, constexprs, cfg in steps:
-        if "BK" in cfg:
-            cfg = cfg | dict(BK=min(cfg["BK"], padded(K)))
-        launch(kernel, (grid, H), kernel_args, fixed | constexprs, [cfg])
+        launch(exact_kernel, (chunks.num_chunks, H), args, fixed | dict(BK=padded(K), DPREC=dprec),
+               [exact_launch(K) | config.get("exact", {})])
+    launch(below_kernel, (chunks.num_chunks, H), args[:6] + args[7:], fixed | dict(PREC=precision),
+           [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P, flags
 
 
