@@ -8,13 +8,14 @@ chunk-local cumulative log-decay (non-increasing along the rows: ``g <= 0``):
     A_ij = sum_d k_id k_jd e^{G_id - G_jd}  (j < i),    P_ij = sum_d q_id k_jd e^{G_id - G_jd}  (j <= i)
     T = (I + L)^{-1},    L = Diag(beta) A
 
-Two launches (``chunk_fwd.intra``), as FLA's forward splits them:
+Split as FLA's forward splits them (``chunk_fwd.intra``'s launches):
 
 * the diagonal blocks, one program per sub-chunk (``diag_block``): by dots against the block's middle row m,
   ``e^{G_i - G_m} e^{G_m - G_j}``, trusted where the decay inside the block allows it (``max |G - G_m| <=
   DIAG_SPAN``, always under safe_gate's promise; ``subchunk``'s docstring has the bounds), at ``DPREC``; elsewhere
-  (the general path) exactly, a row at a time (``diag_row``), each factor ``e^{G_i - G_j}`` formed on its own, for
-  any decay. Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by exact doubling (``unit_inverse``).
+  (the general path's flagged sub-chunks, in a kernel of their own) exactly, a row at a time (``diag_row``), each
+  factor ``e^{G_i - G_j}`` formed on its own, for any decay. Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by
+  exact doubling (``unit_inverse``).
 * the blocks below the diagonal, one program per chunk (``below_blocks``): against the reference row r = 16 b, the
   first row of block b, ``e^{G_i - G_r} e^{G_r - G_j}``, both factors in (0, 1] (j < r <= i) whatever the decay;
   then block forward substitution from the diagonal inverses (``below_inverse``, at ``PREC``):
