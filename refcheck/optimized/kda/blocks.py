@@ -177,6 +177,17 @@ def load_block(ptr, t0, n, s, c, h, H, C: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def store_below(ptr, X10, X20, X21, X30, X31, X32, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
+    """The six blocks ``(b, c)``, c < b, of a chunk matrix."""
+    store_block(ptr, X10, t0, n, 1, 0, h, H, C, BC)
+    store_block(ptr, X20, t0, n, 2, 0, h, H, C, BC)
+    store_block(ptr, X21, t0, n, 2, 1, h, H, C, BC)
+    store_block(ptr, X30, t0, n, 3, 0, h, H, C, BC)
+    store_block(ptr, X31, t0, n, 3, 1, h, H, C, BC)
+    store_block(ptr, X32, t0, n, 3, 2, h, H, C, BC)
+
+
+@triton.jit
 def store_zeros_right(ptr, t0, n, s, h, H, C: tl.constexpr, BC: tl.constexpr):
     """Zeros into sub-chunk s's rows right of its diagonal block (the blocks above the diagonal)."""
     p, mask = block_ptrs(ptr, t0, n, s, 0, h, H, C, BC)

@@ -61,6 +61,7 @@ from .blocks import (
     diag_block,
     diag_row,
     load_block,
+    store_below,
     store_block,
     store_zeros_right,
     unit_inverse,
@@ -73,15 +74,6 @@ DIAG_LAUNCH = dict(BK=32, num_warps=1)
 """``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
 launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
 0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303."""
-
-
-def exact_launch(K: int) -> dict:
-    """``exact_kernel``'s launch (``[16, K]`` tiles): a warp per 128 channels, the footprint a thread measured best at
-    K = 128 (under strong decay, the same shape: ``intra`` 1.641 ms at 1 warp, 1.742 at 2, 2.001 at 4); at K = 256
-    one warp spills 296 B a thread offline (Triton 3.6, sm_90), two none."""
-    return dict(num_warps=max(1, padded(K) // 128))
-
-
 BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
 of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
@@ -90,6 +82,13 @@ PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
 64, 0.558 -> 0.479 ms."""
+
+
+def exact_launch(K: int) -> dict:
+    """``exact_kernel``'s launch (``[16, K]`` tiles): a warp per 128 channels, the footprint a thread measured best at
+    K = 128 (under strong decay, the same shape: ``intra`` 1.641 ms at 1 warp, 1.742 at 2, 2.001 at 4); at K = 256
+    one warp spills 296 B a thread offline (Triton 3.6, sm_90), two none."""
+    return dict(num_warps=max(1, padded(K) // 128))
 
 
 @triton.jit
@@ -175,12 +174,7 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
                                                                               BC, BK, PREC)
-    store_block(P_ptr, scale * P10, t0, n, 1, 0, h, H, C, BC)
-    store_block(P_ptr, scale * P20, t0, n, 2, 0, h, H, C, BC)
-    store_block(P_ptr, scale * P21, t0, n, 2, 1, h, H, C, BC)
-    store_block(P_ptr, scale * P30, t0, n, 3, 0, h, H, C, BC)
-    store_block(P_ptr, scale * P31, t0, n, 3, 1, h, H, C, BC)
-    store_block(P_ptr, scale * P32, t0, n, 3, 2, h, H, C, BC)
+    store_below(P_ptr, scale * P10, scale * P20, scale * P21, scale * P30, scale * P31, scale * P32, t0, n, h, H, C, BC)
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
     b3 = block_beta(beta_ptr, t0, n, 3, h, H, BC)
@@ -188,12 +182,7 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
         load_block(T_ptr, t0, n, 0, 0, h, H, C, BC), load_block(T_ptr, t0, n, 1, 1, h, H, C, BC),
         load_block(T_ptr, t0, n, 2, 2, h, H, C, BC), load_block(T_ptr, t0, n, 3, 3, h, H, C, BC),
         b1 * A10, b2 * A20, b2 * A21, b3 * A30, b3 * A31, b3 * A32, PREC)
-    store_block(T_ptr, T10, t0, n, 1, 0, h, H, C, BC)
-    store_block(T_ptr, T20, t0, n, 2, 0, h, H, C, BC)
-    store_block(T_ptr, T21, t0, n, 2, 1, h, H, C, BC)
-    store_block(T_ptr, T30, t0, n, 3, 0, h, H, C, BC)
-    store_block(T_ptr, T31, t0, n, 3, 1, h, H, C, BC)
-    store_block(T_ptr, T32, t0, n, 3, 2, h, H, C, BC)
+    store_below(T_ptr, T10, T20, T21, T30, T31, T32, t0, n, h, H, C, BC)
 
 
 @triton.jit
@@ -238,7 +227,10 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
     safe_gate the flagged ones again exactly (``exact_kernel``), then the blocks below them (``below_kernel``).
     ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "below": {...}}``: ``BK``,
-    ``num_warps``, ``num_stages``)."""
+    ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
+    their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
+    decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
+    ``docs/performance.md``, fifteenth session)."""
     total, H, K = k.shape
     config = config or {}
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
