@@ -549,9 +549,8 @@ the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
-        dict(exact=dict(num_warps=1)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=16)), dict(below=dict(BK=64)),
-        dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)),
-        dict(below=dict(BK=16, num_stages=3)))
+        dict(exact=dict(num_warps=2)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
+        dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
