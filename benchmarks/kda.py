@@ -546,6 +546,9 @@ which is no split at B=8)."""
 POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
 """The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
+OUTPUT_LAUNCH = dict(BK=32, BV=64, num_warps=4, num_stages=1)
+"""The output's default launch for KDA's forward (``chunk.output.output_ladder``, value blocks no wider than U's
+writer's, 64 at B=8), which the output's variants change one setting at a time."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
@@ -554,17 +557,10 @@ PROFILE_VARIANTS = (
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
-    + [("output", cfg, False, False) for cfg in (dict(), dict(BK=64, BV=64, num_warps=8, num_stages=1),
-                                                 dict(BK=32, BV=64, num_warps=4, num_stages=1),
-                                                 dict(BK=16, BV=128, num_warps=8, num_stages=1),
-                                                 dict(BK=32, BV=128, num_warps=8, num_stages=1),
-                                                 dict(BK=32, BV=128, num_warps=4, num_stages=1),
-                                                 dict(BK=16, BV=128, num_warps=4, num_stages=2),
-                                                 dict(BK=32, BV=128, num_warps=4, num_stages=2),
-                                                 dict(BK=32, BV=64, num_warps=4, num_stages=2),
-                                                 dict(BK=64, BV=64, num_warps=4, num_stages=2),
-                                                 dict(BK=32, BV=128, num_warps=8, num_stages=2),
-                                                 dict(BK=32, BV=128, num_warps=4, num_stages=3))]
+    + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
+        dict(BK=16), dict(BK=64), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
+        dict(BK=64, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
+        dict(BV=32, num_stages=2))))]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward")
        for cfg in SEGMENTS + POINTERS[1:]]

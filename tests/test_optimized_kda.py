@@ -225,29 +225,35 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
 
 
 @pytest.mark.parametrize("V, block", [(48, 16), (128, 32), (128, 64)])
-def test_output_reads_row_scaled_values_across_writer_blocks(V, block):
-    """The forward's output reads U row-scaled (``chunk.output``, ``scaled.load_tile_scaled_blocks``) in value
-    blocks that span several of the recurrence's (``block`` columns each, the last one partial at V = 48): the
-    scales of each row and block multiplied back give what the same output gives from U's fp32 values, bitwise."""
+def test_output_of_row_scaled_values_keeps_tf32_bits(V, block):
+    """The forward's output reads U row-scaled (``chunk.output``, ``scaled.dot_row_scaled``) from value blocks of the
+    recurrence's (``block`` columns each, the last one partial at V = 48) whose scales differ by orders of magnitude
+    along a row: ``P U`` (the states zero, so that o is ``P U`` alone) within a "tf32" dot's rounding of both
+    operands of every element's own products, ``2^-10 (|P| |U|)``, against float64; P from ``intra``."""
     from refcheck.optimized.chunk.output import output
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra, recurrence
     from refcheck.optimized.kda.gate import gate_cumsum
     gen = torch.Generator().manual_seed(7)
-    T, H, K = 100, 2, 32
+    T, H, K, C = 100, 2, 32, 64
     q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(T, H, V, generator=gen) * torch.logspace(-3, 3, V)  # rows whose blocks differ in magnitude
     beta = torch.rand(T, H, generator=gen)
-    chunks = make_chunks(1, T, None, 64, "cpu")
+    chunks = make_chunks(1, T, None, C, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
     _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, None, chunks, "tf32", final=False,
                              hs_dtype=torch.bfloat16, scaled_values=True, config=dict(BV=block))
     assert U.scaled and U.block == block and not hs.scaled
     assert len(set(U.scales[..., :2].flatten().tolist())) > 4  # the blocks' scales differ
-    o = output(q, U, G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, "tf32")
-    assert torch.equal(o, output(q, U.float(), G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, "tf32"))
+    o = output(q, U, G, P, torch.zeros_like(hs.data), chunks, H, 1, K ** -0.5, False, False, "tf32").double()
+    u = U.float().double()
+    for c0 in range(0, T, C):  # chunk by chunk: o = P u, P's row t holding its chunk's row of P
+        p, x = P[c0:c0 + C, :, :min(C, T - c0)].double().transpose(0, 1), u[c0:c0 + C].transpose(0, 1)
+        exact, bound = (p @ x).transpose(0, 1), (p.abs() @ x.abs()).transpose(0, 1)
+        assert bool(((o[c0:c0 + C] - exact).abs() <= 2.0 ** -10 * bound).all())
+        assert bool(((o[c0:c0 + C] - exact).abs() > 2.0 ** -16 * bound).any())  # not computed at a higher precision
 
 
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .scaled import Stored, load_tile_scaled_blocks
+from .scaled import Stored, dot_row_scaled
 from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_tile, store_tile
 
 
@@ -60,23 +60,26 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
                   Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
                   SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr):
-    """One chunk, head and value block, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q,
-    Y = v or U, S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale
-    (x e^{G_last - G}) S`` (GLA's dv: x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled
-    where ``Y_SB`` (its writer's value blocks, ``chunk.scaled``; 0: as stored)."""
-    c = tl.program_id(0)
+    """One chunk, value block and head, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q, Y = v or U,
+    S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale (x e^{G_last - G}) S`` (GLA's dv:
+    x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks
+    of Y_SB >= BV, ``chunk.scaled``; 0: as stored), then ``P Y`` an fp16 dot (``scaled.dot_row_scaled``: Y is
+    row-scaled only for "tf32" dots, whose significant bits fp16 keeps). Programs ``(c * NVB + value block, h)``: the
+    value blocks of a chunk run side by side, so that of their reads of its x, G and P one comes from memory."""
+    nvb = tl.cdiv(V, BV)
+    c = tl.program_id(0) // nvb
+    v0 = tl.program_id(0) % nvb * BV
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
-    vv = tl.program_id(2) * BV + tl.arange(0, BV)
+    vv = v0 + tl.arange(0, BV)
     vmask = vv < V
-    if Y_SB:
-        y = load_tile_scaled_blocks(y_ptr, y_s_ptr, rows, rmask, h, H, V, tl.program_id(2) * BV, vmask, Y_SB, Y_NSB, BV)
-    else:
-        y = load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
     P = load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)
     if REVERSE:
         P = tl.trans(P)
-    O = tl.dot(P, y, input_precision=PREC)
+    if Y_SB:
+        O = dot_row_scaled(P, y_ptr, y_s_ptr, rows, rmask, h, H, V, v0, vmask, Y_SB, Y_NSB, BV)
+    else:
+        O = tl.dot(P, load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST), input_precision=PREC)
     O = state_term(O, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
                    REVERSE, HEAD_FIRST, SCALAR, PREC)
     store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
@@ -106,11 +109,13 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
 def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float,
                    head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False):
     """``output_kernel`` over every chunk into ``out`` (like y; y row-scaled where a ``Stored`` with scales, then
-    sequence-first), on the first step of ``ladder`` that fits."""
+    sequence-first, and the value blocks no wider than its writer's), on the first step of ``ladder`` that fits."""
     y = y if isinstance(y, Stored) else Stored(y)
     assert not (y.scaled and head_first), "row-scaled values are sequence-first"
+    if y.scaled:
+        ladder = [cfg | dict(BV=min(cfg["BV"], y.block)) for cfg in ladder]
     if chunks.num_chunks and H:
-        launch(output_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(y.data.shape[-1], meta["BV"])),
+        launch(output_kernel, lambda meta: (chunks.num_chunks * triton.cdiv(y.data.shape[-1], meta["BV"]), H),
                (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1],
                 y.data.shape[-1], y.blocks),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
