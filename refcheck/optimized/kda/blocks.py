@@ -13,9 +13,9 @@ Split as FLA's forward splits them (``chunk_fwd.intra``'s launches):
 * the diagonal blocks, one program per sub-chunk (``diag_block``): by dots against the block's middle row m,
   ``e^{G_i - G_m} e^{G_m - G_j}``, trusted where the decay inside the block allows it (``max |G - G_m| <=
   DIAG_SPAN``, always under safe_gate's promise; ``subchunk``'s docstring has the bounds), at ``DPREC``; elsewhere
-  (the general path's flagged sub-chunks) by levels inside the block (``level_block``): each pair against the first
-  row of the half, quarter, eighth or sixteenth of the block that holds i, both factors in (0, 1], for any decay.
-  Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by exact doubling (``unit_inverse``).
+  (the general path's flagged sub-chunks, in a kernel of their own) exactly, a row at a time (``diag_row``), each
+  factor ``e^{G_i - G_j}`` formed on its own, for any decay. Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by
+  exact doubling (``unit_inverse``).
 * the blocks below the diagonal, one program per chunk (``below_blocks``): against the reference row r = 16 b, the
   first row of block b, ``e^{G_i - G_r} e^{G_r - G_j}``, both factors in (0, 1] (j < r <= i) whatever the decay;
   then block forward substitution from the diagonal inverses (``below_inverse``, at ``PREC``):
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile
-from .subchunk import level_pairs, level_rows, sub_rows
+from .subchunk import level_pairs, sub_rows
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
 
@@ -76,30 +76,13 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
 
 
 @triton.jit
-def level_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
-    """``(A_ss, P_ss)`` as ``diag_block`` forms them, for any decay: the pairs j < i by levels L = 8, 4, 2, 1 (each pair
-    at one level, that of the highest bit in which i and j differ: i in an odd L-block of the sub-chunk, j in the block
-    just before, ``subchunk.level_pairs``), by dots against the first row r of i's block, ``e^{G_i - G_r} e^{G_r -
-    G_j}``, both factors in (0, 1] so that nothing overflows, at ``DPREC``; P's diagonal ``q_i . k_i``. Four levels'
-    dots where ``diag_block`` takes one."""
-    i = tl.arange(0, BC)
-    A = tl.zeros((BC, BC), tl.float32)
-    P = tl.zeros((BC, BC), tl.float32)
-    P_ii = tl.zeros((BC,), tl.float32)
-    for c0 in range(0, K, BK):
-        cols = c0 + tl.arange(0, BK)
-        cmask = cols < K
-        q, k, G = sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, cols, cmask, BC)
-        P_ii += tl.sum(q * k, axis=1)
-        for lvl in range(4):  # not unrolled: 255 registers and 32 KB of shared memory at one warp unrolled
-            odd, ref = level_rows(8 >> lvl, BC)
-            G_r = load_gate(G_ptr, t0 + tl.minimum(s * BC + ref, n - 1), ref >= 0, h, H, K, cols, cmask)
-            e = decay(tl.where(odd[:, None], G - G_r, G_r - G))  # i's factor on odd rows, j's on even ones
-            right = tl.trans(k * e)
-            pairs = level_pairs(8 >> lvl, BC)
-            A += tl.where(pairs, tl.dot(k * e, right, input_precision=DPREC), 0.0)
-            P += tl.where(pairs, tl.dot(q * e, right, input_precision=DPREC), 0.0)
-    return A, P + tl.where(i[:, None] == i[None, :], P_ii[:, None], 0.0)
+def diag_row(k_j, G_j, j, i, k_i, q_i, G_i):
+    """Row i of the diagonal block of its sub-chunk, exactly for any decay: ``(A_ij, P_ij)`` for the sub-chunk's
+    rows j ``[BC]`` (both zero for j > i, and A's j = i, which the inverse does not read) from their ``k_j``, ``G_j``
+    ``[BC, BK]`` and row i's ``k_i``, ``q_i``, ``G_i`` ``[BK]``: each factor ``e^{G_id - G_jd}`` (in (0, 1] for
+    j <= i) formed on its own, those of j > i as ``e^{-inf} = 0``, so that nothing overflows."""
+    kj_e = k_j * decay(tl.where((j <= i)[:, None], G_i[None, :] - G_j, float("-inf")))
+    return tl.sum(k_i[None, :] * kj_e, axis=1), tl.sum(q_i[None, :] * kj_e, axis=1)
 
 
 @triton.jit
@@ -202,14 +185,6 @@ def store_below(ptr, X10, X20, X21, X30, X31, X32, t0, n, h, H, C: tl.constexpr,
     store_block(ptr, X30, t0, n, 3, 0, h, H, C, BC)
     store_block(ptr, X31, t0, n, 3, 1, h, H, C, BC)
     store_block(ptr, X32, t0, n, 3, 2, h, H, C, BC)
-
-
-@triton.jit
-def store_diag(T_ptr, P_ptr, beta_ptr, A, P, scale, t0, n, s, h, H, C: tl.constexpr, BC: tl.constexpr,
-               DPREC: tl.constexpr):
-    """Store sub-chunk s's diagonal blocks: P's scaled, and T's, ``(I + Diag(beta) A)^{-1}`` (``unit_inverse``)."""
-    store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
-    store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s, h, H, C, BC)
 
 
 @triton.jit

@@ -51,7 +51,7 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, load_rows, load_rowvec
+from ..chunk.tiles import chunk_span, load_gate, load_rows, load_rowvec, load_tile
 from ..common import Chunks, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
@@ -59,11 +59,12 @@ from .blocks import (
     below_inverse,
     block_beta,
     diag_block,
-    level_block,
+    diag_row,
     load_block,
     store_below,
-    store_diag,
+    store_block,
     store_zeros_right,
+    unit_inverse,
 )
 from .subchunk import DIAG_SPAN, diag_precision
 
@@ -73,8 +74,6 @@ DIAG_LAUNCH = dict(BK=32, num_warps=1)
 """``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
 launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
 0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303."""
-LEVELS_LAUNCH = dict(BK=32, num_warps=1)
-"""``levels_kernel``'s launch (``[16, BK]`` tiles), ``diag_kernel``'s."""
 BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
 of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
@@ -85,13 +84,44 @@ every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8
 64, 0.558 -> 0.479 ms."""
 
 
+def exact_launch(K: int) -> dict:
+    """``exact_kernel``'s launch (``[16, K]`` tiles): a warp per 128 channels, the footprint a thread measured best at
+    K = 128 (under strong decay, the same shape: ``intra`` 1.641 ms at 1 warp, 1.742 at 2, 2.001 at 4); at K = 256
+    one warp spills 296 B a thread offline (Triton 3.6, sm_90), two none."""
+    return dict(num_warps=max(1, padded(K) // 128))
+
+
+@triton.jit
+def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r1, C: tl.constexpr, BC: tl.constexpr,
+              W: tl.constexpr, BK: tl.constexpr):
+    """Rows ``s + r0 .. s + r1 - 1`` (those below n) of the diagonal block whose first row is chunk row s, against the
+    block's first W columns (the others are above the diagonal for these rows: P's are stored as zeros), exactly
+    (``blocks.diag_row``), one row after another against those columns' k and G held in registers: A's into T's
+    memory, P's (scaled) into P's."""
+    d = tl.arange(0, BK)
+    dmask = d < K
+    j = s + tl.arange(0, W)
+    k_j = load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask)
+    G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
+    for i in range(s + r0, tl.minimum(s + r1, n)):
+        row = ((t0 + i).to(tl.int64) * H + h) * K + d
+        a, p = diag_row(k_j, G_j, j, i, tl.load(k_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                        tl.load(q_ptr + row, mask=dmask, other=0.0).to(tl.float32),
+                        tl.load(G_ptr + row, mask=dmask, other=0.0))
+        out = ((t0 + i).to(tl.int64) * H + h) * C
+        tl.store(T_ptr + out + j, a)
+        tl.store(P_ptr + out + j, scale * p)
+        if W < BC:
+            tl.store(P_ptr + out + s + W + tl.arange(0, BC - W), tl.zeros((BC - W,), tl.float32))
+
+
 @triton.jit
 def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}`` by dots
     against the middle row (``blocks.diag_block``), and zeros right of them. Without ``SAFE``, a sub-chunk whose
-    decay exceeds ``DIAG_SPAN`` is left to ``levels_kernel``: bit s of ``flag[c, h]`` set (the backward sums the
-    flagged chunks' diagonal blocks exactly)."""
+    decay exceeds ``DIAG_SPAN`` is left to ``exact_kernel``: bit s of ``flag[c, h]`` set (the backward sums the
+    flagged chunks' diagonal blocks exactly too)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
@@ -102,7 +132,9 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
         if not SAFE:
             dots = span <= DIAG_SPAN
         if dots:
-            store_diag(T_ptr, P_ptr, beta_ptr, A, P, scale, t0, n, s, h, H, C, BC, DPREC)
+            store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
+            store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s,
+                        h, H, C, BC)
         else:
             tl.atomic_or(flag_ptr + c.to(tl.int64) * H + h, 1 << s)
         store_zeros_right(T_ptr, t0, n, s, h, H, C, BC)
@@ -110,18 +142,25 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
 
 
 @triton.jit
-def levels_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                  C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
-    """One sub-chunk s and head that ``diag_kernel`` flagged (the others return at once): its diagonal blocks of P and
-    T by levels inside the block, for any decay (``blocks.level_block``). A kernel of its own: in a branch of
-    ``diag_kernel`` the levels took it from 161 registers to 255 and 88 B of stack (Triton 3.6, sm_90)."""
-    c = tl.program_id(0) // NB
-    s = tl.program_id(0) % NB
+def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
+    """One chunk and head (the chunks ``diag_kernel`` did not flag return at once): the diagonal blocks of the
+    flagged sub-chunks, exactly for any decay (``diag_rows``, K in one tile of BK), then their inverse. A block's
+    first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192, not 256."""
+    c = tl.program_id(0)
     h = tl.program_id(1)
-    if (tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1:
+    bits = tl.load(flag_ptr + c.to(tl.int64) * H + h)
+    if bits != 0:
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-        A, P = level_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
-        store_diag(T_ptr, P_ptr, beta_ptr, A, P, scale, t0, n, s, h, H, C, BC, DPREC)
+        for s in range(NB):
+            if (bits >> s) & 1:
+                diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, 0, BC // 2, C, BC, BC // 2,
+                          BK)
+                diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, BC // 2, BC, C, BC, BC, BK)
+                tl.debug_barrier()  # the rows' A, stored by other threads, read back
+                A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
+                store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s,
+                            s, h, H, C, BC)
 
 
 @triton.jit
@@ -184,14 +223,14 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
-    under safe_gate) the sub-chunks whose decay exceeds ``DIAG_SPAN``, int32 ``[NC, H]``, bit s for sub-chunk s (the
-    backward sums a flagged chunk's diagonal blocks exactly, ``chunk_bwd.grads``). The diagonal blocks
-    (``diag_kernel``; without safe_gate the flagged ones by levels, ``levels_kernel``), then the blocks below them
-    (``below_kernel``). ``config`` overrides their launches (``{"diag": {...}, "levels": {...}, "below": {...}}``:
-    ``BK``,
-    ``num_warps``, ``num_stages``). Until the sixteenth session the flagged blocks were summed a row at a time, each
-    factor ``e^{G_i - G_j}`` on its own, in a kernel of their own: ``intra`` took 1.641 ms under strong decay (H200,
-    B=8, T=4096, H=16, K=128; ``docs/performance.md``)."""
+    under safe_gate) where the diagonal blocks were summed exactly, int32 ``[NC, H]``, bit s for sub-chunk s (the
+    backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
+    safe_gate the flagged ones again exactly (``exact_kernel``), then the blocks below them (``below_kernel``).
+    ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "below": {...}}``: ``BK``,
+    ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
+    their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
+    decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
+    ``docs/performance.md``, fifteenth session)."""
     total, H, K = k.shape
     config = config or {}
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
@@ -208,8 +247,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec),
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
-        launch(levels_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(DPREC=dprec),
-               [narrow(LEVELS_LAUNCH | config.get("levels", {}))])
+        launch(exact_kernel, (chunks.num_chunks, H), args, fixed | dict(BK=padded(K), DPREC=dprec),
+               [exact_launch(K) | config.get("exact", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + args[7:], fixed | dict(PREC=precision),
            [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P, flags

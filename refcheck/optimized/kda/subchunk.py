@@ -37,7 +37,7 @@ Rows are read at other rows (the reference rows) with ``tl.gather`` on the regis
 the fallback, by loading them again from memory (``take_rows``).
 
 KDA's forward takes the pairs by sub-chunk blocks too (``blocks``: the inverse is solved block by block), with
-the same split of the exponent and, for the flagged sub-chunks, levels inside them (``blocks.level_block``). The
+the same split of the exponent and the flagged sub-chunks' exact rows (``chunk_fwd.exact_kernel``). The
 backward took them on whole ``[C, C]`` tiles, in a row kernel and a column kernel at 255 registers, until the
 fourteenth session: its sub-chunk form (``chunk_bwd.grads_pairs_kernel``) took 3.447 -> 2.526 ms for both
 (H200, bf16, B=8, T=4096, H=16, K=128; ``docs/performance.md``). Not kept: levels inside the sub-chunks (8, 4,
@@ -77,8 +77,8 @@ def take_rows(tile, ptr, stride, rows, cols, cmask, n, CLAMP: tl.constexpr, USE_
 
 
 @triton.jit
-def level_rows(S, C: tl.constexpr):
-    """For level S (a constant or not): whether each row is in an odd S-block (an "i" row), and its reference row
+def level_rows(S: tl.constexpr, C: tl.constexpr):
+    """For level S: whether each row is in an odd S-block (an "i" row), and its reference row
     (its own block's first row if odd, the next block's first row if even)."""
     i = tl.arange(0, C)
     blk = i // S
@@ -88,7 +88,7 @@ def level_rows(S, C: tl.constexpr):
 
 
 @triton.jit
-def level_pairs(S, C: tl.constexpr):
+def level_pairs(S: tl.constexpr, C: tl.constexpr):
     """[C, C] mask of the pairs level S handles: i in an odd S-block, j in the block just before."""
     i = tl.arange(0, C)[:, None]
     j = tl.arange(0, C)[None, :]
