@@ -133,18 +133,23 @@ def make_chunks(batch: int, length: int, cu_seqlens: torch.Tensor | None, size: 
     return chunks
 
 
-def launch(kernel, grid, args, constexprs: dict, ladder: list[dict]):
+def launch(kernel, grid, args, constexprs: dict, ladder: list[dict]) -> dict:
     """Launch ``kernel[grid](*args, **constexprs, **step)`` with the first step of ``ladder`` (launch
     settings and block sizes, preferred first) that fits the GPU: a step whose shared memory exceeds
     the device's raises ``OutOfResources`` at launch, and the next one is tried. ``args``: a tuple, or
-    a function of the step giving it (arguments that depend on block sizes, such as TMA descriptors)."""
+    a function of the step giving it (arguments that depend on block sizes, such as TMA descriptors); ``grid``
+    likewise a function of the launch's settings where it depends on them. Returns the step that ran: what a
+    caller sized by block sizes must be sized by (the interpreter, having no shared memory to run short of, runs the
+    first step only)."""
     from triton.runtime.errors import OutOfResources
     for n, step in enumerate(ladder):
         try:
-            return kernel[grid](*(args(step) if callable(args) else args), **constexprs, **step)
+            kernel[grid](*(args(step) if callable(args) else args), **constexprs, **step)
+            return step
         except OutOfResources:
             if n == len(ladder) - 1:
                 raise
+    raise ValueError("launch: an empty ladder")
 
 
 def kernel_state(initial_state, n: int, h: int, k: int, v: int, device) -> torch.Tensor | None:

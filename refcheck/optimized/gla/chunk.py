@@ -405,15 +405,19 @@ def grads(q, k, v, G, P, hs, dh, do, chunks: Chunks, H: int, T: int, scale: floa
     # 3016 B (gla)
     first = dict(BK=64 if scalar else MIN_BLOCK, BV=MIN_BLOCK, num_warps=4, num_stages=3)
     ladder = [qk] if qk else [first, dict(BK=MIN_BLOCK, BV=MIN_BLOCK, num_warps=8, num_stages=1)]
-    nkb = triton.cdiv(K, ladder[0]["BK"])
     dq, dk, dv_out = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dG = torch.empty(*((nkb, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
+    # simple GLA: a part of dG per channel block of the step that runs (those of the narrowest step allocated); the
+    # grid by that step's blocks too: sized by the first step's, a fallback to narrower blocks left channels unwritten
+    # (an H200 law run: dq, dk wrong at C = 128, K = 53, where the first step needs more shared memory than it has)
+    parts = max(triton.cdiv(K, step["BK"]) for step in ladder)
+    dG = torch.empty(*((parts, total, H) if scalar else (1, total, H, K)), device=q.device, dtype=torch.float32)
     if chunks.num_chunks and H:
         table = (chunks.cu, chunks.seq, chunks.start)
         flags = dict(C=C, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision)
-        launch(grads_qk_kernel, (chunks.num_chunks, H, nkb),
-               (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
-               flags | dict(BC=SUB, DPREC=diag_precision(precision)), ladder)
+        step = launch(grads_qk_kernel, lambda meta: (chunks.num_chunks, H, triton.cdiv(K, meta["BK"])),
+                      (q, k, v, G, hs, dh, do, dq, dk, dG, *table, scale, H, T, K, V, total),
+                      flags | dict(BC=SUB, DPREC=diag_precision(precision)), ladder)
+        dG = dG[:triton.cdiv(K, step["BK"])] if scalar else dG
     chunk_products(k, do, G, P, dh, dv_out, chunks, H, T, 1.0, head_first, scalar, precision,
                    [dv] if dv else dv_ladder(K, V, C), reverse=True)
     return dq, dk, dv_out, dG
