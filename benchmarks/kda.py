@@ -557,7 +557,6 @@ PROFILE_VARIANTS = (
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
-    + [("output_from_q_and_G", dict(), False, False)]
     + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
         dict(BK=16), dict(BK=64), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
         dict(BK=64, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
@@ -595,13 +594,12 @@ def profile_data(name):
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
-    qg = torch.empty(q.shape, device=q.device, dtype=state_dtype(flat["v"].dtype))
-    T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32", qg=qg)
+    T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
-    return dict(flat=flat, ch=ch, q=q, k=k, G=G, qg=qg, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
+    return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
                 scale=scale, hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
 
 
@@ -631,10 +629,9 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
                                             None, ch, "tf32", final=not keep, hs_dtype=d["hs_out"].dtype, scaled=keep,
                                             scaled_values=True, segments=segs, config=cfg)
-    if stage.startswith("output"):  # from intra's scale q e^G, as the forward runs it, or from q and G
-        qg = None if stage == "output_from_q_and_G" else d["qg"]
-        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, d["k"].shape[1], 1, sc, False, False,
-                              "tf32", cfg, qg=qg)
+    if stage == "output":
+        H = d["k"].shape[1]
+        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
@@ -662,7 +659,7 @@ def profile(names, jobs, stages=None, defaults=False):
     for name in names:
         d = data if name == names[0] else profile_data(name)
         for stage, cfg, safe, gather in (PROFILE_VARIANTS[i] for i in todo):
-            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "output", "output_from_q_and_G",
+            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "output",
                                                                  "recurrence_from_forward", "dstate_from_forward"):
                 continue
             try:

@@ -256,34 +256,6 @@ def test_output_of_row_scaled_values_keeps_tf32_bits(V, block):
         assert bool(((o[c0:c0 + C] - exact).abs() > 2.0 ** -16 * bound).any())  # not computed at a higher precision
 
 
-@pytest.mark.parametrize("dtype, precision", [(torch.bfloat16, "tf32"), (torch.float32, "tf32"), (torch.float32, "ieee")])
-def test_output_from_intras_decayed_queries_is_bitwise_that_from_q_and_G(dtype, precision):
-    """``chunk_fwd.intra`` stores ``scale q e^G`` (``qg``, in the states' dtype) for the output, which reads it in place
-    of q and G (``chunk.output``, ``DECAYED``): every row written, and the same o, bitwise, on packed sequences with
-    partial and empty chunks."""
-    from refcheck.optimized.chunk.output import output, state_dtype
-    from refcheck.optimized.chunk.prepared import prepare_keys
-    from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
-    from refcheck.optimized.kda.gate import gate_cumsum
-    gen = torch.Generator().manual_seed(11)
-    lengths, H, K, V = [37, 0, 100, 70], 2, 40, 24
-    T = sum(lengths)
-    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1).to(dtype) for _ in range(2))
-    v = torch.randn(T, H, V, generator=gen).to(dtype)
-    beta = torch.rand(T, H, generator=gen).to(dtype)
-    chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
-    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    qg = torch.full((T, H, K), float("nan"), dtype=state_dtype(dtype))
-    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, precision, qg=qg)
-    assert not qg.isnan().any()
-    _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, precision), v, G, beta, Tm, None, chunks, precision, final=False,
-                             hs_dtype=state_dtype(dtype), scaled_values=precision == "tf32")
-    o = output(q, U, G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, precision)
-    assert torch.equal(o, output(q, U, G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, precision, qg=qg))
-    assert not torch.equal(o, output(q, U, G, P, hs.data, chunks, H, 1, K ** -0.5, False, False, precision, qg=qg * 1.01))
-
-
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     """The serial passes and the gradients' state terms read their row blocks (prepared operands, v, T, P; U, dY, dO)

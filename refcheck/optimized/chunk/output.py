@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..common import Chunks, launch, padded
 from .scaled import Stored, dot_row_scaled
-from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_operand, load_tile, store_tile
+from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_tile, store_tile
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,33 +39,27 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
 @triton.jit
 def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, K, V, vv, vmask, scale,
                BK: tl.constexpr, TO_LAST: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr,
-               PREC: tl.constexpr, DECAYED: tl.constexpr):
+               PREC: tl.constexpr):
     """``acc [C, BV] += (x * scale e^G) S`` (``TO_LAST``: ``e^{G_last - G}``) with ``x [C, K]`` the chunk's
     rows of q or k and ``S = st[c, h, :, vv]`` ``[K, BV]`` a state of chunk c, K in blocks of BK; the
-    left operand is rounded to the state's dtype (16-bit states: a 16-bit dot). ``DECAYED``: x holds ``x * scale
-    e^G`` so rounded already (KDA's ``chunk_fwd.intra`` stores it), G is not read."""
+    left operand is rounded to the state's dtype (16-bit states: a 16-bit dot)."""
     base = st_ptr + (c.to(tl.int64) * H + h) * K * V
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         kmask = kk < K
-        if DECAYED:
-            xg = load_operand(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        else:
-            x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-            G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
-            if TO_LAST:
-                G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
-            xg = (x * (decay(G) * scale)).to(st_ptr.dtype.element_ty)
+        x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
+        if TO_LAST:
+            G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
         S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-        acc += tl.dot(xg, S, input_precision=PREC)
+        acc += tl.dot((x * (decay(G) * scale)).to(S.dtype), S, input_precision=PREC)
     return acc
 
 
 @triton.jit
 def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
                   Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr,
-                  DECAYED: tl.constexpr):
+                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr):
     """One chunk, value block and head, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q, Y = v or U,
     S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale (x e^{G_last - G}) S`` (GLA's dv:
     x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks
@@ -87,7 +81,7 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     else:
         O = tl.dot(P, load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST), input_precision=PREC)
     O = state_term(O, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
-                   REVERSE, HEAD_FIRST, SCALAR, PREC, DECAYED)
+                   REVERSE, HEAD_FIRST, SCALAR, PREC)
     store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
 
 
@@ -113,11 +107,9 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
 
 
 def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float,
-                   head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False,
-                   decayed: bool = False):
+                   head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False):
     """``output_kernel`` over every chunk into ``out`` (like y; y row-scaled where a ``Stored`` with scales, then
-    sequence-first, and the value blocks no wider than its writer's), on the first step of ``ladder`` that fits;
-    ``decayed``: x is ``scale x e^G`` in st's dtype (``DECAYED``)."""
+    sequence-first, and the value blocks no wider than its writer's), on the first step of ``ladder`` that fits."""
     y = y if isinstance(y, Stored) else Stored(y)
     assert not (y.scaled and head_first), "row-scaled values are sequence-first"
     if y.scaled:
@@ -127,17 +119,14 @@ def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H
                (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1],
                 y.data.shape[-1], y.blocks),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
-                    Y_SB=y.block if y.scaled else 0, DECAYED=decayed), ladder)
+                    Y_SB=y.block if y.scaled else 0), ladder)
     return out
 
 
 def output(q, x: torch.Tensor | Stored, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
-           scalar: bool, precision: str, config: dict | None = None, qg: torch.Tensor | None = None) -> torch.Tensor:
+           scalar: bool, precision: str, config: dict | None = None) -> torch.Tensor:
     """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first; a ``Stored``: KDA's U, row-scaled under "tf32")
-    in q's dtype; ``config`` replaces ``output_ladder`` (``benchmarks/gla.py --profile``); ``qg``: ``scale q e^G`` in
-    hs's dtype (sequence-first), read in place of q and G (KDA's ``chunk_fwd.intra`` writes it: H200, bf16, B=8,
-    T=4096, H=16, K=V=128, a third of the output's traffic)."""
+    in q's dtype; ``config`` replaces ``output_ladder`` (``benchmarks/gla.py --profile``)."""
     o = torch.empty(*(x.data if isinstance(x, Stored) else x).shape, device=q.device, dtype=q.dtype)
     ladder = [config] if config else output_ladder(q.shape[-1], o.shape[-1], chunks.size, hs.dtype)
-    return chunk_products(q if qg is None else qg, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision,
-                          ladder, decayed=qg is not None)
+    return chunk_products(q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision, ladder)

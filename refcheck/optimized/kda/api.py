@@ -115,16 +115,14 @@ class KdaFunction(torch.autograd.Function):
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
-        hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
-        qg = torch.empty(qn.shape, device=qn.device, dtype=hs_dtype)  # scale q e^G, for the output
-        Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision, qg=qg)
+        Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
         # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there)
         ht, hs, U, trans = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
                                       cfg.precision, final=cfg.final,
-                                      hs_dtype=hs_dtype,
+                                      hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype),
                                       scaled_values=row_scaled(cfg.precision) and not cfg.keep, segments=cfg.segments)
-        o = chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision, qg=qg)
+        o = chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *kept, *(trans or ()))

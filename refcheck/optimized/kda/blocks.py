@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile, store_tile
+from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile
 from .subchunk import level_pairs, sub_rows
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
@@ -53,12 +53,10 @@ def ref_row(G_ptr, t0, n, r, h, H, K, cols, cmask):
 
 
 @triton.jit
-def diag_block(q_ptr, k_ptr, G_ptr, qg_ptr, scale, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr,
-               DPREC: tl.constexpr, STORE_QG: tl.constexpr):
+def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
     """``(A_ss, P_ss, span)``: sub-chunk s's diagonal blocks of A (strictly lower) and P (lower, unscaled) by dots
     against its middle row m, and the largest ``|G - G_m|`` of its rows: where it exceeds ``DIAG_SPAN`` the dots are
-    not to be trusted (module docstring). With ``STORE_QG`` also the sub-chunk's rows of ``scale q e^G`` into qg (in
-    its dtype, as ``chunk.output.state_term`` rounds them), read by the output in place of q and G."""
+    not to be trusted (module docstring)."""
     i = tl.arange(0, BC)
     A = tl.zeros((BC, BC), tl.float32)
     P = tl.zeros((BC, BC), tl.float32)
@@ -67,9 +65,6 @@ def diag_block(q_ptr, k_ptr, G_ptr, qg_ptr, scale, t0, n, s, h, H, K, BC: tl.con
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
         q, k, G = sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, cols, cmask, BC)
-        if STORE_QG:
-            _, rows, live, _ = sub_rows(t0, n, s, BC)
-            store_tile(qg_ptr, q * (decay(G) * scale), rows, live, h, H, K, cols, cmask)
         d = G - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K, cols, cmask)
         el = decay(d)
         right = tl.trans(k * decay(-d))

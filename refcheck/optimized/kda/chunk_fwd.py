@@ -116,20 +116,18 @@ def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r
 
 
 @triton.jit
-def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, qg_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
-                K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
-                STORE_QG: tl.constexpr):
+def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}`` by dots
-    against the middle row (``blocks.diag_block``), and zeros right of them; with ``STORE_QG`` the sub-chunk's rows
-    of ``scale q e^G`` too. Without ``SAFE``, a sub-chunk whose decay exceeds ``DIAG_SPAN`` is left to
-    ``exact_kernel``: bit s of ``flag[c, h]`` set (the backward sums the flagged chunks' diagonal blocks exactly
-    too)."""
+    against the middle row (``blocks.diag_block``), and zeros right of them. Without ``SAFE``, a sub-chunk whose
+    decay exceeds ``DIAG_SPAN`` is left to ``exact_kernel``: bit s of ``flag[c, h]`` set (the backward sums the
+    flagged chunks' diagonal blocks exactly too)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if s * BC < n:
-        A, P, span = diag_block(q_ptr, k_ptr, G_ptr, qg_ptr, scale, t0, n, s, h, H, K, BC, BK, DPREC, STORE_QG)
+        A, P, span = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
         dots = True
         if not SAFE:
             dots = span <= DIAG_SPAN
@@ -223,8 +221,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
 
-def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None,
-          qg: torch.Tensor | None = None):
+def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
     """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
     under safe_gate) where the diagonal blocks were summed exactly, int32 ``[NC, H]``, bit s for sub-chunk s (the
     backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
@@ -233,8 +230,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
     decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
-    ``docs/performance.md``, fifteenth session). ``qg`` (like q, in the dtype of the states the output reads):
-    filled with ``scale q e^G``, which the output's state term reads in place of q and G (``chunk.output``)."""
+    ``docs/performance.md``, fifteenth session)."""
     total, H, K = k.shape
     config = config or {}
     T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
@@ -248,8 +244,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
 
     def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
         return cfg | dict(BK=min(cfg["BK"], padded(K)))
-    launch(diag_kernel, (chunks.num_chunks * NB, H), args[:7] + (T if qg is None else qg,) + args[7:],
-           fixed | dict(SAFE=safe, DPREC=dprec, STORE_QG=qg is not None), [narrow(DIAG_LAUNCH | config.get("diag", {}))])
+    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec),
+           [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
         launch(exact_kernel, (chunks.num_chunks, H), args, fixed | dict(BK=padded(K), DPREC=dprec),
                [exact_launch(K) | config.get("exact", {})])
