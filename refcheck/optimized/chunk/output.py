@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, launch, padded
-from .scaled import Stored, dot_row_scaled
+from .scaled import Stored, dot_row_scaled, load_tile_scaled_blocks
 from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_tile, store_tile
 
 
@@ -62,9 +62,10 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
                   SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr):
     """One chunk, value block and head, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q, Y = v or U,
     S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale (x e^{G_last - G}) S`` (GLA's dv:
-    x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks
-    of Y_SB >= BV, ``chunk.scaled``; 0: as stored), then ``P Y`` an fp16 dot (``scaled.dot_row_scaled``: Y is
-    row-scaled only for "tf32" dots, whose significant bits fp16 keeps). Programs ``(c * NVB + value block, h)``: the
+    x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks,
+    ``chunk.scaled``; 0: as stored): where they are as wide as this program's, ``P Y`` is an fp16 dot
+    (``scaled.dot_row_scaled``: Y is row-scaled only for "tf32" dots, whose significant bits fp16 keeps), else
+    Y's fp32 values ``X s`` the right operand of a "tf32" dot. Programs ``(c * NVB + value block, h)``: the
     value blocks of a chunk run side by side, so that of their reads of its x, G and P one comes from memory."""
     nvb = tl.cdiv(V, BV)
     c = tl.program_id(0) // nvb
@@ -76,13 +77,23 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     P = load_tile(P_ptr, rows, rmask, h, H, C, i, i < C)
     if REVERSE:
         P = tl.trans(P)
-    if Y_SB:
+    if Y_SB >= BV:
         O = dot_row_scaled(P, y_ptr, y_s_ptr, rows, rmask, h, H, V, v0, vmask, Y_SB, Y_NSB, BV)
+    elif Y_SB:
+        y = load_tile_scaled_blocks(y_ptr, y_s_ptr, rows, rmask, h, H, V, v0, vmask, Y_SB, Y_NSB, BV)
+        O = tl.dot(P, y, input_precision=PREC)
     else:
         O = tl.dot(P, load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST), input_precision=PREC)
     O = state_term(O, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
                    REVERSE, HEAD_FIRST, SCALAR, PREC)
     store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
+
+
+FP16_PRODUCT_BLOCK = 64
+"""The narrowest value blocks of a row-scaled Y's writer for which ``output_kernel`` takes ``P Y`` as an fp16 dot, in
+value blocks no wider than the writer's. Measured on an H200 (KDA's forward output, bf16, B=8, T=4096, H=16,
+K=V=128, U written in blocks of 64): 0.371 ms with the "tf32" dot at value blocks of 128, 0.341 with the fp16 dot at
+64, 0.465 with the fp16 dot at 32 (``benchmarks/results/kda_profile_output_h200_session16.txt``)."""
 
 
 def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
@@ -109,10 +120,11 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
 def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float,
                    head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False):
     """``output_kernel`` over every chunk into ``out`` (like y; y row-scaled where a ``Stored`` with scales, then
-    sequence-first, and the value blocks no wider than its writer's), on the first step of ``ladder`` that fits."""
+    sequence-first; where its writer's blocks are at least ``FP16_PRODUCT_BLOCK`` wide, the value blocks no wider
+    than them), on the first step of ``ladder`` that fits."""
     y = y if isinstance(y, Stored) else Stored(y)
     assert not (y.scaled and head_first), "row-scaled values are sequence-first"
-    if y.scaled:
+    if y.scaled and y.block >= FP16_PRODUCT_BLOCK:
         ladder = [cfg | dict(BV=min(cfg["BV"], y.block)) for cfg in ladder]
     if chunks.num_chunks and H:
         launch(output_kernel, lambda meta: (chunks.num_chunks * triton.cdiv(y.data.shape[-1], meta["BV"]), H),
