@@ -59,17 +59,22 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 @triton.jit
 def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
                   Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
-                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr):
+                  SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr,
+                  ADJACENT: tl.constexpr):
     """One chunk, value block and head, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q, Y = v or U,
     S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale (x e^{G_last - G}) S`` (GLA's dv:
     x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks,
     ``chunk.scaled``; 0: as stored): where they are as wide as this program's, ``P Y`` is an fp16 dot
     (``scaled.dot_row_scaled``: Y is row-scaled only for "tf32" dots, whose significant bits fp16 keeps), else
-    Y's fp32 values ``X s`` the right operand of a "tf32" dot. Programs ``(c * NVB + value block, h)``: the
-    value blocks of a chunk run side by side, so that of their reads of its x, G and P one comes from memory."""
-    nvb = tl.cdiv(V, BV)
-    c = tl.program_id(0) // nvb
-    v0 = tl.program_id(0) % nvb * BV
+    Y's fp32 values ``X s`` the right operand of a "tf32" dot. Programs ``(c, h, value block)``, or with
+    ``ADJACENT`` ``(c * NVB + value block, h)``: a chunk's value blocks side by side, so that of their reads of its x,
+    G and P one comes from memory."""
+    if ADJACENT:
+        c = tl.program_id(0) // tl.cdiv(V, BV)
+        v0 = tl.program_id(0) % tl.cdiv(V, BV) * BV
+    else:
+        c = tl.program_id(0)
+        v0 = tl.program_id(2) * BV
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     vv = v0 + tl.arange(0, BV)
@@ -91,9 +96,12 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
 
 FP16_PRODUCT_BLOCK = 64
 """The narrowest value blocks of a row-scaled Y's writer for which ``output_kernel`` takes ``P Y`` as an fp16 dot, in
-value blocks no wider than the writer's. Measured on an H200 (KDA's forward output, bf16, B=8, T=4096, H=16,
-K=V=128, U written in blocks of 64): 0.371 ms with the "tf32" dot at value blocks of 128, 0.341 with the fp16 dot at
-64, 0.465 with the fp16 dot at 32 (``benchmarks/results/kda_profile_output_h200_session16.txt``)."""
+value blocks no wider than the writer's, a chunk's value blocks as adjacent programs (``ADJACENT``). Measured on an
+H200 (KDA's forward output, bf16, B=8, T=4096, H=16, K=V=128, U written in blocks of 64): 0.371 ms with the "tf32"
+dot at value blocks of 128, 0.341 with the fp16 dot at 64, 0.465 with the fp16 dot at 32
+(``benchmarks/results/kda_profile_output_h200_session16.txt``). The other products keep the value blocks the slowest
+grid axis: adjacent, GLA's dv took 0.603 -> 0.641 ms (simple GLA's 0.513 -> 0.501; B=8,
+``gla_kernels_output_grid_h200_session16.txt``)."""
 
 
 def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
@@ -124,10 +132,14 @@ def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H
     than them), on the first step of ``ladder`` that fits."""
     y = y if isinstance(y, Stored) else Stored(y)
     assert not (y.scaled and head_first), "row-scaled values are sequence-first"
-    if y.scaled and y.block >= FP16_PRODUCT_BLOCK:
-        ladder = [cfg | dict(BV=min(cfg["BV"], y.block)) for cfg in ladder]
+    fp16 = y.scaled and y.block >= FP16_PRODUCT_BLOCK
+    ladder = [cfg | dict(ADJACENT=fp16) | (dict(BV=min(cfg["BV"], y.block)) if fp16 else {}) for cfg in ladder]
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        nvb = triton.cdiv(y.data.shape[-1], meta["BV"])
+        return (chunks.num_chunks * nvb, H, 1) if meta["ADJACENT"] else (chunks.num_chunks, H, nvb)
     if chunks.num_chunks and H:
-        launch(output_kernel, lambda meta: (chunks.num_chunks * triton.cdiv(y.data.shape[-1], meta["BV"]), H),
+        launch(output_kernel, grid,
                (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1],
                 y.data.shape[-1], y.blocks),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
