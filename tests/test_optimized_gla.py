@@ -12,6 +12,7 @@ interpreter.interpret_new_kernels()  # before the kernel modules are imported
 interpreter.enable()
 
 from refcheck import optimized, references  # noqa: E402
+from tests.ladders import force_last_launch_steps  # noqa: E402
 
 # relative RMS error allowed, by (input dtype, precision): fp32 with fp32-accurate dots sits near 1e-6
 # (1e-5 with strong decay: the exponents G_i - G_j of large cumulative sums lose |G| 2^-24); tf32
@@ -101,14 +102,7 @@ def test_launch_ladders_fall_back_to_the_same_result(op, chunk_size, monkeypatch
     (narrower blocks). Every launch of the op forced onto its ladder's last step still matches float64: the grids and
     the arrays sized by block widths follow the step that runs (sized by the first step, simple GLA's gradients left
     channels unwritten at C = 128 on an H200). K = V = 53: no block width divides them."""
-    from refcheck.optimized import common
-    from refcheck.optimized.chunk import output, state
-    from refcheck.optimized.gla import chunk
-
-    def last_step(kernel, grid, args, constexprs, ladder):
-        return common.launch(kernel, grid, args, constexprs, ladder[-1:])
-    for module in (chunk, output, state):
-        monkeypatch.setattr(module, "launch", last_step)
+    force_last_launch_steps(monkeypatch)
     x, opts = gla_case(op, T=150, K=53, V=53, h0=True)
     do, dht = cotangents(x, opts)
     fn, ref = OPS[op]

@@ -12,6 +12,7 @@ interpreter.interpret_new_kernels()  # before the kernel modules are imported
 interpreter.enable()
 
 from refcheck import optimized, references  # noqa: E402
+from tests.ladders import force_last_launch_steps  # noqa: E402
 
 # relative RMS error allowed, by (input dtype, precision): fp32 inputs with fp32-accurate dots sit
 # near 1e-6; tf32 truncates operands to 10 bits (~1e-3); bf16/fp16 round inputs/outputs.
@@ -89,6 +90,20 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_kda_matches_float64(name):
+    check_against_float64(name)
+
+
+@pytest.mark.parametrize("name", ["fp32 ieee varlen strong decay partial chunks", "fp32 ieee K=100 V=24",
+                                  "fp32 tf32 safe", "bf16 tf32 B=2 segments of 2"])
+def test_launch_ladders_fall_back_to_the_same_result(name, monkeypatch):
+    """Every launch of the op forced onto its ladder's last step (``tests.ladders``: where shared memory runs short of
+    the earlier ones) still matches float64: grids and arrays sized by block widths follow the step that runs."""
+    force_last_launch_steps(monkeypatch)
+    check_against_float64(name)
+
+
+def check_against_float64(name):
+    """``CASES[name]`` forward and backward against the float64 reference, within ``TOL``."""
     shape, knobs = CASES[name]
     x, opts = kda_case(**shape)
     o_shape = (*x["v"].shape,)
