@@ -241,10 +241,11 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
 
 @pytest.mark.parametrize("V, block", [(48, 16), (128, 32), (128, 64)])
 def test_output_of_row_scaled_values_keeps_tf32_bits(V, block):
-    """The forward's output reads U row-scaled (``chunk.output``, ``scaled.dot_row_scaled``) from value blocks of the
-    recurrence's (``block`` columns each, the last one partial at V = 48) whose scales differ by orders of magnitude
-    along a row: ``P U`` (the states zero, so that o is ``P U`` alone) within a "tf32" dot's rounding of both
-    operands of every element's own products, ``2^-10 (|P| |U|)``, against float64; P from ``intra``."""
+    """The forward's output reads U row-scaled (``chunk.output``: an fp16 dot, ``scaled.dot_row_scaled``, from writers'
+    blocks of 64; a "tf32" dot of U's fp32 values from narrower ones) from value blocks of the recurrence's (``block``
+    columns each, the last one partial at V = 48) whose scales differ by orders of magnitude along a row: ``P U`` (the
+    states zero, so that o is ``P U`` alone) within a "tf32" dot's rounding of both operands of every element's own
+    products, ``2^-10 (|P| |U|)``, against float64; P from ``intra``."""
     from refcheck.optimized.chunk.output import output
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
