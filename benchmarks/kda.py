@@ -546,6 +546,9 @@ which is no split at B=8)."""
 POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
 """The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
+SCALE_BLOCKS = (dict(prepare=dict(SB=64)), dict(segments="auto", prepare=dict(SB=64)))
+"""The prepared operands' row scales by column blocks of 64, the forward pass's state in blocks of 64 (two dots where
+one block of 128 takes one; ``chunk.prepared.SCALE_BLOCK``), by default and over segments."""
 OUTPUT_LAUNCH = dict(BK=32, BV=64, num_warps=4, num_stages=1)
 """The output's default launch for KDA's forward (``chunk.output.output_ladder``, value blocks no wider than U's
 writer's, 64 at B=8), which the output's variants change one setting at a time."""
@@ -555,15 +558,15 @@ PROFILE_VARIANTS = (
         dict(exact=dict(num_warps=2)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
         dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
      for safe in (False, True)]
-    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
         dict(BK=16), dict(BK=64), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
         dict(BK=64, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
         dict(BV=32, num_stages=2))))]
-    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS]
+    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS]
     + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward")
-       for cfg in SEGMENTS + POINTERS[1:]]
+       for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16), dict(TMA=False))
        for safe in (False, True)]
@@ -576,7 +579,7 @@ PROFILE_VARIANTS = (
     + [("grads", dict(value=cfg), False, False) for cfg in (dict(num_warps=8), dict(BV=32), dict(BV=32, num_stages=2),
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]
     + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")
-       for cfg in (dict(), dict(num_warps=2), dict(num_warps=4))]
+       for cfg in (dict(), dict(num_warps=2), dict(num_warps=4), *SCALE_BLOCKS[:1])]
     + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
 )
 
@@ -611,29 +614,32 @@ def profile_stage(d, stage, cfg, safe, gather):
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     cfg = dict(cfg)
+    prep = cfg.pop("prepare", None)  # the prepared operands' launch (``SB``: their scales' column blocks)
+    keys = d["keys"] if prep is None else prepare_keys(d["k"], d["G"], ch, "tf32", q=d["q"], config=prep)
     n = cfg.pop("segments", 0)
     n = segment_length(ch, d["k"].shape[1], f["v"].shape[-1]) if n == "auto" else n
     segs = split(ch, n) if n else None
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     # the forward's segment maps and entry states, for the backward's passes over the same segments
-    trans = (chunk_fwd.recurrence(d["keys"], f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=False,
+    trans = (chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=False,
                                   segments=segs)[3] if segs is not None and stage.endswith("_from_forward") else None)
     if stage == "recurrence_from_forward":  # the backward's recomputation over segments: step 3 alone
-        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
-                                            None, ch, "tf32", final=False, scaled=True, segments=segs,
-                                            transitions=trans, config=cfg)
+        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32", config=prep), f["v"], d["G"],
+                                            f["beta"], d["T"], None, ch, "tf32", final=False, scaled=True,
+                                            segments=segs, transitions=trans, config=cfg)
     if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
         keep = stage == "recurrence_keep"
         # the pass with its operands prepared, as the forward runs it
-        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32"), f["v"], d["G"], f["beta"], d["T"],
-                                            None, ch, "tf32", final=not keep, hs_dtype=d["hs_out"].dtype, scaled=keep,
-                                            scaled_values=True, segments=segs, config=cfg)
+        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32", config=prep), f["v"], d["G"],
+                                            f["beta"], d["T"], None, ch, "tf32", final=not keep,
+                                            hs_dtype=d["hs_out"].dtype, scaled=keep, scaled_values=True,
+                                            segments=segs, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
         return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
-        return lambda: chunk_bwd.dstate(d["keys"], d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
+        return lambda: chunk_bwd.dstate(keys, d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
     if stage == "grads":
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
@@ -641,7 +647,7 @@ def profile_stage(d, stage, cfg, safe, gather):
                                        gather, "tf32", f["q"].dtype, f["k"].dtype, cfg)
     if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
         q = d["q"] if stage == "prepare_with_q" else None
-        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q, config=cfg)
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q, config=(prep or {}) | cfg)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import Chunks, launch
+from ..common import Chunks, launch, padded
 from .scaled import row_scaled, scale_rows
 from .state import state_blocks
 from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile, row_offsets, store_tile
@@ -36,6 +36,11 @@ PREPARE_LAUNCH = dict(num_warps=8, num_stages=1)
 forward's operands 0.257 ms at 4 warps, 0.239 at 8, 0.272 at 2; the backward's (with ``q e^G``) 0.446, 0.405, 0.599. A
 program for every state block of a chunk (no third grid axis) gave 0.256 / 0.246 and 0.432 / 0.395 at 4 / 8 warps:
 not worth a second launch shape."""
+
+
+SCALE_BLOCK = 128
+"""The widest column block that shares a row scale: the forward pass's state block (one dot over K <= 128, where
+blocks of 64 took two, each waited for, ``chunk_fwd.recurrence``)."""
 
 
 def operand_dtype(precision: str) -> torch.dtype:
@@ -75,7 +80,8 @@ def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, 
 
 class PreparedKeys(NamedTuple):
     """A pass's prepared operands (``[T, H, K]`` in ``operand_dtype``) and their row scales (fp32
-    ``[T, H, NKB]``): ``k e^G``, ``k e^{G_last - G}``, and ``q e^G`` where the pass needs it (None else)."""
+    ``[T, H, NSB]``, one a row and column block of ``block``): ``k e^G``, ``k e^{G_last - G}``, and ``q e^G``
+    where the pass needs it (None else)."""
 
     kg: torch.Tensor
     sg: torch.Tensor
@@ -84,12 +90,18 @@ class PreparedKeys(NamedTuple):
     qg: torch.Tensor | None = None
     sq: torch.Tensor | None = None
 
+    @property
+    def block(self) -> int:
+        """The width ``SB`` of the column blocks that share a row scale."""
+        return padded(self.kg.shape[-1]) // self.sg.shape[-1]
+
 
 def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
     """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
-    overrides the launch (``num_warps``)."""
+    overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default)."""
     total, H, K = k.shape
-    KB, NKB = state_blocks(K)
+    config = dict(config or {})
+    KB, NKB = state_blocks(K, maximum=config.pop("SB", SCALE_BLOCK))
 
     def operand():
         return (torch.empty(total, H, K, device=k.device, dtype=operand_dtype(precision)),
@@ -100,5 +112,5 @@ def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | No
         launch(prepare_kernel, (chunks.num_chunks, H, NKB),
                (k, k if q is None else q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq,
                 chunks.cu, chunks.seq, chunks.start, H, K, NKB),
-               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [PREPARE_LAUNCH | (config or {})])
+               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [PREPARE_LAUNCH | config])
     return PreparedKeys(kg, sg, kd, sd, qg, sq)

@@ -147,18 +147,20 @@ def row_scales(s_ptr, rows, rmask, h, H, NKB, kb):
 
 
 @triton.jit
-def block_scales(s_ptr, rows, rmask, h, H, NKB: tl.constexpr):
-    """The row scales of blocks 0..3 of a prepared operand (block 0's again past ``NKB``)."""
-    s0 = row_scales(s_ptr, rows, rmask, h, H, NKB, 0)
+def block_scales(s_ptr, rows, rmask, h, H, NSB, KB: tl.constexpr, SB: tl.constexpr, NKB: tl.constexpr):
+    """The row scales of state blocks 0..3 (``KB`` rows each, block 0's again past ``NKB``) of a prepared operand
+    scaled by column blocks of ``SB >= KB`` (``NSB`` of them): state block b lies in scale block ``b KB / SB``."""
+    tl.static_assert(SB % KB == 0, "a state block lies in one scale block")
+    s0 = row_scales(s_ptr, rows, rmask, h, H, NSB, 0)
     s1 = s0
     s2 = s0
     s3 = s0
     if NKB > 1:
-        s1 = row_scales(s_ptr, rows, rmask, h, H, NKB, 1)
+        s1 = row_scales(s_ptr, rows, rmask, h, H, NSB, KB // SB)
     if NKB > 2:
-        s2 = row_scales(s_ptr, rows, rmask, h, H, NKB, 2)
+        s2 = row_scales(s_ptr, rows, rmask, h, H, NSB, 2 * KB // SB)
     if NKB > 3:
-        s3 = row_scales(s_ptr, rows, rmask, h, H, NKB, 3)
+        s3 = row_scales(s_ptr, rows, rmask, h, H, NSB, 3 * KB // SB)
     return s0, s1, s2, s3
 
 
@@ -373,9 +375,9 @@ def single_stage(cfg: dict) -> list[dict]:
     return [cfg, cfg | dict(num_stages=1)]
 
 
-def state_blocks(K: int, minimum: int = 16) -> tuple[int, int]:
-    """``(KB, NKB)``: the state's K-blocks (at most 64 rows each, at least ``minimum``, at most four)."""
-    kb = min(padded(K, minimum), 64)
+def state_blocks(K: int, minimum: int = 16, maximum: int = 64) -> tuple[int, int]:
+    """``(KB, NKB)``: the state's K-blocks (at most ``maximum`` rows each, at least ``minimum``, at most four)."""
+    kb = min(padded(K, minimum), maximum)
     return kb, padded(K, minimum) // kb
 
 
@@ -387,15 +389,15 @@ def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, s
 
 
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                  config: dict | None, split_k: bool = False, min_block: int = 16):
+                  config: dict | None, split_k: bool = False, min_block: int = 16, max_block: int = 64):
     """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
-    ``state_blocks(K, min_block)``, launch settings from ``serial_launch`` overridden by ``config``
+    ``state_blocks(K, min_block, max_block)``, launch settings from ``serial_launch`` overridden by ``config``
     (``serial_config``). ``split_k``: one program per K-block too (``program_id(2)``, the kernel's ``kb0``;
     NKB = 1), for a recurrence whose state rows are independent (GLA's diagonal decay, not the delta rule)."""
     N = chunks.num_seqs
     if not (N and H):
         return
-    kb, nkb = state_blocks(K, min_block)
+    kb, nkb = state_blocks(K, min_block, max_block)
     splits = nkb if split_k else 1
     cfg = serial_config(chunks, H, K, V, config, split_k, min_block)
     launch(kernel, (triton.cdiv(V, cfg["BV"]), N * H, splits), args,

@@ -70,8 +70,8 @@ from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, su
 @triton.jit
 def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_ptr, dht_ptr,
                   dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr,
-                  KB: tl.constexpr, NKB: tl.constexpr, BV: tl.constexpr, HAS_DHT: tl.constexpr,
-                  STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr,
+                  KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
+                  HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr,
                   TMA: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
@@ -87,9 +87,9 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_
     for back in range(num):
         it = num - 1 - back
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NKB)
-        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NKB)
-        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NKB)
+        sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
+        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
@@ -427,7 +427,7 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
                        end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
                        dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision,
-                           TMA=tma),
+                           TMA=tma, SB=keys.block, NSB=keys.sg.shape[-1]),
                       over, H, K, W, dstate_launch(over, H, K, W, config))
         return dh0
 

@@ -47,7 +47,6 @@ from ..chunk.state import (
     serial_chunk,
     serial_config,
     serial_program,
-    state_blocks,
     store_blocks,
     update_blocks,
 )
@@ -188,7 +187,7 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
 @triton.jit
 def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr, u_s_ptr,
                       cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                      BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
+                      NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
                       H_SCALED: tl.constexpr, U_SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
@@ -203,8 +202,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NKB)
-        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NKB)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NSB, KB, KB, NKB)
+        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NSB, KB, KB, NKB)
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
@@ -275,7 +274,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
     scaled_values = scaled if scaled_values is None else scaled_values
     U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
-    KB, C = state_blocks(K)[0], chunks.size
+    KB, C = keys.block, chunks.size  # the state in the operands' scale blocks
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
         store_final = not steps if store_final is None else store_final
@@ -288,8 +287,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                        ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
-                           U_SCALED=scaled_values, PREC=precision, TMA=tma),
-                      over, H, K, W, launch_cfg)
+                           U_SCALED=scaled_values, PREC=precision, TMA=tma, NSB=keys.sg.shape[-1]),
+                      over, H, K, W, launch_cfg, max_block=KB)
         return ht
 
     if segments is None:
