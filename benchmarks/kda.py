@@ -558,15 +558,19 @@ PROFILE_VARIANTS = (
         dict(exact=dict(num_warps=2)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
         dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
      for safe in (False, True)]
-    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS]
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS
+       + (dict(KB=64), dict(segments="auto", KB=64))]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
         dict(BK=16), dict(BK=64), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
         dict(BK=64, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
         dict(BV=32, num_stages=2))))]
-    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS]
-    + [(stage, cfg, False, False) for stage in ("recurrence_from_forward", "dstate_from_forward")
-       for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]]
+    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS
+       + (dict(KB=128), dict(segments="auto", KB=128))]
+    + [("recurrence_from_forward", cfg, False, False) for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]
+       + (dict(segments="auto", KB=64),)]
+    + [("dstate_from_forward", cfg, False, False) for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]
+       + (dict(segments="auto", KB=128),)]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16), dict(TMA=False))
        for safe in (False, True)]

@@ -76,6 +76,8 @@ CASES = {
     "fp32 ieee softplus gate": (dict(gate=True, h0=True, K=16, V=16), dict(precision="ieee")),
     "fp32 ieee sigmoid gate safe": (dict(gate=True, safe=-2.0), dict(precision="ieee")),
     "fp32 ieee K=100 V=24": (dict(T=66, K=100, V=24), dict(precision="ieee")),
+    # K = 256: the prepared operands' two scale blocks of 128 under the passes' four state blocks of 64
+    "bf16 tf32 K=256 h0": (dict(T=80, dtype="bf16", h0=True, K=256, V=32), dict()),
     "fp32 tf32 safe": (dict(safe=-5.0), dict(precision="tf32")),
     "bf16 tf32 B=2": (dict(B=2, T=40, dtype="bf16", h0=True, K=16, V=16), dict()),
     "fp16 tf32 safe": (dict(T=67, dtype="fp16", safe=-3.0), dict()),

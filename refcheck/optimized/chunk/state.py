@@ -3,8 +3,8 @@
 The serial kernels hold a state ``S [K, BV]`` (or its gradient) in registers for a whole sequence.
 Per chunk they need the K-side tiles ``k e^G``, ``q e^G``, ``k e^{G_last - G}`` ``[C, K]``: formed
 for all of K at once they would not fit in registers. So the state lives in up to four blocks
-``S_b [KB, BV]`` (``KB = min(K, 64)`` padded, ``NKB = KP / KB``), named variables in the kernels, and
-every helper here reads the K-side tiles of one block only, right before its dot. The blocks a
+``S_b [KB, BV]`` (``state_blocks``: ``KB = min(K, 64)`` padded, KDA's forward pass up to 128, ``NKB = KP / KB``),
+named variables in the kernels, and every helper here reads the K-side tiles of one block only, right before its dot. The blocks a
 program holds are ``kb0 .. kb0 + NKB - 1``: all of them (``kb0 = 0``), or, where the state's rows are
 independent (GLA), one K-block per program (``launch_serial(split_k=True)``).
 

@@ -405,15 +405,19 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
     by side (``chunk.segments``); ``transitions``: the forward pass's over them, whose maps transposed are this
     pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``TMA``, ``num_warps``,
-    ``num_stages``)."""
+    ``num_stages``; ``KB``: the state blocks' rows, at most the operands' scale block). Blocks of 64 by default: 128 took
+    0.913 ms against 0.820 at B=8 and 1.245 against 1.117 in varlen (H200, bf16, H=16, K=V=128, one dot where two
+    were each waited for, but 200 B a thread spilled offline; ``results/kda_profile_dstate_width_h200_session17.txt``)."""
     total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
+    config = dict(config or {})
+    width = config.pop("KB", 64)
     block = dstate_launch(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
     dh = allocate((chunks.num_chunks, H, K, V), block, scaled, f32, dev)
     dY = allocate((total, H, V), block, scaled, f32, dev)
-    KB, C = state_blocks(K)[0], chunks.size
+    KB, C = state_blocks(K, maximum=min(width, keys.block))[0], chunks.size
     # dO through TMA (its rows past a sequence set to zero) and dh stored through TMA: B=8 0.890 -> 1.299 ms, B=1 from
     # the forward's maps 1.891 -> 2.254 (H100, ``results/kda_profile_tma_stores_h100.txt``); not kept
     tma, (qg, kg, kd, Pd, Td) = tma_operands(config, *((x, [C, 1, KB]) for x in (keys.qg, keys.kg, keys.kd)),
@@ -428,7 +432,7 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
                        dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision,
                            TMA=tma, SB=keys.block, NSB=keys.sg.shape[-1]),
-                      over, H, K, W, dstate_launch(over, H, K, W, config))
+                      over, H, K, W, dstate_launch(over, H, K, W, config), max_block=KB)
         return dh0
 
     if segments is None:

@@ -47,6 +47,7 @@ from ..chunk.state import (
     serial_chunk,
     serial_config,
     serial_program,
+    state_blocks,
     store_blocks,
     update_blocks,
 )
@@ -81,6 +82,16 @@ PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
 64, 0.558 -> 0.479 ms."""
+
+
+def state_width(scaled: bool) -> int:
+    """The rows of the serial pass's state blocks (``KB``, at most the prepared operands' scale block,
+    ``chunk.prepared.SCALE_BLOCK``): 64 for the forward's pass (its states stored as they are, bf16 for the output),
+    128 for the backward's recomputation (states row-scaled, ``chunk.scaled``). Measured on an H200 (bf16, H=16,
+    K=V=128, the pass with its operands' preparation, ``results/kda_profile_state_width_h200_session17.txt``), blocks of
+    64 against 128: the forward's B=8, T=4096 0.575 / 0.623 ms, B=1, T=32768 over segments 1.151 / 1.229, varlen
+    0.866 / 0.937; the recomputation 0.620 / 0.598, 0.608 / 0.596, 0.959 / 0.907."""
+    return 128 if scaled else 64
 
 
 def exact_launch(K: int) -> dict:
@@ -187,8 +198,9 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
 @triton.jit
 def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr, u_s_ptr,
                       cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                      NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr,
-                      H_SCALED: tl.constexpr, U_SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+                      SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                      STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, H_SCALED: tl.constexpr, U_SCALED: tl.constexpr,
+                      PREC: tl.constexpr, TMA: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
     row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``).
@@ -196,21 +208,25 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
     ``state.store_state``): the loaded rows past a sequence's end enter Z and U, but beta's zeros drop them from
     ``Diag(beta) Z`` and Kd's zero row scales from the update. The state has W >= V columns (h0 and ht
     ``[N, H, K, W]``), the values V: the columns past V start from h0 and take zero values (``chunk.segments``'
-    transitions)."""
+    transitions). The operands' row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
+    A step loads its values first and forms ``Z = V - Kg S`` after the dot: loaded where the dot took them as its
+    accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8;
+    ``docs/performance.md``, seventeenth session)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
     wmask = vv < W
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
         t0, rows, rmask, grows, last = serial_chunk(bos, eos, it, C)
-        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NSB, KB, KB, NKB)
-        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NSB, KB, KB, NKB)
+        values = load_rows(v, t0, rows, rmask, h, H, V, tl.program_id(0) * BV, BV, TMA)
+        sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
+        sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(hs, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, H_SCALED,
                          TMA)
-        Z = read_blocks(S0, S1, S2, S3, load_rows(v, t0, rows, rmask, h, H, V, tl.program_id(0) * BV, BV, TMA), kg,
-                        -sg0, -sg1, -sg2, -sg3, t0, rows, rmask, h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
+        Z = values - read_blocks(S0, S1, S2, S3, tl.zeros((C, BV), tl.float32), kg, sg0, sg1, sg2, sg3, t0, rows, rmask,
+                                 h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
         U = tl.dot(load_rows(T, t0, rows, rmask, h, H, C, 0, C, TMA), beta[:, None] * Z, input_precision=PREC)
         if STEPS:
             store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, U_SCALED)
@@ -265,16 +281,17 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     without segments).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
-    ``num_warps``, ``num_stages``)."""
+    ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
+    width = launch_cfg.pop("KB", state_width(scaled))
     block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
     hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
     scaled_values = scaled if scaled_values is None else scaled_values
     U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
-    KB, C = keys.block, chunks.size  # the state in the operands' scale blocks
+    KB, C = state_blocks(K, maximum=min(width, keys.block))[0], chunks.size
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
         store_final = not steps if store_final is None else store_final
@@ -287,7 +304,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                        ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
-                           U_SCALED=scaled_values, PREC=precision, TMA=tma, NSB=keys.sg.shape[-1]),
+                           U_SCALED=scaled_values, PREC=precision, TMA=tma, SB=keys.block, NSB=keys.sg.shape[-1]),
                       over, H, K, W, launch_cfg, max_block=KB)
         return ht
 
