@@ -547,8 +547,8 @@ POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
 """The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 SCALE_BLOCKS = (dict(prepare=dict(SB=64)), dict(segments="auto", prepare=dict(SB=64)))
-"""The prepared operands' row scales by column blocks of 64, the forward pass's state in blocks of 64 (two dots where
-one block of 128 takes one; ``chunk.prepared.SCALE_BLOCK``), by default and over segments."""
+"""The prepared operands' row scales by column blocks of 64 (``chunk.prepared.SCALE_BLOCK`` was 64 before the
+seventeenth session), by default and over segments; the serial passes' own state blocks are the ``KB`` variants."""
 OUTPUT_LAUNCH = dict(BK=32, BV=64, num_warps=4, num_stages=1)
 """The output's default launch for KDA's forward (``chunk.output.output_ladder``, value blocks no wider than U's
 writer's, 64 at B=8), which the output's variants change one setting at a time."""
@@ -559,7 +559,7 @@ PROFILE_VARIANTS = (
         dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS
-       + (dict(KB=64), dict(segments="auto", KB=64))]
+       + (dict(KB=128), dict(segments="auto", KB=128))]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
         dict(BK=16), dict(BK=64), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
