@@ -3,10 +3,11 @@
 The serial kernels hold a state ``S [K, BV]`` (or its gradient) in registers for a whole sequence.
 Per chunk they need the K-side tiles ``k e^G``, ``q e^G``, ``k e^{G_last - G}`` ``[C, K]``: formed
 for all of K at once they would not fit in registers. So the state lives in up to four blocks
-``S_b [KB, BV]`` (``state_blocks``: ``KB = min(K, 64)`` padded, KDA's forward pass up to 128, ``NKB = KP / KB``),
-named variables in the kernels, and every helper here reads the K-side tiles of one block only, right before its dot. The blocks a
-program holds are ``kb0 .. kb0 + NKB - 1``: all of them (``kb0 = 0``), or, where the state's rows are
-independent (GLA), one K-block per program (``launch_serial(split_k=True)``).
+``S_b [KB, BV]`` (``state_blocks``: ``KB = min(K, 64)`` padded, or up to 128 where a pass asks for it, as KDA's
+recomputation does, ``NKB = KP / KB``), named variables in the kernels, and every helper here reads the K-side tiles
+of one block only, right before its dot. The blocks a program holds are ``kb0 .. kb0 + NKB - 1``: all of them
+(``kb0 = 0``), or, where the state's rows are independent (GLA), one K-block per program
+(``launch_serial(split_k=True)``).
 
 The ops differ in what a chunk writes (KDA: the delta rule's ``U``, GLA: ``V``) and in where their
 K-side tiles come from. GLA's helpers (``write_blocks``, ``dwrite_blocks``) form them from k or q and G

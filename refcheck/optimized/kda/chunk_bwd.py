@@ -71,8 +71,8 @@ from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, su
 def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_ptr, dht_ptr,
                   dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr,
                   KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
-                  HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr,
-                  TMA: tl.constexpr):
+                  HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
+                  PREC: tl.constexpr, TMA: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
     ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``); they, P and T are pointers, or with ``TMA``
