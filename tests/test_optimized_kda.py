@@ -192,7 +192,7 @@ def test_prepared_operands_have_power_of_two_row_scales(block):
     chunks = make_chunks(1, T, None, 64, "cpu")
     g = -2 * torch.rand(T, H, K, generator=gen)
     g[20, 0, :] = -70.0  # later rows of the first chunk decay below fp32's smallest normal, then to zero
-    g[20, 0, 64:] += 8.0  # the second half of the channels later than the first
+    g[20, 0, 64:] += 8.0  # the second half of the channels decays less there: its rows reach subnormals later
     G = gate_cumsum(g, None, None, None, chunks)
     keys = prepare_keys(k, G, chunks, "tf32", config=dict(SB=block))
     assert keys.block == block and keys.sg.shape == (T, H, K // block)
