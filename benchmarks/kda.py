@@ -555,7 +555,7 @@ writer's, 64 at B=8), which the output's variants change one setting at a time."
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
-        dict(exact=dict(num_warps=2)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
+        dict(exact=dict(num_warps=1)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
         dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS

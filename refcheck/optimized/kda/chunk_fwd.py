@@ -51,15 +51,15 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, load_gate, load_rows, load_rowvec, load_tile
+from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile
 from ..common import Chunks, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
     below_blocks,
     below_inverse,
     block_beta,
+    decayed_keys,
     diag_block,
-    diag_row,
     load_block,
     store_below,
     store_block,
@@ -95,10 +95,11 @@ def state_width(scaled: bool) -> int:
 
 
 def exact_launch(K: int) -> dict:
-    """``exact_kernel``'s launch (``[16, K]`` tiles): a warp per 128 channels, the footprint a thread measured best at
-    K = 128 (under strong decay, the same shape: ``intra`` 1.641 ms at 1 warp, 1.742 at 2, 2.001 at 4); at K = 256
-    one warp spills 296 B a thread offline (Triton 3.6, sm_90), two none."""
-    return dict(num_warps=max(1, padded(K) // 128))
+    """``exact_kernel``'s launch (``[16, K]`` tiles): two warps per 128 channels. Measured on an H200 (bf16, B=8,
+    T=4096, H=16, K=128, ``intra`` under strong decay, ``results/kda_profile_exact_h200_session18.txt``): 1.348 ms at 1
+    warp (205 registers offline), 1.258 at 2, 1.710 at 4 (at 1 warp before the decayed keys were carried from row to
+    row, 255 registers: 1.508, 2 warps slower)."""
+    return dict(num_warps=2 * max(1, padded(K) // 128))
 
 
 @triton.jit
@@ -114,21 +115,27 @@ def exact_row(q_ptr, k_ptr, G_ptr, t0, i, end, h, H, K, d, dmask):
 def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r1, C: tl.constexpr, BC: tl.constexpr,
               W: tl.constexpr, BK: tl.constexpr):
     """Rows ``s + r0 .. s + r1 - 1`` (those below n) of the diagonal block whose first row is chunk row s, against the
-    block's first W columns (the others are above the diagonal for these rows: P's are stored as zeros), exactly
-    (``blocks.diag_row``), one row after another against those columns' k and G held in registers: A's into T's
-    memory, P's (scaled) into P's."""
+    block's first W columns (the others are above the diagonal for these rows: P's are stored as zeros), exactly for
+    any decay, one row after another: A's into T's memory, P's (scaled) into P's. The columns' decayed keys
+    ``X_j = k_j e^{G_i - G_j}`` ``[W, BK]`` (zero for j > i) are carried from row to row, ``X <- X e^{G_{i+1} - G_i}``
+    and row i + 1's own key in its column: one row of exponentials a step, where forming each factor on its own took
+    W, and no G of the columns held (``blocks.decayed_keys`` forms the first row's). Every factor lies in (0, 1], so a
+    product only underflows where ``e^{G_i - G_j}`` does; it carries at most r1 - r0 - 1 roundings of the product."""
     d = tl.arange(0, BK)
     dmask = d < K
     j = s + tl.arange(0, W)
-    k_j = load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask)
-    G_j = load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask)
     end = tl.minimum(s + r1, n)
     k_i, q_i, G_i = exact_row(q_ptr, k_ptr, G_ptr, t0, s + r0, end, h, H, K, d, dmask)
+    X = decayed_keys(load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask),
+                     load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask), j, s + r0, G_i)
     for i in range(s + r0, end):
         # the next row's loads issued before this row's sums, so that their latency is not a step of the walk: intra
         # under strong decay 1.605 -> 1.510 ms (H200, B=8, ``results/kda_profile_exact_prefetch_h200_session17.txt``)
         k_n, q_n, G_n = exact_row(q_ptr, k_ptr, G_ptr, t0, i + 1, end, h, H, K, d, dmask)
-        a, p = diag_row(k_j, G_j, j, i, k_i.to(tl.float32), q_i.to(tl.float32), G_i)
+        a = tl.sum(k_i.to(tl.float32)[None, :] * X, axis=1)
+        p = tl.sum(q_i.to(tl.float32)[None, :] * X, axis=1)
+        X = tl.where((j <= i)[:, None], X * decay(G_n - G_i)[None, :],
+                     tl.where((j == i + 1)[:, None], k_n.to(tl.float32)[None, :], 0.0))
         k_i, q_i, G_i = k_n, q_n, G_n
         out = ((t0 + i).to(tl.int64) * H + h) * C
         tl.store(T_ptr + out + j, a)
