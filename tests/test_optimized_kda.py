@@ -316,6 +316,36 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
         assert torch.equal(x, y)
 
 
+def test_serial_passes_keep_state_blocks_within_scale_blocks():
+    """A pass's state blocks each lie within one column block of its operands' row scales
+    (``PreparedKeys.state_rows``): operands scaled by blocks of 64 under a pass that asks for state blocks of 128 (the
+    backward's recomputation, and the reverse pass given ``KB=128``) take blocks of 64, and agree with the operands
+    scaled by blocks of 128 to the operands' fp16 rounding."""
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_bwd import dstate
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(13)
+    T, H, K, V = 100, 1, 128, 32
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v, do = (torch.randn(T, H, V, generator=gen) for _ in range(2))
+    beta = torch.rand(T, H, generator=gen)
+    chunks = make_chunks(1, T, None, 64, "cpu")
+    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    runs = []
+    for block in (64, 128):
+        keys = prepare_keys(k, G, chunks, "tf32", q=q, config=dict(SB=block))
+        assert keys.block == block and keys.state_rows(128) == block
+        _, hs, U, _ = recurrence(keys, v, G, beta, Tm, None, chunks, "tf32", final=False, scaled=True)
+        dh, dY, _ = dstate(keys, G, beta, Tm, P, do, None, chunks, K ** -0.5, "tf32", False, scaled=True,
+                           config=dict(KB=128))
+        runs.append([hs.float(), U.float(), dh.float(), dY.float()])
+    for x, y in zip(*runs):
+        torch.testing.assert_close(x, y, rtol=2e-3, atol=2e-3 * float(y.abs().max()))
+
+
 def test_serial_passes_over_segments_take_each_launchs_value_block_through_tma():
     """Over segments (``chunk.segments``) the transitions' launch has W = V + K state columns and may take other value
     blocks than the steps' launch (here 64 against 32: 66 segments of one chunk, K = V = 64, as at B=1, T=32768 over

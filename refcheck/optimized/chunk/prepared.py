@@ -99,6 +99,16 @@ class PreparedKeys(NamedTuple):
         """The width ``SB`` of the column blocks that share a row scale."""
         return padded(self.kg.shape[-1]) // self.sg.shape[-1]
 
+    def state_rows(self, width: int) -> int:
+        """``KB``, the rows of a pass's state blocks for at most ``width`` of them: each block within one scale
+        block (``state.block_scales``)."""
+        return state_blocks(self.kg.shape[-1], maximum=min(width, self.block))[0]
+
+    @property
+    def constexprs(self) -> dict:
+        """What a serial kernel reading these operands takes about their scales (``SB``, ``NSB``)."""
+        return dict(SB=self.block, NSB=self.sg.shape[-1])
+
 
 def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
     """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``

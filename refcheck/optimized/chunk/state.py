@@ -142,9 +142,9 @@ def dwrite_block(dS, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
 
 
 @triton.jit
-def row_scales(s_ptr, rows, rmask, h, H, NKB, kb):
-    """The row scales ``s[rows, h, kb]`` of a prepared operand, ``[C]``."""
-    return tl.load(s_ptr + row_offsets(rows, h, H, NKB) + kb, mask=rmask, other=0.0)
+def row_scales(s_ptr, rows, rmask, h, H, NSB, sb):
+    """The row scales ``s[rows, h, sb]`` of a prepared operand (``[T, H, NSB]``, scale block sb), ``[C]``."""
+    return tl.load(s_ptr + row_offsets(rows, h, H, NSB) + sb, mask=rmask, other=0.0)
 
 
 @triton.jit

@@ -56,7 +56,6 @@ from ..chunk.state import (
     serial_chunk,
     serial_config,
     serial_program,
-    state_blocks,
     store_blocks,
     update_blocks,
 )
@@ -417,7 +416,7 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     block = dstate_launch(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
     dh = allocate((chunks.num_chunks, H, K, V), block, scaled, f32, dev)
     dY = allocate((total, H, V), block, scaled, f32, dev)
-    KB, C = state_blocks(K, maximum=min(width, keys.block))[0], chunks.size
+    KB, C = keys.state_rows(width), chunks.size
     # dO through TMA (its rows past a sequence set to zero) and dh stored through TMA: B=8 0.890 -> 1.299 ms, B=1 from
     # the forward's maps 1.891 -> 2.254 (H100, ``results/kda_profile_tma_stores_h100.txt``); not kept
     tma, (qg, kg, kd, Pd, Td) = tma_operands(config, *((x, [C, 1, KB]) for x in (keys.qg, keys.kg, keys.kd)),
@@ -431,7 +430,7 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
                        end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
                        dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision,
-                           TMA=tma, SB=keys.block, NSB=keys.sg.shape[-1]),
+                           TMA=tma) | keys.constexprs,
                       over, H, K, W, dstate_launch(over, H, K, W, config), max_block=KB)
         return dh0
 

@@ -47,7 +47,6 @@ from ..chunk.state import (
     serial_chunk,
     serial_config,
     serial_program,
-    state_blocks,
     store_blocks,
     update_blocks,
 )
@@ -310,7 +309,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
     scaled_values = scaled if scaled_values is None else scaled_values
     U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
-    KB, C = state_blocks(K, maximum=min(width, keys.block))[0], chunks.size
+    KB, C = keys.state_rows(width), chunks.size
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
         store_final = not steps if store_final is None else store_final
@@ -323,7 +322,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                        ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
                        over.offsets, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
-                           U_SCALED=scaled_values, PREC=precision, TMA=tma, SB=keys.block, NSB=keys.sg.shape[-1]),
+                           U_SCALED=scaled_values, PREC=precision, TMA=tma) | keys.constexprs,
                       over, H, K, W, launch_cfg, max_block=KB)
         return ht
 
