@@ -549,9 +549,12 @@ the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 SCALE_BLOCKS = (dict(prepare=dict(SB=64)), dict(segments="auto", prepare=dict(SB=64)))
 """The prepared operands' row scales by column blocks of 64 (``chunk.prepared.SCALE_BLOCK`` was 64 before the
 seventeenth session), by default and over segments; the serial passes' own state blocks are the ``KB`` variants."""
-OUTPUT_LAUNCH = dict(BK=32, BV=64, num_warps=4, num_stages=1)
+OUTPUT_LAUNCH = dict(BK=64, BV=64, num_warps=4, num_stages=1)
 """The output's default launch for KDA's forward (``chunk.output.output_ladder``, value blocks no wider than U's
 writer's, 64 at B=8), which the output's variants change one setting at a time."""
+NOT_GATED = dict(gated_q=False)
+"""The forward's operands formed without the output's ``scale q e^G`` (``chunk.prepared.Forward``), and the output
+forming it from q and G: the forward before the nineteenth session."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
@@ -562,9 +565,9 @@ PROFILE_VARIANTS = (
        + (dict(KB=128), dict(segments="auto", KB=128))]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
-        dict(BK=16), dict(BK=64), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
-        dict(BK=64, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
-        dict(BV=32, num_stages=2))))]
+        dict(BK=16), dict(BK=32), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
+        dict(BK=32, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
+        dict(BV=32, num_stages=2))), NOT_GATED)]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]
     + [("recurrence_from_forward", cfg, False, False) for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]
@@ -584,14 +587,14 @@ PROFILE_VARIANTS = (
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]
     + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")
        for cfg in (dict(), dict(num_warps=2), dict(num_warps=4), *SCALE_BLOCKS[:1])]
-    + [("gate", dict(), False, False), ("l2norm", dict(), False, False)]
+    + [("prepare", NOT_GATED, False, False), ("gate", dict(), False, False), ("l2norm", dict(), False, False)]
 )
 
 
 def profile_data(name):
     """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
     from refcheck.optimized.chunk.output import state_dtype
-    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.prepared import Forward, prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     s = SHAPES[name]
@@ -601,19 +604,21 @@ def profile_data(name):
     q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
+    gated_q = torch.empty(q.shape, device=q.device, dtype=state_dtype(flat["v"].dtype))
+    prepare_keys(k, G, ch, "tf32", forward=Forward(q, gated_q, scale))
     T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
-                scale=scale, hs_out=hs.float().to(state_dtype(flat["v"].dtype)))
+                scale=scale, hs_out=hs.float().to(state_dtype(flat["v"].dtype)), gated_q=gated_q)
 
 
 def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
     from refcheck.optimized.chunk.output import output
-    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.prepared import Forward, prepare_keys
     from refcheck.optimized.chunk.segments import segment_length, split
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
     f, ch, sc = d["flat"], d["ch"], d["scale"]
@@ -623,6 +628,8 @@ def profile_stage(d, stage, cfg, safe, gather):
     n = cfg.pop("segments", 0)
     n = segment_length(ch, d["k"].shape[1], f["v"].shape[-1]) if n == "auto" else n
     segs = split(ch, n) if n else None
+    # the forward's preparation forms the output's left operand, the output reads it (but for NOT_GATED)
+    gated_q = d["gated_q"] if cfg.pop("gated_q", True) else None
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     # the forward's segment maps and entry states, for the backward's passes over the same segments
@@ -641,7 +648,8 @@ def profile_stage(d, stage, cfg, safe, gather):
                                             segments=segs, config=cfg)
     if stage == "output":
         H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg)
+        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg,
+                              gated_q=gated_q)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(keys, d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
@@ -649,9 +657,11 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: chunk_bwd.grads(d["q"], d["k"], f["v"], f["g"], d["G"], f["beta"], d["hs"], d["dh"], d["U"],
                                        d["dY"], d["do"], None, None, None, ch, sc, None if safe else d["flags"],
                                        gather, "tf32", f["q"].dtype, f["k"].dtype, cfg)
-    if stage.startswith("prepare"):  # the forward's operands of the serial pass, or the backward's (with q e^G)
-        q = d["q"] if stage == "prepare_with_q" else None
-        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=q, config=(prep or {}) | cfg)
+    if stage == "prepare_with_q":  # the backward's operands (with q e^G)
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=d["q"], config=(prep or {}) | cfg)
+    if stage == "prepare":  # the forward's (with the output's q), or NOT_GATED
+        fwd = Forward(d["q"], gated_q, sc) if gated_q is not None else None
+        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", config=(prep or {}) | cfg, forward=fwd)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
     return lambda: l2norm.l2norm_forward(f["q"])

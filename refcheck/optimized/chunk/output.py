@@ -19,7 +19,16 @@ import triton.language as tl
 
 from ..common import Chunks, launch, padded
 from .scaled import Stored, dot_row_scaled, load_tile_scaled_blocks
-from .tiles import MIN_BLOCK, chunk_rows, decay, load_gate, load_gate_row, load_tile, store_tile
+from .tiles import (
+    MIN_BLOCK,
+    chunk_rows,
+    gated_left,
+    load_gate,
+    load_gate_row,
+    load_operand,
+    load_tile,
+    store_tile,
+)
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,20 +48,25 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
 @triton.jit
 def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, K, V, vv, vmask, scale,
                BK: tl.constexpr, TO_LAST: tl.constexpr, HEAD_FIRST: tl.constexpr, SCALAR: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, GATED: tl.constexpr):
     """``acc [C, BV] += (x * scale e^G) S`` (``TO_LAST``: ``e^{G_last - G}``) with ``x [C, K]`` the chunk's
     rows of q or k and ``S = st[c, h, :, vv]`` ``[K, BV]`` a state of chunk c, K in blocks of BK; the
-    left operand is rounded to the state's dtype (16-bit states: a 16-bit dot)."""
+    left operand is rounded to the state's dtype (16-bit states: a 16-bit dot). With ``GATED`` x holds that left
+    operand already (``tiles.gated_left``, in the state's dtype) and G is not read."""
     base = st_ptr + (c.to(tl.int64) * H + h) * K * V
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         kmask = kk < K
-        x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
-        G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
-        if TO_LAST:
-            G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
+        if GATED:
+            x = load_operand(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+        else:
+            x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+            G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
+            if TO_LAST:
+                G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
+            x = gated_left(x, G, scale, st_ptr.dtype.element_ty)
         S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-        acc += tl.dot((x * (decay(G) * scale)).to(S.dtype), S, input_precision=PREC)
+        acc += tl.dot(x, S, input_precision=PREC)
     return acc
 
 
@@ -60,7 +74,7 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
                   Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
                   SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr,
-                  ADJACENT: tl.constexpr):
+                  ADJACENT: tl.constexpr, GATED: tl.constexpr):
     """One chunk, value block and head, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q, Y = v or U,
     S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale (x e^{G_last - G}) S`` (GLA's dv:
     x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks,
@@ -68,7 +82,7 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     (``scaled.dot_row_scaled``: Y is row-scaled only for "tf32" dots, whose significant bits fp16 keeps), else
     Y's fp32 values ``X s`` the right operand of a "tf32" dot. Programs ``(c, h, value block)``, or with
     ``ADJACENT`` ``(c * NVB + value block, h)``: a chunk's value blocks side by side, so that of their reads of its x,
-    G and P one comes from memory."""
+    G and P one comes from memory. ``GATED``: x holds ``scale x e^G`` already, in the states' dtype (``state_term``)."""
     if ADJACENT:
         c = tl.program_id(0) // tl.cdiv(V, BV)
         v0 = tl.program_id(0) % tl.cdiv(V, BV) * BV
@@ -90,7 +104,7 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     else:
         O = tl.dot(P, load_tile(y_ptr, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST), input_precision=PREC)
     O = state_term(O, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, t0 + n - 1, h, H, T, K, V, vv, vmask, scale, BK,
-                   REVERSE, HEAD_FIRST, SCALAR, PREC)
+                   REVERSE, HEAD_FIRST, SCALAR, PREC, GATED)
     store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask, T, HEAD_FIRST)
 
 
@@ -113,25 +127,30 @@ def state_term_ladder(K: int, V: int, C: int) -> list[dict]:
     return [cfg, cfg | dict(BK=MIN_BLOCK, BV=MIN_BLOCK)]
 
 
-def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype) -> list[dict]:
+def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype, gated: bool = False) -> list[dict]:
     """Launch ladder of ``output_kernel``: all of V (up to 128) in one program, BK = 32 and 4 warps where
     the stored states are 16-bit and C = 64 (q and G read once, not once per value block), else
     ``state_term_ladder``. Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the forward's state pass
     with the output, ``benchmarks/results/gla_profile_h200.json``): GLA 1.044 ms (value blocks of 64, 8
     warps) -> 0.911, simple GLA 0.692 -> 0.616; with fp32 states all of V was slower (1.55-1.78 vs
-    1.47 ms, ``gla_profile_h100.json``)."""
+    1.47 ms, ``gla_profile_h100.json``). With its left operand ``gated`` (no G, no exponentials) BK = 64:
+    KDA's output 0.278 -> 0.244 ms (H200, B=8; ``results/kda_profile_gated_q_h200_session19.txt``)."""
     wide = hs_dtype != torch.float32 and C == 64
-    return [dict(BK=MIN_BLOCK, BV=min(padded(V, MIN_BLOCK), 128), num_warps=4, num_stages=1),
+    bk = min(padded(K, MIN_BLOCK), 64) if gated else MIN_BLOCK
+    return [dict(BK=bk, BV=min(padded(V, MIN_BLOCK), 128), num_warps=4, num_stages=1),
             *state_term_ladder(K, V, C)] if wide else state_term_ladder(K, V, C)
 
 
 def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float,
-                   head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False):
+                   head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False,
+                   gated: bool = False):
     """``output_kernel`` over every chunk into ``out`` (like y; y row-scaled where a ``Stored`` with scales, then
     sequence-first; where its writer's blocks are at least ``FP16_PRODUCT_BLOCK`` wide, the value blocks no wider
-    than them), on the first step of ``ladder`` that fits."""
+    than them), on the first step of ``ladder`` that fits; ``gated``: x is ``scale x e^G`` (``tiles.gated_left``) in
+    st's dtype."""
     y = y if isinstance(y, Stored) else Stored(y)
     assert not (y.scaled and head_first), "row-scaled values are sequence-first"
+    assert not gated or (x.dtype == st.dtype and not reverse), "a gated x is the forward's, in the states' dtype"
     fp16 = y.scaled and y.block >= FP16_PRODUCT_BLOCK
     ladder = [cfg | dict(ADJACENT=fp16) | (dict(BV=min(cfg["BV"], y.block)) if fp16 else {}) for cfg in ladder]
 
@@ -143,14 +162,18 @@ def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H
                (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1],
                 y.data.shape[-1], y.blocks),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
-                    Y_SB=y.block if y.scaled else 0), ladder)
+                    Y_SB=y.block if y.scaled else 0, GATED=gated), ladder)
     return out
 
 
 def output(q, x: torch.Tensor | Stored, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
-           scalar: bool, precision: str, config: dict | None = None) -> torch.Tensor:
+           scalar: bool, precision: str, config: dict | None = None,
+           gated_q: torch.Tensor | None = None) -> torch.Tensor:
     """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first; a ``Stored``: KDA's U, row-scaled under "tf32")
-    in q's dtype; ``config`` replaces ``output_ladder`` (``benchmarks/gla.py --profile``)."""
+    in q's dtype; ``config`` replaces ``output_ladder`` (``benchmarks/gla.py --profile``).
+    ``gated_q``: ``scale q e^G`` in hs's dtype (``tiles.gated_left``; KDA's ``prepared.prepare_keys`` forms it where it
+    reads G), read in place of q and G: 256 bytes a token and head where q and G took 768 (bf16, K=128)."""
     o = torch.empty(*(x.data if isinstance(x, Stored) else x).shape, device=q.device, dtype=q.dtype)
-    ladder = [config] if config else output_ladder(q.shape[-1], o.shape[-1], chunks.size, hs.dtype)
-    return chunk_products(q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar, precision, ladder)
+    ladder = [config] if config else output_ladder(q.shape[-1], o.shape[-1], chunks.size, hs.dtype, gated_q is not None)
+    return chunk_products(q if gated_q is None else gated_q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar,
+                          precision, ladder, gated=gated_q is not None)

@@ -1,6 +1,7 @@
 """Decayed operands of KDA's serial state passes, formed in parallel before them: ``k e^G``,
 ``k e^{G_last - G}`` and (the backward's) ``q e^G`` per chunk, stored row-scaled in the precision the
-passes' dots use.
+passes' dots use; and, in the forward, the output's left operand ``scale q e^G`` in the states' dtype (``Forward``),
+so that the output reads it in place of q and G.
 
 The serial kernels walk the chunks of a sequence one after another, so each chunk's latency adds up: a
 step that loads k and G, forms ``e^G`` and ``e^{G_last - G}`` on ``[C, K]`` tiles and only then reaches
@@ -29,7 +30,16 @@ import triton.language as tl
 from ..common import Chunks, launch, padded
 from .scaled import row_scaled, scale_rows
 from .state import state_blocks
-from .tiles import chunk_rows, decay, load_gate, load_gate_row, load_tile, row_offsets, store_tile
+from .tiles import (
+    chunk_rows,
+    decay,
+    gated_left,
+    load_gate,
+    load_gate_row,
+    load_tile,
+    row_offsets,
+    store_tile,
+)
 
 PREPARE_LAUNCH = dict(num_warps=8, num_stages=1)
 """Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/results/kda_profile_prepare_launch_h200.txt``): the
@@ -62,10 +72,11 @@ def store_prepared(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
 
 
 @triton.jit
-def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, cu_ptr, seq_ptr, start_ptr,
-                   H, K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr):
+def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, gq_ptr, cu_ptr, seq_ptr,
+                   start_ptr, scale, H, K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr,
+                   GATED_Q: tl.constexpr):
     """One chunk, head and state block: ``k e^G``, ``k e^{G_last - G}`` and with ``WITH_Q`` ``q e^G``,
-    row-scaled."""
+    row-scaled; with ``GATED_Q`` the output's left operand ``scale q e^G`` in gq's dtype (``tiles.gated_left``)."""
     t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
     kb = tl.program_id(2)
@@ -77,9 +88,12 @@ def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, 
     eG = decay(G)
     store_prepared(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
     store_prepared(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
-    if WITH_Q:
-        store_prepared(qg_ptr, sq_ptr, load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask) * eG, rows, rmask, h, H, K,
-                       kb, NKB, cols, cmask)
+    if WITH_Q or GATED_Q:
+        q = load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask)
+        if WITH_Q:
+            store_prepared(qg_ptr, sq_ptr, q * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+        if GATED_Q:
+            store_tile(gq_ptr, gated_left(q, G, scale, gq_ptr.dtype.element_ty), rows, rmask, h, H, K, cols, cmask)
 
 
 class PreparedKeys(NamedTuple):
@@ -110,9 +124,23 @@ class PreparedKeys(NamedTuple):
         return dict(SB=self.block, NSB=self.sg.shape[-1])
 
 
-def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
+class Forward(NamedTuple):
+    """What the forward's preparation forms beside k's operands, in the same kernel: from q, the output's left
+    operand ``scale q e^G`` into ``gated`` (in its dtype, ``tiles.gated_left``), which ``output.output`` reads in place
+    of q and G. Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
+    ``results/kda_kernels_prepared_q_h200_session19.txt``): the operands 0.209 -> 0.267 ms, the output 0.342 ->
+    0.242."""
+
+    q: torch.Tensor
+    gated: torch.Tensor
+    scale: float
+
+
+def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None,
+                 forward: Forward | None = None) -> PreparedKeys:
     """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
-    overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default)."""
+    overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default); ``forward``:
+    the forward's, with what it forms beside them."""
     total, H, K = k.shape
     config = dict(config or {})
     KB, NKB = state_blocks(K, maximum=config.pop("SB", SCALE_BLOCK))
@@ -123,8 +151,10 @@ def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | No
     (kg, sg), (kd, sd) = operand(), operand()
     qg, sq = operand() if q is not None else (None, None)
     if chunks.num_chunks and H:
+        assert q is None or forward is None, "the backward's q e^G or the forward's, not both"
+        fwd = forward or Forward(k if q is None else q, kg, 1.0)
         launch(prepare_kernel, (chunks.num_chunks, H, NKB),
-               (k, k if q is None else q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq,
-                chunks.cu, chunks.seq, chunks.start, H, K, NKB),
-               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [PREPARE_LAUNCH | config])
+               (k, fwd.q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq, fwd.gated, chunks.cu,
+                chunks.seq, chunks.start, fwd.scale, H, K, NKB),
+               dict(C=chunks.size, KB=KB, WITH_Q=q is not None, GATED_Q=forward is not None), [PREPARE_LAUNCH | config])
     return PreparedKeys(kg, sg, kd, sd, qg, sq)

@@ -149,6 +149,14 @@ def decay(x):
 
 
 @triton.jit
+def gated_left(x, G, scale, dtype: tl.constexpr):
+    """``scale x e^G`` ``[R, BK]`` rounded to ``dtype`` (the states'): the left operand of the output's state term
+    (``output.state_term``) from an fp32 tile x and its gate tile G (or exponent). Formed there, or for KDA's q where
+    its serial pass's operands are (``prepared``), by this one formula: the two give the same bits."""
+    return (x * (decay(G) * scale)).to(dtype)
+
+
+@triton.jit
 def chunk_span(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
     """First token and number of valid rows (<= C) of chunk c."""
     t0 = tl.load(start_ptr + c)

@@ -17,7 +17,7 @@ from refcheck.references.kda import check_kda_inputs
 
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
-from ..chunk.prepared import prepare_keys
+from ..chunk.prepared import Forward, prepare_keys
 from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
@@ -117,12 +117,17 @@ class KdaFunction(torch.autograd.Function):
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
         Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
-        # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there)
-        ht, hs, U, trans = recurrence(prepare_keys(kn, G, cfg.chunks, cfg.precision), v, G, beta, Tm, h0, cfg.chunks,
-                                      cfg.precision, final=cfg.final,
-                                      hs_dtype=torch.float32 if cfg.keep else state_dtype(q.dtype),
-                                      scaled_values=row_scaled(cfg.precision) and not cfg.keep, segments=cfg.segments)
-        o = chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision)
+        # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there). Its left operand
+        # ``scale q e^G``, in the states' dtype, comes from the kernel that forms the serial pass's operands
+        # (``chunk.prepared.Forward``).
+        hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
+        gated_q = torch.empty(q.shape, device=q.device, dtype=hs_dtype)
+        keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, forward=Forward(qn, gated_q, cfg.scale))
+        ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
+                                      hs_dtype=hs_dtype, scaled_values=row_scaled(cfg.precision) and not cfg.keep,
+                                      segments=cfg.segments)
+        o = chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision,
+                         gated_q=gated_q)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *kept, *(trans or ()))
