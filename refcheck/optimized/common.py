@@ -15,6 +15,48 @@ from refcheck.references.contract import check_cu_seqlens, check_state
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 
 
+class SideStream:
+    """Launches enqueued on a second CUDA stream, beside those of the current one: inside ``with side:`` (after all
+    the current stream has enqueued before), so that independent kernels after the block, on the current stream, run
+    at the same time; ``join(*outputs)`` makes the current stream wait for the block's launches and marks its outputs
+    (tensors, or tuples of them) as used by the current stream (``Tensor.record_stream``: the caching allocator then
+    does not give their memory to the side stream while the current one reads them). Kernels that are each bound by
+    something else (latency and memory) then share the SMs; on the CPU, whose interpreted kernels run one after
+    another, both are no-ops."""
+
+    _streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.main = torch.cuda.current_stream(device)
+            if device not in SideStream._streams:
+                SideStream._streams[device] = torch.cuda.Stream(device)
+            self.side = SideStream._streams[device]
+
+    def __enter__(self) -> SideStream:
+        if self.cuda:
+            self.side.wait_stream(self.main)
+            self.context = torch.cuda.stream(self.side)
+            self.context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.context.__exit__(*exc)
+
+    def join(self, *outputs) -> None:
+        def record(x) -> None:
+            if isinstance(x, torch.Tensor):
+                x.record_stream(self.main)
+            elif isinstance(x, tuple):
+                for y in x:
+                    record(y)
+        if self.cuda:
+            self.main.wait_stream(self.side)
+            record(outputs)
+
+
 def check_precision(precision) -> str:
     """The ``input_precision`` of the fp32 ``tl.dot`` calls: one of ``PRECISIONS``.
 

@@ -21,7 +21,7 @@ from ..chunk.prepared import Forward, prepare_keys
 from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
-from ..common import Chunks, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
+from ..common import Chunks, SideStream, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, grads
 from .chunk_fwd import CHUNK, below_kernel, intra, recurrence
 from .gate import gate_backward, gate_cumsum, gate_forward_kernel
@@ -115,11 +115,12 @@ class KdaFunction(torch.autograd.Function):
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
-        Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
         # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there). Its left operand
         # ``scale q e^G``, in the states' dtype, comes from the kernel that forms the serial pass's operands
-        # (``chunk.prepared.Forward``).
+        # (``chunk.prepared.Forward``). On a stream beside ``intra``'s (``common.SideStream``) the forward took the same
+        # time (H200, B=8 1.688 / 1.693 ms, ``results/kda_kernels_streams_h200_session19.txt``).
+        Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
         gated_q = torch.empty(q.shape, device=q.device, dtype=hs_dtype)
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, forward=Forward(qn, gated_q, cfg.scale))
@@ -144,14 +145,19 @@ class KdaFunction(torch.autograd.Function):
         do = do.reshape(v.shape).contiguous()
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
         scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
-        if cfg.keep:
-            hs, U = (Stored(x) for x in kept)
-        else:
-            _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
-                                     segments=cfg.segments, transitions=trans)
+        # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
+        # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
+        # ms; B=8 7.610 -> 7.594, ``results/kda_kernels_streams_h200_session19.txt``)
+        with SideStream(q.device) as side:
+            if cfg.keep:
+                hs, U = (Stored(x) for x in kept)
+            else:
+                _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
+                                         scaled=scaled, segments=cfg.segments, transitions=trans)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
                              cfg.scale, cfg.precision, want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments,
                              transitions=trans)
+        side.join(hs, U)
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
             cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, flags, cfg.use_gather,
