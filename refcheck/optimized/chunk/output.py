@@ -59,13 +59,14 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
         kmask = kk < K
         if GATED:
             x = load_operand(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
+            S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
         else:
             x = load_tile(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
             G = load_gate(G_ptr, grows, grows >= 0, h, H, K, kk, kmask, SCALAR)
             if TO_LAST:
                 G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
-            x = gated_left(x, G, scale, st_ptr.dtype.element_ty)
-        S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+            S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
+            x = gated_left(x, G, scale, S.dtype)
         acc += tl.dot(x, S, input_precision=PREC)
     return acc
 
