@@ -57,6 +57,7 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
     for k0 in range(0, K, BK):
         kk = k0 + tl.arange(0, BK)
         kmask = kk < K
+        # S loaded in each branch, where each took it before the gated operand (the ungated form's SASS unchanged)
         if GATED:
             x = load_operand(x_ptr, rows, rmask, h, H, K, kk, kmask, T, HEAD_FIRST)
             S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)

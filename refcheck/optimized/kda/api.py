@@ -148,10 +148,11 @@ class KdaFunction(torch.autograd.Function):
         # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
         # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
         # ms; B=8 7.610 -> 7.594, ``results/kda_kernels_streams_h200_session19.txt``)
-        with SideStream(q.device) as side:
-            if cfg.keep:
-                hs, U = (Stored(x) for x in kept)
-            else:
+        side = SideStream(q.device)
+        if cfg.keep:
+            hs, U = (Stored(x) for x in kept)
+        else:
+            with side:
                 _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
                                          scaled=scaled, segments=cfg.segments, transitions=trans)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
