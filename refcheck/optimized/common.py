@@ -132,6 +132,24 @@ class Chunks:
         return self.seq.numel()
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Some sequences of a ``Chunks`` and their chunks, as int32 indices on the tokens' device: ``seqs`` (into its
+    sequences) and ``chunks`` (into its chunks), for launches over a group of them (a serial pass's programs,
+    ``chunk.state.serial_program``; the output's, ``chunk.output.output_kernel``)."""
+
+    seqs: torch.Tensor
+    chunks: torch.Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seqs.numel()
+
+    @property
+    def num_chunks(self) -> int:
+        return self.chunks.numel()
+
+
 TABLES_KEPT = 8
 """How many chunk tables ``make_chunks`` keeps (the latest shapes and ``cu_seqlens`` tensors)."""
 _tables: list[tuple] = []

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import Chunks, launch, padded
+from ..common import Chunks, Selection, launch, padded
 from .scaled import Stored, dot_row_scaled, load_tile_scaled_blocks
 from .tiles import (
     MIN_BLOCK,
@@ -73,10 +73,10 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
 
 
 @triton.jit
-def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, T, K, V,
-                  Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
+def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, T,
+                  K, V, Y_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_FIRST: tl.constexpr,
                   SCALAR: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr, Y_SB: tl.constexpr,
-                  ADJACENT: tl.constexpr, GATED: tl.constexpr):
+                  ADJACENT: tl.constexpr, GATED: tl.constexpr, SELECT: tl.constexpr):
     """One chunk, value block and head, ``[C, BV]``: ``O = P Y + scale (x e^G) S`` (the output: x = q, Y = v or U,
     S = ``st[c]`` the chunk's entry state), or with ``REVERSE`` ``O = P^T Y + scale (x e^{G_last - G}) S`` (GLA's dv:
     x = k, Y = dO, S = the gradient of the chunk's exit state). Y row-scaled where ``Y_SB`` (its writer's value blocks,
@@ -84,13 +84,16 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     (``scaled.dot_row_scaled``: Y is row-scaled only for "tf32" dots, whose significant bits fp16 keeps), else
     Y's fp32 values ``X s`` the right operand of a "tf32" dot. Programs ``(c, h, value block)``, or with
     ``ADJACENT`` ``(c * NVB + value block, h)``: a chunk's value blocks side by side, so that of their reads of its x,
-    G and P one comes from memory. ``GATED``: x holds ``scale x e^G`` already, in the states' dtype (``state_term``)."""
+    G and P one comes from memory. ``GATED``: x holds ``scale x e^G`` already, in the states' dtype (``state_term``).
+    ``SELECT``: the chunks listed at sel_ptr only (``common.Selection``), program i taking chunk ``sel[i]``."""
     if ADJACENT:
         c = tl.program_id(0) // tl.cdiv(V, BV)
         v0 = tl.program_id(0) % tl.cdiv(V, BV) * BV
     else:
         c = tl.program_id(0)
         v0 = tl.program_id(2) * BV
+    if SELECT:
+        c = tl.load(sel_ptr + c)
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     vv = v0 + tl.arange(0, BV)
@@ -145,37 +148,41 @@ def output_ladder(K: int, V: int, C: int, hs_dtype: torch.dtype, gated: bool = F
 
 def chunk_products(x, y: torch.Tensor | Stored, G, P, st, out, chunks: Chunks, H: int, T: int, scale: float,
                    head_first: bool, scalar: bool, precision: str, ladder: list[dict], reverse: bool = False,
-                   gated: bool = False):
-    """``output_kernel`` over every chunk into ``out`` (like y; y row-scaled where a ``Stored`` with scales, then
-    sequence-first; where its writer's blocks are at least ``FP16_PRODUCT_BLOCK`` wide, the value blocks no wider
-    than them), on the first step of ``ladder`` that fits; ``gated``: x is ``scale x e^G`` (``tiles.gated_left``) in
-    st's dtype."""
+                   gated: bool = False, select: Selection | None = None):
+    """``output_kernel`` over every chunk (``select``: its chunks) into ``out`` (like y; y row-scaled where a
+    ``Stored`` with scales, then sequence-first; where its writer's blocks are at least ``FP16_PRODUCT_BLOCK`` wide,
+    the value blocks no wider than them), on the first step of ``ladder`` that fits; ``gated``: x is ``scale x e^G``
+    (``tiles.gated_left``) in st's dtype."""
     y = y if isinstance(y, Stored) else Stored(y)
     assert not (y.scaled and head_first), "row-scaled values are sequence-first"
     assert not gated or (x.dtype == st.dtype and not reverse), "a gated x is the forward's, in the states' dtype"
     fp16 = y.scaled and y.block >= FP16_PRODUCT_BLOCK
     ladder = [cfg | dict(ADJACENT=fp16) | (dict(BV=min(cfg["BV"], y.block)) if fp16 else {}) for cfg in ladder]
 
+    NC = chunks.num_chunks if select is None else select.num_chunks
+
     def grid(meta: dict) -> tuple[int, int, int]:
         nvb = triton.cdiv(y.data.shape[-1], meta["BV"])
-        return (chunks.num_chunks * nvb, H, 1) if meta["ADJACENT"] else (chunks.num_chunks, H, nvb)
-    if chunks.num_chunks and H:
+        return (NC * nvb, H, 1) if meta["ADJACENT"] else (NC, H, nvb)
+    if NC and H:
         launch(output_kernel, grid,
-               (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start, scale, H, T, x.shape[-1],
-                y.data.shape[-1], y.blocks),
+               (x, y.data, y.scale_ptr(), G, P, st, out, chunks.cu, chunks.seq, chunks.start,
+                chunks.seq if select is None else select.chunks, scale, H, T, x.shape[-1], y.data.shape[-1], y.blocks),
                dict(C=chunks.size, HEAD_FIRST=head_first, SCALAR=scalar, PREC=precision, REVERSE=reverse,
-                    Y_SB=y.block if y.scaled else 0, GATED=gated), ladder)
+                    Y_SB=y.block if y.scaled else 0, GATED=gated, SELECT=select is not None), ladder)
     return out
 
 
 def output(q, x: torch.Tensor | Stored, G, P, hs, chunks: Chunks, H: int, T: int, scale: float, head_first: bool,
-           scalar: bool, precision: str, config: dict | None = None,
-           gated_q: torch.Tensor | None = None) -> torch.Tensor:
+           scalar: bool, precision: str, config: dict | None = None, gated_q: torch.Tensor | None = None,
+           select: Selection | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``O`` of every chunk, like x (``[tokens, H, V]`` or head-first; a ``Stored``: KDA's U, row-scaled under "tf32")
     in q's dtype; ``config`` replaces ``output_ladder`` (``benchmarks/gla.py --profile``).
     ``gated_q``: ``scale q e^G`` in hs's dtype (``tiles.gated_left``; KDA's ``prepared.prepare_keys`` forms it where it
-    reads G), read in place of q and G: 256 bytes a token and head where q and G took 768 (bf16, K=128)."""
-    o = torch.empty(*(x.data if isinstance(x, Stored) else x).shape, device=q.device, dtype=q.dtype)
+    reads G), read in place of q and G: 256 bytes a token and head where q and G took 768 (bf16, K=128).
+    ``select``: the chunks of a ``Selection`` only, into ``out`` (as returned; the other chunks' rows left as they are)."""
+    o = torch.empty(*(x.data if isinstance(x, Stored) else x).shape, device=q.device, dtype=q.dtype) if out is None \
+        else out
     ladder = [config] if config else output_ladder(q.shape[-1], o.shape[-1], chunks.size, hs.dtype, gated_q is not None)
     return chunk_products(q if gated_q is None else gated_q, x, G, P, hs, o, chunks, H, T, scale, head_first, scalar,
-                          precision, ladder, gated=gated_q is not None)
+                          precision, ladder, gated=gated_q is not None, select=select)

@@ -26,10 +26,11 @@ chunk's last valid token.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from ..common import Chunks, launch, padded
+from ..common import Chunks, Selection, launch, padded
 from .scaled import scale_rows, store_scaled
 from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets
 
@@ -325,14 +326,19 @@ def dwrite_blocks(dS0, dS1, dS2, dS3, do, q_ptr, G_ptr, rows, rmask, grows, last
 
 
 @triton.jit
-def serial_program(cu_ptr, off_ptr, H, V, BV: tl.constexpr):
+def serial_program(cu_ptr, off_ptr, H, V, BV: tl.constexpr, sel_ptr=0, SELECT: tl.constexpr = False):
     """A serial kernel's program (value block, sequence * H + head):
-    ``(nh, h, bos, eos, c_first, vv, vmask)``: its sequence's token span and first chunk, its values."""
+    ``(nh, h, bos, eos, c_first, vv, vmask)``: its sequence's token span and first chunk, its values. With
+    ``SELECT`` the programs run the sequences listed at sel_ptr (``common.Selection``): n = ``sel[program's]``."""
     nh = tl.program_id(1)
-    bos = tl.load(cu_ptr + nh // H)
-    eos = tl.load(cu_ptr + nh // H + 1)
+    n = nh // H
+    if SELECT:
+        n = tl.load(sel_ptr + n)
+        nh = n * H + nh % H
+    bos = tl.load(cu_ptr + n)
+    eos = tl.load(cu_ptr + n + 1)
     vv = tl.program_id(0) * BV + tl.arange(0, BV)
-    return nh, nh % H, bos, eos, tl.load(off_ptr + nh // H), vv, vv < V
+    return nh, nh % H, bos, eos, tl.load(off_ptr + n), vv, vv < V
 
 
 @triton.jit
@@ -371,6 +377,34 @@ def serial_launch(V: int, programs: int, min_block: int = 16) -> dict:
     return dict(BV=min(padded(V), 32), num_warps=4, num_stages=2)
 
 
+GROUPS_KEPT = 8
+"""How many sequence groupings ``sequence_groups`` keeps (by chunk table)."""
+_groups: list[tuple] = []
+
+
+def sequence_groups(chunks: Chunks) -> tuple[Selection, Selection] | None:
+    """``(long, short)``: the sequences of more than half the longest's chunks and the others (with their chunks), or
+    None where every sequence is long. A serial pass lasts as long as its longest sequence, and where the lengths
+    differ most SMs idle through its last steps: the pass over each group in a launch of its own, on two streams, lets
+    the work that follows the short sequences' pass (KDA's output) run in that time (``chunk_fwd.recurrence``). Built
+    on the device from lengths known on the host (no copy, no wait), the latest ``GROUPS_KEPT`` kept."""
+    longest = max(chunks.counts, default=0)
+    long = [2 * n > longest for n in chunks.counts]
+    if all(long):
+        return None
+    for cached, groups in _groups:
+        if cached is chunks:
+            return groups
+    is_long = (chunks.offsets[1:] - chunks.offsets[:-1]) * 2 > longest
+    seqs = torch.argsort((~is_long).to(torch.int8), stable=True).to(torch.int32)  # the long ones first, in order
+    ids = torch.argsort((~is_long[chunks.seq.long()]).to(torch.int8), stable=True).to(torch.int32)
+    n, m = sum(long), sum(c for c, is_ in zip(chunks.counts, long) if is_)
+    groups = Selection(seqs[:n], ids[:m]), Selection(seqs[n:], ids[m:])
+    _groups.append((chunks, groups))
+    del _groups[:-GROUPS_KEPT]
+    return groups
+
+
 def single_stage(cfg: dict) -> list[dict]:
     """``[cfg, cfg without load pipelining]``: the fallback when the buffers exceed shared memory."""
     return [cfg, cfg | dict(num_stages=1)]
@@ -390,12 +424,14 @@ def serial_config(chunks: Chunks, H: int, K: int, V: int, config: dict | None, s
 
 
 def launch_serial(kernel, args: tuple, constexprs: dict, chunks: Chunks, H: int, K: int, V: int,
-                  config: dict | None, split_k: bool = False, min_block: int = 16, max_block: int = 64):
+                  config: dict | None, split_k: bool = False, min_block: int = 16, max_block: int = 64,
+                  select: Selection | None = None):
     """Launch a serial kernel: one program per (value block, sequence * H + head), the state in
     ``state_blocks(K, min_block, max_block)``, launch settings from ``serial_launch`` overridden by ``config``
     (``serial_config``). ``split_k``: one program per K-block too (``program_id(2)``, the kernel's ``kb0``;
-    NKB = 1), for a recurrence whose state rows are independent (GLA's diagonal decay, not the delta rule)."""
-    N = chunks.num_seqs
+    NKB = 1), for a recurrence whose state rows are independent (GLA's diagonal decay, not the delta rule).
+    ``select``: the programs of its sequences only (``serial_program``'s ``SELECT``), at the launch settings of all."""
+    N = chunks.num_seqs if select is None else select.num_seqs
     if not (N and H):
         return
     kb, nkb = state_blocks(K, min_block, max_block)

@@ -124,11 +124,14 @@ class KdaFunction(torch.autograd.Function):
         hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
         gated_q = torch.empty(q.shape, device=q.device, dtype=hs_dtype)
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, forward=Forward(qn, gated_q, cfg.scale))
+        o = torch.empty_like(v)
+
+        def output(select, hs, U):  # of the chunks whose h and U the pass has stored (all, or one group's)
+            chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision,
+                         gated_q=gated_q, select=select, out=o)
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                       hs_dtype=hs_dtype, scaled_values=row_scaled(cfg.precision) and not cfg.keep,
-                                      segments=cfg.segments)
-        o = chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision,
-                         gated_q=gated_q)
+                                      segments=cfg.segments, then=output)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *kept, *(trans or ()))

@@ -31,12 +31,14 @@ two dependent dots): the pass with its operands 0.903 -> 1.096 ms at B=8 (H100,
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.scaled import allocate, store_tile_scaled
+from ..chunk.scaled import Stored, allocate, store_tile_scaled
 from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
@@ -44,6 +46,7 @@ from ..chunk.state import (
     launch_serial,
     load_blocks,
     read_blocks,
+    sequence_groups,
     serial_chunk,
     serial_config,
     serial_program,
@@ -51,7 +54,7 @@ from ..chunk.state import (
     update_blocks,
 )
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile
-from ..common import Chunks, launch, launch_only, padded, tma_operands
+from ..common import Chunks, Selection, SideStream, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
     below_blocks,
@@ -215,10 +218,10 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
 
 @triton.jit
 def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr, u_s_ptr,
-                      cu_ptr, off_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                      cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
                       SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, H_SCALED: tl.constexpr, U_SCALED: tl.constexpr,
-                      PREC: tl.constexpr, TMA: tl.constexpr):
+                      PREC: tl.constexpr, TMA: tl.constexpr, SELECT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
     row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``).
@@ -229,8 +232,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
     transitions). The operands' row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
     A step loads its values first and forms ``Z = V - Kg S`` after the dot: loaded where the dot took them as its
     accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8;
-    ``docs/performance.md``, seventeenth session)."""
-    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    ``docs/performance.md``, seventeenth session). With ``SELECT`` the sequences listed at sel_ptr only."""
+    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV, sel_ptr, SELECT)
     wmask = vv < W
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
@@ -289,7 +292,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
 
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, scaled: bool = False, scaled_values: bool | None = None,
-               segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None):
+               segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None,
+               then: Callable[[Selection | None, Stored, Stored], None] | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
     U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``, with ``scaled`` both
@@ -299,7 +303,11 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     without segments).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
-    ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default)."""
+    ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
+    ``then(selection, h, U)``: what reads h and U (the forward's output), launched once they are stored for the chunks
+    of ``selection`` (None: all). With ``then``, a pass without segments over sequences of very different lengths
+    (``state.sequence_groups``) runs as two launches on two streams (``common.SideStream``), the long sequences'
+    beside the short ones', so that the short ones' ``then`` runs while the long ones' pass goes on."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
@@ -311,26 +319,46 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
     KB, C = keys.state_rows(width), chunks.size
 
-    def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None):
+    def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None, select: Selection | None = None,
+             ht: torch.Tensor | None = None):
         store_final = not steps if store_final is None else store_final
         BV = serial_config(over, H, K, W, launch_cfg)["BV"]  # this launch's (a segments' transition has W > V)
         tma, (kg, kd, vd, Td, hd) = tma_operands(config, (keys.kg, [C, 1, KB]), (keys.kd, [C, 1, KB]), (v, [C, 1, BV]),
                                                  (T, [C, 1, C]), (hs.data.view(-1, K, V), [1, KB, BV]))
-        ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32) if store_final else None
+        if store_final and ht is None:
+            ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32)
         launch_serial(recurrence_kernel,
                       (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, h0 if h0 is not None else hs.data,
                        ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
-                       over.offsets, H, K, V, W),
+                       over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
-                           U_SCALED=scaled_values, PREC=precision, TMA=tma) | keys.constexprs,
-                      over, H, K, W, launch_cfg, max_block=KB)
+                           U_SCALED=scaled_values, PREC=precision, TMA=tma, SELECT=select is not None)
+                      | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
 
     if segments is None:
-        return walk(chunks, initial_state, V, True, final), hs, U, None
+        groups = sequence_groups(chunks) if then is not None and chunks.num_chunks else None
+        if then is None or groups is None:
+            ht = walk(chunks, initial_state, V, True, final)
+            if then is not None:
+                then(None, hs, U)
+            return ht, hs, U, None
+        long, short = groups
+        ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
+        side = SideStream(dev)
+        with side:
+            walk(chunks, initial_state, V, True, final, long, ht)
+        walk(chunks, initial_state, V, True, final, short, ht)
+        then(short, hs, U)
+        side.join(hs, U, ht)
+        then(long, hs, U)
+        return ht, hs, U, None
     if transitions is not None:
         assert not final, "a pass from the forward's segment entry states has no final state of its own"
         walk(segments.chunks, transitions.entries, V, True)
-        return None, hs, U, transitions
-    ht, transitions = run(walk, segments, initial_state, H, K, V)
+        ht = None
+    else:
+        ht, transitions = run(walk, segments, initial_state, H, K, V)
+    if then is not None:
+        then(None, hs, U)
     return ht if final else None, hs, U, transitions
