@@ -543,6 +543,10 @@ SERIAL_LAUNCHES = (dict(), dict(BV=64, num_warps=8, num_stages=1), dict(BV=32, n
 SEGMENTS = tuple(dict(segments=n) for n in ("auto", 16, 32, 64, 128))
 """The serial passes over segments of n chunks side by side (``chunk.segments``; "auto": ``segment_length``,
 which is no split at B=8)."""
+NARROW = tuple(dict(segments=n, BV=bv, num_warps=4, num_stages=2) for n in ("auto", 32) for bv in (32, 16))
+"""Value blocks of 32 and 16 over the default segments (none at B=8 and varlen) and over segments of 32 chunks: whether a
+narrower block (smaller dots, more programs) shortens a pass that waits on its longest sequence
+(``results/kda_profile_narrow_h100_session20.txt``: it does not)."""
 POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
 """The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
@@ -561,18 +565,18 @@ PROFILE_VARIANTS = (
         dict(exact=dict(num_warps=1)), dict(exact=dict(num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
         dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
      for safe in (False, True)]
-    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS
+    + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + NARROW + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
     + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
         dict(BK=16), dict(BK=32), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
         dict(BK=32, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
         dict(BV=32, num_stages=2))), NOT_GATED)]
-    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + POINTERS + SCALE_BLOCKS
+    + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + NARROW + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]
-    + [("recurrence_from_forward", cfg, False, False) for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]
+    + [("recurrence_from_forward", cfg, False, False) for cfg in SEGMENTS + NARROW + POINTERS[1:] + SCALE_BLOCKS[1:]
        + (dict(segments="auto", KB=64),)]
-    + [("dstate_from_forward", cfg, False, False) for cfg in SEGMENTS + POINTERS[1:] + SCALE_BLOCKS[1:]
+    + [("dstate_from_forward", cfg, False, False) for cfg in SEGMENTS + NARROW + POINTERS[1:] + SCALE_BLOCKS[1:]
        + (dict(segments="auto", KB=128),)]
     + [("grads", cfg, safe, False) for cfg in (dict(), dict(num_stages=1), dict(num_warps=8), dict(BK=16),
                                                dict(BK=64), dict(BV=64, num_stages=2), dict(BV=16), dict(TMA=False))

@@ -27,6 +27,7 @@ from .tiles import (
     load_gate_row,
     load_operand,
     load_tile,
+    selected,
     store_tile,
 )
 
@@ -92,8 +93,7 @@ def output_kernel(x_ptr, y_ptr, y_s_ptr, G_ptr, P_ptr, st_ptr, o_ptr, cu_ptr, se
     else:
         c = tl.program_id(0)
         v0 = tl.program_id(2) * BV
-    if SELECT:
-        c = tl.load(sel_ptr + c)
+    c = selected(c, sel_ptr, SELECT)
     h = tl.program_id(1)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     vv = v0 + tl.arange(0, BV)

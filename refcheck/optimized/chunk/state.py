@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ..common import Chunks, Selection, launch, padded
 from .scaled import scale_rows, store_scaled
-from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets
+from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets, selected
 
 
 @triton.jit
@@ -331,9 +331,8 @@ def serial_program(cu_ptr, off_ptr, H, V, BV: tl.constexpr, sel_ptr=0, SELECT: t
     ``(nh, h, bos, eos, c_first, vv, vmask)``: its sequence's token span and first chunk, its values. With
     ``SELECT`` the programs run the sequences listed at sel_ptr (``common.Selection``): n = ``sel[program's]``."""
     nh = tl.program_id(1)
-    n = nh // H
+    n = selected(nh // H, sel_ptr, SELECT)
     if SELECT:
-        n = tl.load(sel_ptr + n)
         nh = n * H + nh % H
     bos = tl.load(cu_ptr + n)
     eos = tl.load(cu_ptr + n + 1)
@@ -380,6 +379,11 @@ def serial_launch(V: int, programs: int, min_block: int = 16) -> dict:
 GROUPS_KEPT = 8
 """How many sequence groupings ``sequence_groups`` keeps (by chunk table)."""
 _groups: list[tuple] = []
+LONG = 0.5
+"""``sequence_groups``' long sequences: more than this fraction of the longest's chunks. Measured on an H100 (KDA's
+forward, bf16, H=16, K=V=128, the benchmark's 8 packed sequences of 512-8192 tokens, ``benchmarks/kda_groups.py``,
+``results/kda_groups_h100_session20.txt``): 2.321 ms without groups, 2.237 at 1/2, 2.231 at 5/8, 2.230 at 3/4, 2.274
+at 7/8 (safe_gate 2.310, 2.225, 2.215, 2.214, 2.261): a half, the simplest of the three within 0.01 ms."""
 
 
 def sequence_groups(chunks: Chunks) -> tuple[Selection, Selection] | None:
@@ -389,18 +393,18 @@ def sequence_groups(chunks: Chunks) -> tuple[Selection, Selection] | None:
     the work that follows the short sequences' pass (KDA's output) run in that time (``chunk_fwd.recurrence``). Built
     on the device from lengths known on the host (no copy, no wait), the latest ``GROUPS_KEPT`` kept."""
     longest = max(chunks.counts, default=0)
-    long = [2 * n > longest for n in chunks.counts]
+    long = [n > LONG * longest for n in chunks.counts]
     if all(long):
         return None
-    for cached, groups in _groups:
-        if cached is chunks:
+    for cached, fraction, groups in _groups:
+        if cached is chunks and fraction == LONG:
             return groups
-    is_long = (chunks.offsets[1:] - chunks.offsets[:-1]) * 2 > longest
+    is_long = (chunks.offsets[1:] - chunks.offsets[:-1]) > LONG * longest
     seqs = torch.argsort((~is_long).to(torch.int8), stable=True).to(torch.int32)  # the long ones first, in order
     ids = torch.argsort((~is_long[chunks.seq.long()]).to(torch.int8), stable=True).to(torch.int32)
     n, m = sum(long), sum(c for c, is_ in zip(chunks.counts, long) if is_)
     groups = Selection(seqs[:n], ids[:m]), Selection(seqs[n:], ids[m:])
-    _groups.append((chunks, groups))
+    _groups.append((chunks, LONG, groups))
     del _groups[:-GROUPS_KEPT]
     return groups
 

@@ -157,6 +157,15 @@ def gated_left(x, G, scale, dtype: tl.constexpr):
 
 
 @triton.jit
+def selected(i, sel_ptr, SELECT: tl.constexpr):
+    """Program index i of a launch over a ``common.Selection``: with ``SELECT`` ``sel[i]`` (the sequence or chunk it
+    lists), else i."""
+    if SELECT:
+        i = tl.load(sel_ptr + i)
+    return i
+
+
+@triton.jit
 def chunk_span(c, cu_ptr, seq_ptr, start_ptr, C: tl.constexpr):
     """First token and number of valid rows (<= C) of chunk c."""
     t0 = tl.load(start_ptr + c)
