@@ -177,31 +177,34 @@ def test_segments_agree_with_one_pass():
     assert rel(o0[:, 101:137], o[:, 101:137].double()) > 1e-2
 
 
-def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch):
+@pytest.mark.parametrize("decay, strong", [(-0.05, False), (-5.0, True)])
+def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, decay, strong):
     """The forward runs the long sequences' pass and the others' as two launches (``state.sequence_groups``), each
-    group's output after its own pass: o, the final state and every gradient bitwise those of one launch, with empty
-    sequences (their final state is h0), partial chunks, and a long sequence after the short ones. The groups split
-    the sequences and their chunks, each in order: long, more than half the longest's chunks (6 here: 4 and 6 are
-    long, 3 is not)."""
+    group's output after its own pass; the backward its passes and gradients by the same groups: o, the final state
+    and every gradient (dh0 among them) bitwise those of one launch each, with empty sequences (their final state is
+    h0), partial chunks, a long sequence after the short ones, and under strong decay flagged chunks (the gradients'
+    exact diagonal blocks). The groups split the sequences and their chunks, each in order: long, more than half the
+    longest's chunks (6 here: 4 and 6 are long, 3 is not)."""
     from refcheck.optimized.chunk import state
     from refcheck.optimized.common import make_chunks
-    lengths = [0, 200, 37, 0, 330, 150]
-    x, opts = kda_case(T=sum(lengths), lengths=lengths, h0=True, H=2, K=32, V=16, decay=-0.05)
+    lengths = [37, 0, 200, 0, 330, 150]  # strong decay on tokens 24..55: in a short sequence and in a long one
+    x, opts = kda_case(T=sum(lengths), lengths=lengths, h0=True, H=2, K=32, V=16, decay=decay, strong=strong)
     chunks = make_chunks(1, sum(lengths), opts["cu_seqlens"], 64, "cpu")
     long, short = state.sequence_groups(chunks)
-    assert long.seqs.tolist() == [1, 4] and short.seqs.tolist() == [0, 2, 3, 5]
-    assert long.chunks.tolist() == [0, 1, 2, 3, *range(5, 11)] and short.chunks.tolist() == [4, 11, 12, 13]
+    assert long.seqs.tolist() == [2, 4] and short.seqs.tolist() == [0, 1, 3, 5]
+    assert long.chunks.tolist() == list(range(1, 11)) and short.chunks.tolist() == [0, 11, 12, 13]
     assert state.sequence_groups(chunks) is state.sequence_groups(chunks)  # kept for the chunk table
     assert state.sequence_groups(make_chunks(2, 640, None, 64, "cpu")) is None  # all as long as the longest
     gen = torch.Generator().manual_seed(2)
     do, dht = torch.randn(1, sum(lengths), 2, 16, generator=gen), torch.randn(6, 2, 32, 16, generator=gen)
     grouped = run_kda(optimized.kda, x, opts, do, dht, precision="tf32")
-    from refcheck.optimized.kda import chunk_fwd
-    monkeypatch.setattr(chunk_fwd, "sequence_groups", lambda chunks: None)
+    from refcheck.optimized.kda import api, chunk_fwd
+    for module in (api, chunk_fwd):
+        monkeypatch.setattr(module, "sequence_groups", lambda chunks: None)
     one = run_kda(optimized.kda, x, opts, do, dht, precision="tf32")
     assert torch.equal(grouped[0], one[0]) and torch.equal(grouped[1], one[1])
     assert all(torch.equal(grouped[2][n], one[2][n]) for n in one[2])
-    assert torch.equal(grouped[1][0], x["initial_state"][0]) and rel(one[0], references.kda(
+    assert torch.equal(grouped[1][1], x["initial_state"][1]) and rel(one[0], references.kda(
         **{n: t.double() for n, t in x.items()}, **opts)[0]) < TOL[("fp32", "tf32")]
 
 

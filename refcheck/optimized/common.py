@@ -24,15 +24,16 @@ class SideStream:
     something else (latency and memory) then share the SMs; on the CPU, whose interpreted kernels run one after
     another, both are no-ops."""
 
-    _streams: dict[torch.device, torch.cuda.Stream] = {}
+    _streams: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, lane: int = 0):
+        """``lane``: which of the device's side streams (each a stream of its own, made once)."""
         self.cuda = device.type == "cuda"
         if self.cuda:
             self.main = torch.cuda.current_stream(device)
-            if device not in SideStream._streams:
-                SideStream._streams[device] = torch.cuda.Stream(device)
-            self.side = SideStream._streams[device]
+            if (device, lane) not in SideStream._streams:
+                SideStream._streams[device, lane] = torch.cuda.Stream(device)
+            self.side = SideStream._streams[device, lane]
 
     def __enter__(self) -> SideStream:
         if self.cuda:

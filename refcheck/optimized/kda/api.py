@@ -20,10 +20,11 @@ from ..chunk.output import state_dtype
 from ..chunk.prepared import Forward, prepare_keys
 from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, Transitions, plan
+from ..chunk.state import sequence_groups
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, SideStream, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
-from .chunk_bwd import dstate, grads
-from .chunk_fwd import CHUNK, below_kernel, intra, recurrence
+from .chunk_bwd import dstate, dstate_outputs, grads
+from .chunk_fwd import CHUNK, below_kernel, intra, recurrence, recurrence_outputs
 from .gate import gate_backward, gate_cumsum, gate_forward_kernel
 from .l2norm import l2norm_backward, l2norm_forward
 
@@ -151,21 +152,46 @@ class KdaFunction(torch.autograd.Function):
         # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
         # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
         # ms; B=8 7.610 -> 7.594, ``results/kda_kernels_streams_h200_session19.txt``)
-        side = SideStream(q.device)
-        if cfg.keep:
-            hs, U = (Stored(x) for x in kept)
+        dht = None if dht is None else dht.contiguous()
+        groups = None if cfg.keep or cfg.segments is not None else sequence_groups(cfg.chunks)
+        if groups is None:
+            side = SideStream(q.device)
+            if cfg.keep:
+                hs, U = (Stored(x) for x in kept)
+            else:
+                with side:
+                    _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
+                                             scaled=scaled, segments=cfg.segments, transitions=trans)
+            dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision,
+                                 want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments, transitions=trans)
+            parts = ((None, lambda: side.join(hs, U)),)
         else:
-            with side:
-                _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
-                                         scaled=scaled, segments=cfg.segments, transitions=trans)
-        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, None if dht is None else dht.contiguous(), cfg.chunks,
-                             cfg.scale, cfg.precision, want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments,
-                             transitions=trans)
-        side.join(hs, U)
+            # by sequence groups (``chunk.state.sequence_groups``): the long sequences' two passes and the short ones'
+            # recomputation each on a stream of its own, the short ones' reverse pass on this one; the short ones'
+            # gradients once their passes are done, while the long ones' go on, then the long ones'
+            long, short = groups
+            hs, U = recurrence_outputs(keys, v, cfg.chunks, torch.float32, scaled, scaled)
+            dh, dY, dh0 = dstate_outputs(keys, do, cfg.chunks, scaled, h0 is not None)
+            lanes = [SideStream(q.device, lane) for lane in range(3)]
+            for lane, select in zip(lanes[:2], (long, short)):
+                with lane:
+                    recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
+                               select=select, stored=(hs, U))
+            with lanes[2]:
+                dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
+                       scaled=scaled, select=long, stored=(dh, dY, dh0))
+            dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
+                   scaled=scaled, select=short, stored=(dh, dY, dh0))
+
+            def long_passes_done():
+                lanes[0].join(hs, U)
+                lanes[2].join(dh, dY, dh0)
+            parts = ((short, lambda: lanes[1].join(hs, U)), (long, long_passes_done))
         dq, dk, dv, dg, dbeta, dA, ddt = grads(
             qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
             cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, flags, cfg.use_gather,
-            cfg.precision, torch.float32 if cfg.l2norm else q.dtype, torch.float32 if cfg.l2norm else k.dtype)
+            cfg.precision, torch.float32 if cfg.l2norm else q.dtype, torch.float32 if cfg.l2norm else k.dtype,
+            parts=parts)
         if cfg.l2norm:
             dq, dk = l2norm_backward(q, dq), l2norm_backward(k, dk)
         unflat = lambda x: x.view(B, T, *x.shape[1:])  # noqa: E731

@@ -32,6 +32,8 @@ chunk (the cumulative sum's adjoint) and, with ``use_gate_in_kernel``, chained t
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -59,8 +61,18 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile, store_tile, tile_ptrs
-from ..common import Chunks, launch, launch_only, padded, tma_operands, use_tma
+from ..chunk.tiles import (
+    chunk_span,
+    decay,
+    load_gate,
+    load_rows,
+    load_rowvec,
+    load_tile,
+    selected,
+    store_tile,
+    tile_ptrs,
+)
+from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands, use_tma
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
 from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, sub_rowform, sub_rows
@@ -68,18 +80,18 @@ from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, su
 
 @triton.jit
 def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_ptr, dht_ptr,
-                  dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, scale, H, K, V, W, C: tl.constexpr,
-                  KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
-                  HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
-                  PREC: tl.constexpr, TMA: tl.constexpr):
+                  dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, sel_ptr, scale, H, K, V, W,
+                  C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr,
+                  BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr,
+                  SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, SELECT: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
     ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``); they, P and T are pointers, or with ``TMA``
     descriptors (``tiles.load_rows``): dO, through pointers, is zero past a sequence's end, so ``P^T dO`` is too
     (P is lower triangular), and the prepared operands' zero row scales drop their rows there. The gradient
     has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
-    zero dO (``chunk.segments``' transitions)."""
-    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV)
+    zero dO (``chunk.segments``' transitions). With ``SELECT`` the sequences listed at sel_ptr only."""
+    nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV, sel_ptr, SELECT)
     wmask = vv < W
     dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_DHT)
     num = tl.cdiv(eos - bos, C)
@@ -116,13 +128,14 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, P, do_
 
 @triton.jit
 def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv_ptr, dL_ptr, dP_ptr, dbeta_ptr,
-                   cu_ptr, seq_ptr, start_ptr, H, V, U_NSB, DY_NSB, C: tl.constexpr, BV: tl.constexpr,
-                   U_SB: tl.constexpr, DY_SB: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr):
+                   cu_ptr, seq_ptr, start_ptr, sel_ptr, H, V, U_NSB, DY_NSB, C: tl.constexpr, BV: tl.constexpr,
+                   U_SB: tl.constexpr, DY_SB: tl.constexpr, SCALED: tl.constexpr, PREC: tl.constexpr,
+                   SELECT: tl.constexpr):
     """One chunk and head, the value side: dv, ``dP = lower(dO U^T)``, ``dL = -strictly_lower(dY U^T)``
     (both stored, fp32 ``[T, H, C]``) and dbeta's value part ``sum_v V dY``. U and dY row-scaled where
     ``SCALED`` (``chunk.scaled``: blocks of ``*_SB`` columns, ``*_NSB`` of them; a tile of BV columns may span
-    several, ``scaled.load_tile_scaled_blocks``)."""
-    c = tl.program_id(0)
+    several, ``scaled.load_tile_scaled_blocks``). ``SELECT``: the chunks listed at sel_ptr (``common.Selection``)."""
+    c = selected(tl.program_id(0), sel_ptr, SELECT)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     i = tl.arange(0, C)
@@ -155,22 +168,23 @@ def grads_v_kernel(v_ptr, beta_ptr, u_ptr, u_s_ptr, dy_ptr, dy_s_ptr, do_ptr, dv
 
 
 @triton.jit
-def key_program(K, BK: tl.constexpr):
+def key_program(K, BK: tl.constexpr, sel_ptr, SELECT: tl.constexpr):
     """``(c, kb, h)``: the chunk, channel block and head of a key-side program (axis 0 ``chunk * NKB + block``, axis 1
     the head). The channel blocks of a chunk run side by side, so that the tiles each of them reads whole (U, dY, dO,
     the ``[C, C]`` dL and dP) come from DRAM once and from L2 after: with the chunk on axis 0 and the block on axis 2
     they were read once per block (H100, bf16, B=8, T=4096, H=16, K=V=128, ncu: DRAM traffic of ``grads_state`` 5.30
     -> 3.11 GB, the pair sums' row and column kernels 3.48 -> 2.63 and 2.61 -> 1.76; together 6.12 -> 5.62 ms,
-    ``results/kda_ncu_h100*.json``)."""
+    ``results/kda_ncu_h100*.json``). ``SELECT``: the chunks listed at sel_ptr (``common.Selection``)."""
     nkb = tl.cdiv(K, BK)
-    return tl.program_id(0) // nkb, tl.program_id(0) % nkb, tl.program_id(1)
+    return selected(tl.program_id(0) // nkb, sel_ptr, SELECT), tl.program_id(0) % nkb, tl.program_id(1)
 
 
 @triton.jit
-def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.constexpr, BK: tl.constexpr):
+def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, H, K, C: tl.constexpr, BK: tl.constexpr,
+              SELECT: tl.constexpr):
     """The tiles of one channel block and chunk and head (``key_program``) that ``grads_state_kernel`` starts from:
     ``(c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G)``."""
-    c, kb, h = key_program(K, BK)
+    c, kb, h = key_program(K, BK, sel_ptr, SELECT)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     i = tl.arange(0, C)
     rows = t0 + i
@@ -187,18 +201,18 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, H, K, C: tl.const
 
 @triton.jit
 def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr, U, u_s_ptr, dY, dy_s_ptr, dO, dq_ptr,
-                       dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, V, TOTAL, F_SB, F_NSB, B_SB,
-                       B_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALED: tl.constexpr,
-                       PREC: tl.constexpr, TMA: tl.constexpr):
+                       dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, V, TOTAL, F_SB,
+                       F_NSB, B_SB, B_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALED: tl.constexpr,
+                       PREC: tl.constexpr, TMA: tl.constexpr, SELECT: tl.constexpr):
     """Key side, part 1 (the state terms): ``dQg = dO h^T``, ``dKd = U dh^T``, ``dYh = dY h^T`` and
     ``dgamma = rowsum(h * dh)`` turned into the first fp32 partials of dq, dk and dG (at ``dq_ptr``,
     ``dk_ptr``, ``dG_ptr``) and dbeta's share of this channel block. h and U (the forward pass's: ``F_*``),
     dh and dY (the reverse pass's: ``B_*``) row-scaled where ``SCALED`` (``chunk.scaled``: blocks of ``*_SB >= BV``
     columns). hs, dh, U, dY and dO are pointers, or with ``TMA`` descriptors (``state.load_state``,
     ``tiles.load_rows``): their rows past the chunk's end reach only rows of the partials that are not stored, and
-    the sums over rows weigh them by k's zeros there."""
+    the sums over rows weigh them by k's zeros there. ``SELECT``: the chunks listed at sel_ptr (``key_program``)."""
     c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
-                                                                       start_ptr, H, K, C, BK)
+                                                                       start_ptr, sel_ptr, H, K, C, BK, SELECT)
     k0 = kb * BK
     i = tl.arange(0, C)
     cv = tl.arange(0, BV)
@@ -249,15 +263,16 @@ def diag_by_dots(flag_ptr, c, h, H, SAFE: tl.constexpr):
 @triton.jit
 def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, alog_ptr, bias_ptr, dqp_ptr,
                        dkp_ptr, dGp_ptr, dq_ptr, dk_ptr, dg_ptr, dbeta_ptr, da_ptr, ddt_ptr, cu_ptr, seq_ptr, start_ptr,
-                       scale, lower_bound, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                       sel_ptr, scale, lower_bound, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
                        SAFE: tl.constexpr, USE_GATHER: tl.constexpr, PREC: tl.constexpr, DPREC: tl.constexpr,
-                       USE_GATE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr):
+                       USE_GATE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_LB: tl.constexpr, SELECT: tl.constexpr):
     """Key side, part 2 (the pair sums), one channel block of a chunk (program axis 0, ``chunk * NKB + block``) and
     head, a sub-chunk at a time from the last (``subchunk``): the row form ``R_L, R_P`` of dL and dP and the column
     form ``Qc``, then ``dq = dq' + scale R_P``, ``dk = dk' + Diag(beta) R_L + Qc``, ``dG = dG' + q scale R_P +
     k (Diag(beta) R_L - Qc)`` from the partials, dbeta's share of the block, the reverse cumulative sum of dG over the
-    chunk (the sums of the sub-chunks after carried along) and, with ``USE_GATE``, the gate's backward."""
-    c, kb, h = key_program(K, BK)
+    chunk (the sums of the sub-chunks after carried along) and, with ``USE_GATE``, the gate's backward. ``SELECT``: the
+    chunks listed at sel_ptr (``key_program``)."""
+    c, kb, h = key_program(K, BK, sel_ptr, SELECT)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     d = kb * BK + tl.arange(0, BK)
     dmask = d < K
@@ -349,15 +364,16 @@ def diag_block_grads(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dq_ptr, dk_p
 
 @triton.jit
 def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr,
-                      cu_ptr, seq_ptr, start_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
-                      BK: tl.constexpr):
+                      cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr,
+                      BK: tl.constexpr, SELECT: tl.constexpr):
     """Key side, between parts 1 and 2, for the chunks the forward flagged (``diag_by_dots``; the others return at once:
     one program per chunk and head, so that at normal decay the launch costs little): every sub-chunk and channel
     block in turn, the share of its diagonal block in the row and column forms, exactly, one source row j after
     another into every row of the sub-chunk at once (``subchunk.diag_source_row``: no reduction, the rows of j from
     memory), then added to the partials of dq, dk and dG and to dbeta's share of the channel block as
-    ``grads_pairs_kernel`` adds its own (dG's ``-k Qc`` before its reverse cumulative sum)."""
-    c = tl.program_id(0)
+    ``grads_pairs_kernel`` adds its own (dG's ``-k Qc`` before its reverse cumulative sum). ``SELECT``: the chunks listed
+    at sel_ptr (``common.Selection``)."""
+    c = selected(tl.program_id(0), sel_ptr, SELECT)
     h = tl.program_id(1)
     if tl.load(flag_ptr + c.to(tl.int64) * H + h) != 0:
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
@@ -398,7 +414,8 @@ def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> 
 
 def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: float, precision: str,
            want_dh0: bool, scaled: bool = False, segments: Segments | None = None,
-           transitions: Transitions | None = None, config: dict | None = None):
+           transitions: Transitions | None = None, config: dict | None = None, select: Selection | None = None,
+           stored: tuple[Stored, Stored, torch.Tensor | None] | None = None):
     """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``: dh and dY ``scaled.Stored``, fp32 or with
     ``scaled`` row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), dh0 fp32; on the operands
     ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
@@ -406,44 +423,60 @@ def dstate(keys: PreparedKeys, G, beta, T, P, do, dht, chunks: Chunks, scale: fl
     pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``TMA``, ``num_warps``,
     ``num_stages``; ``KB``: the state blocks' rows, at most the operands' scale block). Blocks of 64 by default: 128 took
     0.913 ms against 0.820 at B=8 and 1.245 against 1.117 in varlen (H200, bf16, H=16, K=V=128, one dot where two
-    were each waited for, but 200 B a thread spilled offline; ``results/kda_profile_dstate_width_h200_session17.txt``)."""
+    were each waited for, but 200 B a thread spilled offline; ``results/kda_profile_dstate_width_h200_session17.txt``).
+    ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (dh, dY, dh0) where given
+    (``dstate_outputs``; the backward's passes by sequence groups, ``api``)."""
     total, H, K = keys.kg.shape
     V = do.shape[-1]
     dev = do.device
     f32 = torch.float32
     config = dict(config or {})
     width = config.pop("KB", 64)
-    block = dstate_launch(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
-    dh = allocate((chunks.num_chunks, H, K, V), block, scaled, f32, dev)
-    dY = allocate((total, H, V), block, scaled, f32, dev)
+    dh, dY, dh0 = stored or dstate_outputs(keys, do, chunks, scaled, want_dh0 and segments is None, segments, config)
     KB, C = keys.state_rows(width), chunks.size
     # dO through TMA (its rows past a sequence set to zero) and dh stored through TMA: B=8 0.890 -> 1.299 ms, B=1 from
     # the forward's maps 1.891 -> 2.254 (H100, ``results/kda_profile_tma_stores_h100.txt``); not kept
     tma, (qg, kg, kd, Pd, Td) = tma_operands(config, *((x, [C, 1, KB]) for x in (keys.qg, keys.kg, keys.kd)),
                                              (P, [C, 1, C]), (T, [C, 1, C]))
 
-    def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None):
+    def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None, into: torch.Tensor | None = None):
         store_dh0 = not steps if store_dh0 is None else store_dh0
-        dh0 = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32) if store_dh0 else None
+        dh0 = into if into is not None or not store_dh0 else torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32)
         launch_serial(dstate_kernel,
                       (qg, keys.sq, kg, keys.sg, kd, keys.sd, G, beta, Td, Pd, do,
                        end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
-                       dh0 if store_dh0 else do, over.cu, over.offsets, scale, H, K, V, W),
+                       dh0 if store_dh0 else do, over.cu, over.offsets, over.cu if select is None else select.seqs,
+                       scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled, PREC=precision,
-                           TMA=tma) | keys.constexprs,
-                      over, H, K, W, dstate_launch(over, H, K, W, config), max_block=KB)
+                           TMA=tma, SELECT=select is not None) | keys.constexprs,
+                      over, H, K, W, dstate_launch(over, H, K, W, config), max_block=KB, select=select)
         return dh0
 
     if segments is None:
-        return dh, dY, walk(chunks, dht, V, True, want_dh0)
+        return dh, dY, walk(chunks, dht, V, True, want_dh0, dh0)
+    assert select is None, "a pass over segments runs every sequence"
     maps = None if transitions is None else transitions.M.transpose(-1, -2)
     dh0, _ = run(walk, segments, dht, H, K, V, maps=maps, reverse=True)
     return dh, dY, dh0 if want_dh0 else None
 
 
+def dstate_outputs(keys: PreparedKeys, do, chunks: Chunks, scaled: bool, want_dh0: bool,
+                   segments: Segments | None = None, config: dict | None = None):
+    """``dstate``'s outputs ``(dh, dY, dh0 or None)``, allocated (its launch's value blocks set the row scales'), for
+    passes over parts of the sequences that write into the same ones."""
+    total, H, K = keys.kg.shape
+    V = do.shape[-1]
+    config = {n: x for n, x in (config or {}).items() if n != "KB"}
+    block = dstate_launch(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
+    return (allocate((chunks.num_chunks, H, K, V), block, scaled, torch.float32, do.device),
+            allocate((total, H, V), block, scaled, torch.float32, do.device),
+            torch.empty(chunks.num_seqs, H, K, V, device=do.device, dtype=torch.float32) if want_dh0 else None)
+
+
 def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do, A_log, dt_bias, lower_bound,
           chunks: Chunks, scale: float, flags: torch.Tensor | None, use_gather: bool, precision: str, dq_dtype,
-          dk_dtype, config: dict | None = None):
+          dk_dtype, config: dict | None = None,
+          parts: Sequence[tuple[Selection | None, Callable[[], None] | None]] = ((None, None),)):
     """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``. hs and U as the
     forward pass stored them, dh and dY as the reverse pass did (each pair scaled alike or not); ``flags`` the
     forward's (``chunk_fwd.intra``: the chunks whose diagonal blocks are summed exactly), None under safe_gate.
@@ -451,7 +484,9 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     dq/dk in the given dtypes, dv/dg/dbeta in v's/g's/beta's dtype; ``A_log`` given means g is the
     raw gate input (use_gate_in_kernel) and dg is chained through the gate. ``config`` overrides the
     launches (``BK``, ``BV``, ``num_warps`` of the key side; ``value``: ``BV``, ``num_warps`` of the
-    value side; ``pairs``: ``grads_pairs_kernel``'s, ``diag``: ``grads_diag_kernel``'s)."""
+    value side; ``pairs``: ``grads_pairs_kernel``'s, ``diag``: ``grads_diag_kernel``'s). ``parts``: the launches over
+    the chunks of each ``(selection, ready)`` in turn (None: all), ``ready()`` first where given (the backward by
+    sequence groups: a group's launches once its passes are done, ``api``)."""
     total, H, K = k.shape
     V = v.shape[-1]
     NC = chunks.num_chunks
@@ -489,12 +524,16 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     dq_part, dk_part, dG_part = (torch.empty(total, H, K, device=dev, dtype=f32) for _ in range(3))
     da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
-    if NC and H:
-        launch(grads_v_kernel, (NC, H),
-               (v, beta, U.data, U.scale_ptr(), dY.data, dY.scale_ptr(), do, dv, dL, dP, dbeta, chunks.cu, chunks.seq,
-                chunks.start, H, V, U.blocks, dY.blocks),
-               dict(C=C, U_SB=U.block, DY_SB=dY.block, SCALED=scaled, PREC=precision), [vcfg, vcfg | dict(BV=16)])
-        chunk_args = (chunks.cu, chunks.seq, chunks.start)
+    def launch_part(select: Selection | None):
+        NCs = NC if select is None else select.num_chunks
+        if not (NCs and H):
+            return
+        chunk_args = (chunks.cu, chunks.seq, chunks.start, chunks.seq if select is None else select.chunks)
+        part = dict(SELECT=select is not None)
+        launch(grads_v_kernel, (NCs, H),
+               (v, beta, U.data, U.scale_ptr(), dY.data, dY.scale_ptr(), do, dv, dL, dP, dbeta, *chunk_args, H, V,
+                U.blocks, dY.blocks),
+               dict(C=C, U_SB=U.block, DY_SB=dY.block, SCALED=scaled, PREC=precision) | part, [vcfg, vcfg | dict(BV=16)])
         safe = flags is None
         flag_ptr = dL if safe else flags  # read where not safe only
         paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
@@ -512,17 +551,22 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
                     dh.block, dh.blocks)
         tma = use_tma(kcfg, *(x for x, _ in state_blocks_of(kcfg)))  # the same for every step of the ladder
         ladder = [step | dict(TMA=tma) for step in ladder]
-        launch(grads_state_kernel, (NC * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision), ladder)
+        launch(grads_state_kernel, (NCs * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision) | part, ladder)
         if not safe:
-            launch(grads_diag_kernel, (NC, H),
+            launch(grads_diag_kernel, (NCs, H),
                    (q, k, G, beta, dL, dP, flags, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
-                   dict(C=C, BC=SUB, BK=kcfg["BK"]), [dcfg])
-        launch(grads_pairs_kernel, (NC * nkb, H),
+                   dict(C=C, BC=SUB, BK=kcfg["BK"]) | part, [dcfg])
+        launch(grads_pairs_kernel, (NCs * nkb, H),
                (q, k, g, G, beta, dL, dP, flag_ptr, A_log if use_gate else g, dt_bias if dt_bias is not None else g,
                 dq_part, dk_part, dG_part, dq, dk, dg, dbeta, da if use_gate else g, ddt if use_gate else g,
                 *chunk_args, scale, float(lower_bound or 0.0), H, K, total),
-               paths | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
-                            USE_LB=lower_bound is not None), [pcfg])
+               paths | part | dict(USE_GATE=use_gate, HAS_BIAS=use_gate and dt_bias is not None,
+                                   USE_LB=lower_bound is not None), [pcfg])
+
+    for select, ready in parts:
+        if ready is not None:
+            ready()
+        launch_part(select)
     dbeta = dbeta.sum(0).to(beta.dtype)
     if not use_gate:
         return dq, dk, dv, dg, dbeta, None, None

@@ -290,10 +290,24 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     return T, P, flags
 
 
+def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, hs_dtype: torch.dtype, scaled: bool, scaled_values: bool,
+                       segments: Segments | None = None, config: dict | None = None) -> tuple[Stored, Stored]:
+    """``recurrence``'s h and U, allocated (its launch's value blocks set the row scales'), for passes over parts of the
+    sequences that write into the same ones."""
+    total, H, K = keys.kg.shape
+    V = v.shape[-1]
+    launch_cfg = PREPARED_LAUNCH | launch_only(config)
+    launch_cfg.pop("KB", None)
+    block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
+    return (allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, v.device),
+            allocate((total, H, V), block, scaled_values, torch.float32, v.device))
+
+
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, scaled: bool = False, scaled_values: bool | None = None,
                segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None,
-               then: Callable[[Selection | None, Stored, Stored], None] | None = None):
+               then: Callable[[Selection | None, Stored, Stored], None] | None = None,
+               select: Selection | None = None, stored: tuple[Stored, Stored] | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
     U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``, with ``scaled`` both
@@ -307,16 +321,16 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     ``then(selection, h, U)``: what reads h and U (the forward's output), launched once they are stored for the chunks
     of ``selection`` (None: all). With ``then``, a pass without segments over sequences of very different lengths
     (``state.sequence_groups``) runs as two launches on two streams (``common.SideStream``), the long sequences'
-    beside the short ones', so that the short ones' ``then`` runs while the long ones' pass goes on."""
+    beside the short ones', so that the short ones' ``then`` runs while the long ones' pass goes on.
+    ``select`` (without segments, final state or ``then``): the sequences of a ``Selection`` only, into ``stored`` (h,
+    U) where given (``recurrence_outputs``; the backward's passes by sequence groups, ``api``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     width = launch_cfg.pop("KB", state_width(scaled))
-    block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
-    hs = allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, dev)
     scaled_values = scaled if scaled_values is None else scaled_values
-    U = allocate((total, H, V), block, scaled_values, torch.float32, dev)
+    hs, U = stored or recurrence_outputs(keys, v, chunks, hs_dtype, scaled, scaled_values, segments, config)
     KB, C = keys.state_rows(width), chunks.size
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None, select: Selection | None = None,
@@ -336,10 +350,11 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
 
+    assert select is None or not (segments or final or then), "a selection's pass stores its steps alone"
     if segments is None:
         groups = sequence_groups(chunks) if then is not None and chunks.num_chunks else None
         if then is None or groups is None:
-            ht = walk(chunks, initial_state, V, True, final)
+            ht = walk(chunks, initial_state, V, True, final, select)
             if then is not None:
                 then(None, hs, U)
             return ht, hs, U, None
