@@ -4,7 +4,7 @@
 
 ``chunk.state.sequence_groups`` runs the serial pass of the long sequences (more than ``state.LONG`` of the longest's
 chunks) and that of the others as two launches on two streams, the short ones' output while the long ones' pass goes on
-(``chunk_fwd.recurrence``). This times ``optimized.kda``'s forward (bf16, ``benchmarks/kda.py``'s inputs, safe_gate off
+(``kda.api``). This times ``optimized.kda``'s forward (bf16, ``benchmarks/kda.py``'s inputs, safe_gate off
 and on; ``triton.testing.do_bench``, median, three runs) without groups and at each fraction, in one process.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import kda as bench  # noqa: E402
 
 from refcheck import optimized  # noqa: E402
 from refcheck.optimized.chunk import state  # noqa: E402
-from refcheck.optimized.kda import chunk_fwd  # noqa: E402
+from refcheck.optimized.kda import api  # noqa: E402
 
 
 def main():
@@ -31,16 +31,16 @@ def main():
     args = ap.parse_args()
     from triton.testing import do_bench
     x, cu = bench.shape_inputs(args.shape)
-    grouped, default = chunk_fwd.sequence_groups, state.LONG
+    grouped, default = api.sequence_groups, state.LONG
     for safe in (False, True):
         for fraction in (None, *args.fractions):
-            chunk_fwd.sequence_groups = (lambda chunks: None) if fraction is None else grouped
+            api.sequence_groups = (lambda chunks: None) if fraction is None else grouped
             state.LONG = default if fraction is None else fraction
             runs = [do_bench(lambda: bench.call(optimized.kda, x, cu, safe), return_mode="median") for _ in range(3)]
             label = "no groups" if fraction is None else f"LONG={fraction}"
             print(f"{args.shape} forward safe_gate={safe!s:5} {label:12} " + " ".join(f"{ms:.3f}" for ms in runs)
                   + " ms", flush=True)
-    chunk_fwd.sequence_groups, state.LONG = grouped, default
+    api.sequence_groups, state.LONG = grouped, default
 
 
 if __name__ == "__main__":

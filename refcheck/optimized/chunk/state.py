@@ -390,8 +390,8 @@ def sequence_groups(chunks: Chunks) -> tuple[Selection, Selection] | None:
     """``(long, short)``: the sequences of more than ``LONG`` of the longest's chunks and the others (with their
     chunks), or None where every sequence is long. A serial pass lasts as long as its longest sequence, and where the
     lengths differ most SMs idle through its last steps: the pass over each group in a launch of its own, on streams of
-    their own, lets the work that follows the short sequences' pass run in that time (KDA's output,
-    ``chunk_fwd.recurrence``; its gradients, ``kda.api``). Built on the device from lengths known on the host (no copy,
+    their own, lets the work that follows the short sequences' pass run in that time (KDA's output and its gradients,
+    ``kda.api``). Built on the device from lengths known on the host (no copy,
     no wait), the latest ``GROUPS_KEPT`` kept."""
     longest = max(chunks.counts, default=0)
     long = [n > LONG * longest for n in chunks.counts]

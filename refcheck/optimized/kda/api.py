@@ -126,13 +126,32 @@ class KdaFunction(torch.autograd.Function):
         gated_q = torch.empty(q.shape, device=q.device, dtype=hs_dtype)
         keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, forward=Forward(qn, gated_q, cfg.scale))
         o = torch.empty_like(v)
+        scaled_values = row_scaled(cfg.precision) and not cfg.keep
 
-        def output(select, hs, U):  # of the chunks whose h and U the pass has stored (all, or one group's)
+        def output(select):  # of the chunks whose h and U the pass has stored (all, or one group's)
             chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision,
                          gated_q=gated_q, select=select, out=o)
-        ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
-                                      hs_dtype=hs_dtype, scaled_values=row_scaled(cfg.precision) and not cfg.keep,
-                                      segments=cfg.segments, then=output)
+        groups = None if cfg.segments is not None else sequence_groups(cfg.chunks)
+        if groups is None:
+            ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
+                                          hs_dtype=hs_dtype, scaled_values=scaled_values, segments=cfg.segments)
+            output(None)
+        else:
+            # by sequence groups (``chunk.state.sequence_groups``): the long sequences' pass on a side stream, the
+            # short ones' on this one, their output while the long ones' pass goes on, then the long ones' output
+            long, short = groups
+            hs, U, ht = recurrence_outputs(keys, v, cfg.chunks, hs_dtype, False, scaled_values, cfg.final)
+            side, trans = SideStream(q.device), None
+
+            def walk(select):
+                recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final, hs_dtype=hs_dtype,
+                           scaled_values=scaled_values, select=select, stored=(hs, U, ht))
+            with side:
+                walk(long)
+            walk(short)
+            output(short)
+            side.join(hs, U, ht)
+            output(long)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *kept, *(trans or ()))
@@ -170,13 +189,13 @@ class KdaFunction(torch.autograd.Function):
             # recomputation each on a stream of its own, the short ones' reverse pass on this one; the short ones'
             # gradients once their passes are done, while the long ones' go on, then the long ones'
             long, short = groups
-            hs, U = recurrence_outputs(keys, v, cfg.chunks, torch.float32, scaled, scaled)
+            hs, U, _ = recurrence_outputs(keys, v, cfg.chunks, torch.float32, scaled, scaled)
             dh, dY, dh0 = dstate_outputs(keys, do, cfg.chunks, scaled, h0 is not None)
             lanes = [SideStream(q.device, lane) for lane in range(3)]
             for lane, select in zip(lanes[:2], (long, short)):
                 with lane:
                     recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
-                               select=select, stored=(hs, U))
+                               select=select, stored=(hs, U, None))
             with lanes[2]:
                 dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
                        scaled=scaled, select=long, stored=(dh, dY, dh0))

@@ -31,8 +31,6 @@ two dependent dots): the pass with its operands 0.903 -> 1.096 ms at B=8 (H100,
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +44,6 @@ from ..chunk.state import (
     launch_serial,
     load_blocks,
     read_blocks,
-    sequence_groups,
     serial_chunk,
     serial_config,
     serial_program,
@@ -54,7 +51,7 @@ from ..chunk.state import (
     update_blocks,
 )
 from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile
-from ..common import Chunks, Selection, SideStream, launch, launch_only, padded, tma_operands
+from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
     below_blocks,
@@ -291,23 +288,24 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
 
 
 def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, hs_dtype: torch.dtype, scaled: bool, scaled_values: bool,
-                       segments: Segments | None = None, config: dict | None = None) -> tuple[Stored, Stored]:
-    """``recurrence``'s h and U, allocated (its launch's value blocks set the row scales'), for passes over parts of the
-    sequences that write into the same ones."""
+                       final: bool = False, segments: Segments | None = None,
+                       config: dict | None = None) -> tuple[Stored, Stored, torch.Tensor | None]:
+    """``recurrence``'s h, U and with ``final`` the final state (``[N, H, K, V]`` fp32; else None), allocated (its
+    launch's value blocks set the row scales'), for passes over parts of the sequences that write into the same ones."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     launch_cfg.pop("KB", None)
     block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
     return (allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, v.device),
-            allocate((total, H, V), block, scaled_values, torch.float32, v.device))
+            allocate((total, H, V), block, scaled_values, torch.float32, v.device),
+            torch.empty(chunks.num_seqs, H, K, V, device=v.device, dtype=torch.float32) if final else None)
 
 
 def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, scaled: bool = False, scaled_values: bool | None = None,
                segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None,
-               then: Callable[[Selection | None, Stored, Stored], None] | None = None,
-               select: Selection | None = None, stored: tuple[Stored, Stored] | None = None):
+               select: Selection | None = None, stored: tuple[Stored, Stored, torch.Tensor | None] | None = None):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
     U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``, with ``scaled`` both
@@ -318,19 +316,15 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
     ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
-    ``then(selection, h, U)``: what reads h and U (the forward's output), launched once they are stored for the chunks
-    of ``selection`` (None: all). With ``then``, a pass without segments over sequences of very different lengths
-    (``state.sequence_groups``) runs as two launches on two streams (``common.SideStream``), the long sequences'
-    beside the short ones', so that the short ones' ``then`` runs while the long ones' pass goes on.
-    ``select`` (without segments, final state or ``then``): the sequences of a ``Selection`` only, into ``stored`` (h,
-    U) where given (``recurrence_outputs``; the backward's passes by sequence groups, ``api``)."""
+    ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (h, U, the final state or
+    None) where given (``recurrence_outputs``; the passes by sequence groups, ``state.sequence_groups``, ``api``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     width = launch_cfg.pop("KB", state_width(scaled))
     scaled_values = scaled if scaled_values is None else scaled_values
-    hs, U = stored or recurrence_outputs(keys, v, chunks, hs_dtype, scaled, scaled_values, segments, config)
+    hs, U, ht = stored or recurrence_outputs(keys, v, chunks, hs_dtype, scaled, scaled_values, False, segments, config)
     KB, C = keys.state_rows(width), chunks.size
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None, select: Selection | None = None,
@@ -350,30 +344,12 @@ def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks,
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
 
-    assert select is None or not (segments or final or then), "a selection's pass stores its steps alone"
     if segments is None:
-        groups = sequence_groups(chunks) if then is not None and chunks.num_chunks else None
-        if then is None or groups is None:
-            ht = walk(chunks, initial_state, V, True, final, select)
-            if then is not None:
-                then(None, hs, U)
-            return ht, hs, U, None
-        long, short = groups
-        ht = torch.empty(chunks.num_seqs, H, K, V, device=dev, dtype=torch.float32) if final else None
-        side = SideStream(dev)
-        with side:
-            walk(chunks, initial_state, V, True, final, long, ht)
-        walk(chunks, initial_state, V, True, final, short, ht)
-        then(short, hs, U)
-        side.join(hs, U, ht)
-        then(long, hs, U)
-        return ht, hs, U, None
+        return walk(chunks, initial_state, V, True, final, select, ht), hs, U, None
+    assert select is None, "a pass over segments runs every sequence"
     if transitions is not None:
         assert not final, "a pass from the forward's segment entry states has no final state of its own"
         walk(segments.chunks, transitions.entries, V, True)
-        ht = None
     else:
         ht, transitions = run(walk, segments, initial_state, H, K, V)
-    if then is not None:
-        then(None, hs, U)
     return ht if final else None, hs, U, transitions
