@@ -547,13 +547,14 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     ([150], False, False, "ieee"),
     ([40, 0, 27, 83], True, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
     ([150], True, False, "tf32"),
+    ([150], slice(32, None), False, "ieee"),  # past the channels that diag_kernel reads first (blocks.first_span)
     ([77, 73], False, True, "tf32x3"),
 ])
 def test_intra_factors_match_float64(lengths, strong, safe, precision):
     """``chunk_fwd.intra``'s T and P, row by row, against float64: per chunk ``A_ij = sum_d k_id k_jd e^{G_id - G_jd}``
     (j < i), ``P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}`` (j <= i), ``T = (I + Diag(beta) A)^{-1}``, zeros above
     the diagonal; the flags mark exactly the sub-chunks whose decay exceeds ``DIAG_SPAN`` (the strong decay's here, none at
-    the weak one)."""
+    the weak one). ``strong``: the channels whose decay is strong in rows 20-59 (True: all)."""
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra
     from refcheck.optimized.kda.gate import gate_cumsum
@@ -562,8 +563,8 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision):
     q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
     beta = torch.rand(T, H, generator=gen)
     g = -0.2 * torch.rand(T, H, K, generator=gen)  # weak: the blocks far below the diagonal carry weight
-    if strong:
-        g[20:60] *= 1000.0
+    if strong is not False:
+        g[20:60, :, slice(None) if strong is True else strong] *= 1000.0
     cu = torch.tensor([0] + lengths).cumsum(0)
     chunks = make_chunks(1, T, cu, 64, "cpu")
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)
@@ -591,7 +592,7 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision):
     if safe:
         assert flags is None
     else:
-        assert torch.equal(flags, bits) and bool(bits.any()) == strong
+        assert torch.equal(flags, bits) and bool(bits.any()) == (strong is not False)
 
 
 def test_kda_empty_sequences_keep_the_state():

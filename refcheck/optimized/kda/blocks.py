@@ -76,6 +76,18 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
 
 
 @triton.jit
+def first_span(G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr):
+    """``diag_block``'s span over the first BK channels alone (at most K), read from G before any dot: a lower bound
+    of the whole span, which under strong decay mostly exceeds ``DIAG_SPAN`` already."""
+    cols = tl.arange(0, BK)
+    cmask = cols < K
+    _, _, _, grows = sub_rows(t0, n, s, BC)
+    d = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask) - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K,
+                                                                             cols, cmask)
+    return tl.max(tl.max(tl.abs(d).to(tl.float32), axis=1), axis=0)  # G is fp64 for fp32 inputs
+
+
+@triton.jit
 def decayed_keys(k_j, G_j, j, i, G_i):
     """Row i's decayed keys of the sub-chunk's rows j, ``X_j = k_j e^{G_i - G_j}`` ``[BC, BK]`` (zero for j > i),
     from their ``k_j``, ``G_j`` ``[BC, BK]`` and row i's ``G_i`` ``[BK]``: each factor (in (0, 1] for j <= i) formed
