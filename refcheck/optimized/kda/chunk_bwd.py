@@ -524,7 +524,19 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     dq_part, dk_part, dG_part = (torch.empty(total, H, K, device=dev, dtype=f32) for _ in range(3))
     da = torch.zeros(NC, H, nkb, device=dev, dtype=f32) if use_gate else None
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
-    def launch_part(select: Selection | None):
+    safe = flags is None
+    flag_ptr = dL if safe else flags  # read where not safe only
+    paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
+
+    def state_blocks_of(step):  # grads_state's operands by its step's blocks (``common.tma_operands``)
+        BK, BV = step["BK"], step["BV"]
+        return (*((x.data.view(-1, K, V), [1, BK, BV]) for x in (hs, dh)),
+                *((x, [C, 1, BV]) for x in (U.data, dY.data, do)))
+    tma = use_tma(kcfg, *(x for x, _ in state_blocks_of(kcfg)))  # the same for every step of the ladder
+    ladder = [step | dict(TMA=tma) for step in (kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
+                                                 kcfg | dict(BV=16, num_warps=8, num_stages=1))]
+
+    def launch_part(select: Selection | None):  # every launch over the chunks of a selection (None: all)
         NCs = NC if select is None else select.num_chunks
         if not (NCs and H):
             return
@@ -534,23 +546,12 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
                (v, beta, U.data, U.scale_ptr(), dY.data, dY.scale_ptr(), do, dv, dL, dP, dbeta, *chunk_args, H, V,
                 U.blocks, dY.blocks),
                dict(C=C, U_SB=U.block, DY_SB=dY.block, SCALED=scaled, PREC=precision) | part, [vcfg, vcfg | dict(BV=16)])
-        safe = flags is None
-        flag_ptr = dL if safe else flags  # read where not safe only
-        paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
-        ladder = [kcfg, kcfg | dict(num_stages=1), kcfg | dict(BV=16, num_stages=1),
-                  kcfg | dict(BV=16, num_warps=8, num_stages=1)]
-        def state_blocks_of(step):  # grads_state's operands by its step's blocks (``common.tma_operands``)
-            BK, BV = step["BK"], step["BV"]
-            return (*((x.data.view(-1, K, V), [1, BK, BV]) for x in (hs, dh)),
-                    *((x, [C, 1, BV]) for x in (U.data, dY.data, do)))
 
         def state_args(step):
             hsd, dhd, Ud, dYd, dOd = tma_operands(step, *state_blocks_of(step))[1]
             return (q, k, G, beta, hsd, hs.scale_ptr(), dhd, dh.scale_ptr(), Ud, U.scale_ptr(), dYd, dY.scale_ptr(),
                     dOd, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block, hs.blocks,
                     dh.block, dh.blocks)
-        tma = use_tma(kcfg, *(x for x, _ in state_blocks_of(kcfg)))  # the same for every step of the ladder
-        ladder = [step | dict(TMA=tma) for step in ladder]
         launch(grads_state_kernel, (NCs * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision) | part, ladder)
         if not safe:
             launch(grads_diag_kernel, (NCs, H),
