@@ -160,23 +160,23 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"), help="input dtype")
     ap.add_argument("--precision", help="the precision knob (gla, simple_gla, attention)")
     ap.add_argument("--chunk-size", type=int, help="gla, simple_gla: the chunk_size knob")
-    ap.add_argument("--kv", help="gla, simple_gla: head dims K,V instead of the shape's")
+    ap.add_argument("--kv", help="kda, gla, simple_gla: head dims K,V instead of the shape's")
     ap.add_argument("--fit", type=int, nargs="?", const=232448,
                     help="compile each launch as it comes and let the launch ladders fall back as on a GPU with this "
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
     ap.add_argument("--sass", metavar="DIR",
                     help="also write each launch's SASS and Triton GPU IR to DIR/<n>_<kernel>.sass, .ttgir")
     args = ap.parse_args()
+    shape = dict(SHAPES[args.shape])
+    if args.kv:
+        shape["K"], shape["V"] = (int(d) for d in args.kv.split(","))
     if args.op == "kda":
-        launches = kda_launches(SHAPES[args.shape], args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)
+        launches = kda_launches(shape, args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
         knobs = {"precision": args.precision} if args.precision else {}
         launches = attention_launches(args.causal, (dqk, dv), args.schedule, DTYPES[args.dtype], args.fit, **knobs)
     else:
-        shape = dict(SHAPES[args.shape])
-        if args.kv:
-            shape["K"], shape["V"] = (int(d) for d in args.kv.split(","))
         knobs = {n: v for n, v in (("precision", args.precision), ("chunk_size", args.chunk_size)) if v is not None}
         launches = linear_launches(args.op, shape, DTYPES[args.dtype], args.fit, **knobs)
     import triton

@@ -543,28 +543,33 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     assert make_chunks(2, 70, None, 64, "cpu") is rows and make_chunks(2, 71, None, 64, "cpu") is not rows
 
 
+ALL = (slice(None), slice(None))
+
+
 @pytest.mark.parametrize("lengths, strong, safe, precision", [
     ([150], False, False, "ieee"),
-    ([40, 0, 27, 83], True, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
-    ([150], True, False, "tf32"),
-    ([150], slice(32, None), False, "ieee"),  # past the channels that diag_kernel reads first (blocks.first_span)
+    ([40, 0, 27, 83], ALL, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
+    ([150], ALL, False, "tf32"),
+    ([150], (slice(None), slice(32, None)), False, "ieee"),  # past the channels diag_kernel reads first (first_span)
+    ([150], (1, slice(None)), False, "ieee"),  # one head of an exact_kernel program flagged, the others' blocks kept
     ([77, 73], False, True, "tf32x3"),
 ])
 def test_intra_factors_match_float64(lengths, strong, safe, precision):
     """``chunk_fwd.intra``'s T and P, row by row, against float64: per chunk ``A_ij = sum_d k_id k_jd e^{G_id - G_jd}``
     (j < i), ``P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}`` (j <= i), ``T = (I + Diag(beta) A)^{-1}``, zeros above
     the diagonal; the flags mark exactly the sub-chunks whose decay exceeds ``DIAG_SPAN`` (the strong decay's here, none at
-    the weak one). ``strong``: the channels whose decay is strong in rows 20-59 (True: all)."""
+    the weak one). ``strong``: the heads and channels whose decay is strong in rows 20-59. Three heads: an exact rows'
+    program takes four at K = 40 (``chunk_fwd.exact_launch``), so one lane of heads is masked off."""
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra
     from refcheck.optimized.kda.gate import gate_cumsum
     gen = torch.Generator().manual_seed(7)
-    T, H, K = sum(lengths), 2, 40
+    T, H, K = sum(lengths), 3, 40
     q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
     beta = torch.rand(T, H, generator=gen)
     g = -0.2 * torch.rand(T, H, K, generator=gen)  # weak: the blocks far below the diagonal carry weight
     if strong is not False:
-        g[20:60, :, slice(None) if strong is True else strong] *= 1000.0
+        g[(slice(20, 60), *strong)] *= 1000.0
     cu = torch.tensor([0] + lengths).cumsum(0)
     chunks = make_chunks(1, T, cu, 64, "cpu")
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)

@@ -13,8 +13,8 @@ Split as FLA's forward splits them (``chunk_fwd.intra``'s launches):
 * the diagonal blocks, one program per sub-chunk (``diag_block``): by dots against the block's middle row m,
   ``e^{G_i - G_m} e^{G_m - G_j}``, trusted where the decay inside the block allows it (``max |G - G_m| <=
   DIAG_SPAN``, always under safe_gate's promise; ``subchunk``'s docstring has the bounds), at ``DPREC``; elsewhere
-  (the general path's flagged sub-chunks, in a kernel of their own) exactly, a row at a time (``decayed_keys``), each
-  factor ``e^{G_i - G_j}`` formed on its own, for any decay. Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by
+  (the general path's flagged sub-chunks, in a kernel of their own: ``chunk_fwd.exact_kernel``) exactly, a row at a
+  time, every factor ``e^{G_i - G_j}`` in (0, 1], for any decay. Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by
   exact doubling (``unit_inverse``).
 * the blocks below the diagonal, one program per chunk (``below_blocks``): against the reference row r = 16 b, the
   first row of block b, ``e^{G_i - G_r} e^{G_r - G_j}``, both factors in (0, 1] (j < r <= i) whatever the decay;
@@ -85,15 +85,6 @@ def first_span(G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr):
     d = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask) - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K,
                                                                              cols, cmask)
     return tl.max(tl.max(tl.abs(d).to(tl.float32), axis=1), axis=0)  # G is fp64 for fp32 inputs
-
-
-@triton.jit
-def decayed_keys(k_j, G_j, j, i, G_i):
-    """Row i's decayed keys of the sub-chunk's rows j, ``X_j = k_j e^{G_i - G_j}`` ``[BC, BK]`` (zero for j > i),
-    from their ``k_j``, ``G_j`` ``[BC, BK]`` and row i's ``G_i`` ``[BK]``: each factor (in (0, 1] for j <= i) formed
-    on its own, those of j > i as ``e^{-inf} = 0``, so that nothing overflows. Row i of the diagonal blocks is then
-    ``A_ij = k_i . X_j``, ``P_ij = q_i . X_j``."""
-    return k_j * decay(tl.where((j <= i)[:, None], G_i[None, :] - G_j, float("-inf")))
 
 
 @triton.jit

@@ -50,14 +50,13 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_gate, load_rows, load_rowvec, load_tile
+from ..chunk.tiles import chunk_span, decay, load_rows, load_rowvec
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
     below_blocks,
     below_inverse,
     block_beta,
-    decayed_keys,
     diag_block,
     first_span,
     load_block,
@@ -95,53 +94,63 @@ def state_width(scaled: bool) -> int:
 
 
 def exact_launch(K: int) -> dict:
-    """``exact_kernel``'s launch (``[16, K]`` tiles): two warps per 128 channels. Measured on an H200 (bf16, B=8,
-    T=4096, H=16, K=128, ``intra`` under strong decay, ``results/kda_profile_exact_h200_session18.txt``): 1.348 ms at 1
-    warp (205 registers offline), 1.258 at 2, 1.710 at 4 (at 1 warp before the decayed keys were carried from row to
-    row, 255 registers: 1.508, 2 warps slower)."""
-    return dict(num_warps=2 * max(1, padded(K) // 128))
+    """``exact_kernel``'s launch: a sub-chunk of BH heads a program (``[BH, K]`` rows), one warp for every 256 channels
+    and as many heads as fill its lanes with 8 channels each (two at K = 128). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``intra`` under strong decay,
+``results/kda_kernels_exact_heads_h200_session22.txt``): 0.859 ms; one head 0.867, 4 heads at 1 warp 1.232 (spilled),
+at 2 warps 0.941, 8 heads at 4 warps 1.079. Before the heads were the tiles' rows (one head a program, the walk's
+``[16, K]`` tile splitting its rows over two warps, each row's k, q and G converted into its layout through shared
+memory): 1.10 (``exact_kernel`` 0.735 -> 0.485)."""
+    return dict(BH=max(1, 256 // padded(K)), num_warps=max(1, padded(K) // 256))
 
 
 @triton.jit
-def exact_row(q_ptr, k_ptr, G_ptr, t0, i, end, h, H, K, d, dmask):
-    """Row i's k, q (as stored) and G ``[BK]`` for ``diag_rows`` (zeros from row ``end`` on)."""
-    row = ((t0 + i).to(tl.int64) * H + h) * K + d
-    m = dmask & (i < end)
-    return (tl.load(k_ptr + row, mask=m, other=0.0), tl.load(q_ptr + row, mask=m, other=0.0),
-            tl.load(G_ptr + row, mask=m, other=0.0))
+def head_rows(q_ptr, k_ptr, G_ptr, t, end, H, K, heads, d, mask):
+    """Token t's k, q (fp32) and G ``[1, BH, BK]`` for the program's heads (zeros from token ``end`` on): loaded with
+    the column dimension in front, so that they broadcast over the columns in the layout they are loaded in."""
+    off = ((t.to(tl.int64) * H + heads)[:, None] * K + d[None, :])[None, :, :]
+    m = mask & (t < end)
+    return (tl.load(k_ptr + off, mask=m, other=0.0).to(tl.float32),
+            tl.load(q_ptr + off, mask=m, other=0.0).to(tl.float32), tl.load(G_ptr + off, mask=m, other=0.0))
 
 
 @triton.jit
-def diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s, r0, r1, C: tl.constexpr, BC: tl.constexpr,
-              W: tl.constexpr, BK: tl.constexpr):
-    """Rows ``s + r0 .. s + r1 - 1`` (those below n) of the diagonal block whose first row is chunk row s, against the
-    block's first W columns (the others are above the diagonal for these rows: P's are stored as zeros), exactly for
-    any decay, one row after another: A's into T's memory, P's (scaled) into P's. The columns' decayed keys
-    ``X_j = k_j e^{G_i - G_j}`` ``[W, BK]`` (zero for j > i) are carried from row to row, ``X <- X e^{G_{i+1} - G_i}``
-    and row i + 1's own key in its column: one row of exponentials a step, where forming each factor on its own took
-    W, and no G of the columns held (``blocks.decayed_keys`` forms the first row's). Every factor lies in (0, 1], so a
-    product only underflows where ``e^{G_i - G_j}`` does; it carries at most r1 - r0 - 1 roundings of the product."""
-    d = tl.arange(0, BK)
-    dmask = d < K
-    j = s + tl.arange(0, W)
-    end = tl.minimum(s + r1, n)
-    k_i, q_i, G_i = exact_row(q_ptr, k_ptr, G_ptr, t0, s + r0, end, h, H, K, d, dmask)
-    X = decayed_keys(load_tile(k_ptr, t0 + j, j < n, h, H, K, d, dmask),
-                     load_gate(G_ptr, t0 + tl.minimum(j, n - 1), j < C, h, H, K, d, dmask), j, s + r0, G_i)
-    for i in range(s + r0, end):
-        # the next row's loads issued before this row's sums, so that their latency is not a step of the walk: intra
-        # under strong decay 1.605 -> 1.510 ms (H200, B=8, ``results/kda_profile_exact_prefetch_h200_session17.txt``)
-        k_n, q_n, G_n = exact_row(q_ptr, k_ptr, G_ptr, t0, i + 1, end, h, H, K, d, dmask)
-        a = tl.sum(k_i.to(tl.float32)[None, :] * X, axis=1)
-        p = tl.sum(q_i.to(tl.float32)[None, :] * X, axis=1)
-        X = tl.where((j <= i)[:, None], X * decay(G_n - G_i)[None, :],
-                     tl.where((j == i + 1)[:, None], k_n.to(tl.float32)[None, :], 0.0))
+def diag_walk(lo, hi, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0, mine,
+              C: tl.constexpr, SECOND: tl.constexpr):
+    """Rows ``first .. last - 1`` (tokens ``t + i``, counted from the block's first row) of the diagonal block at chunk
+    column b0, exactly for any decay, one row after another: A's into T's memory, P's (scaled) into P's, for the heads
+    where ``mine`` ``[BH]``. The first half of the rows against the block's first W columns (``lo``; zeros into P's
+    other W), with ``SECOND`` the second half against both halves (``lo``, ``hi``). ``lo``, ``hi`` ``[W, BH, BK]``: the
+    columns' decayed keys of row ``first``, ``X_j = k_j e^{G_i - G_j}`` (zero for j > i), carried from row to row,
+    ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's own key in its column: one row of exponentials a step, every factor in
+    (0, 1], so that a product only underflows where ``e^{G_i - G_j}`` does. Returns ``lo`` of row ``last``."""
+    W: tl.constexpr = lo.shape[0]
+    j = tl.arange(0, W)[:, None, None]
+    k_i, q_i, G_i = head_rows(q_ptr, k_ptr, G_ptr, t + first, end, H, K, heads, d, m)
+    for i in range(first, last):
+        # the next row's loads issued before this row's sums, so that their latency is not a step of the walk
+        k_n, q_n, G_n = head_rows(q_ptr, k_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m)
+        out = ((t + i).to(tl.int64) * H + heads)[None, :] * C + b0 + tl.reshape(j, (W, 1))
+        tl.store(T_ptr + out, tl.sum(k_i * lo, axis=2), mask=mine[None, :])
+        tl.store(P_ptr + out, scale * tl.sum(q_i * lo, axis=2), mask=mine[None, :])
+        f = decay(G_n - G_i)
+        if SECOND:
+            tl.store(T_ptr + out + W, tl.sum(k_i * hi, axis=2), mask=mine[None, :])
+            tl.store(P_ptr + out + W, scale * tl.sum(q_i * hi, axis=2), mask=mine[None, :])
+            lo = lo * f
+            hi = tl.where(j + W == i + 1, k_n, hi * f)  # the columns j > i + 1 stay zero
+        else:
+            tl.store(P_ptr + out + W, tl.zeros((W, heads.shape[0]), tl.float32), mask=mine[None, :])
+            lo = tl.where(j == i + 1, k_n, lo * f)
         k_i, q_i, G_i = k_n, q_n, G_n
-        out = ((t0 + i).to(tl.int64) * H + h) * C
-        tl.store(T_ptr + out + j, a)
-        tl.store(P_ptr + out + j, scale * p)
-        if W < BC:
-            tl.store(P_ptr + out + s + W + tl.arange(0, BC - W), tl.zeros((BC - W,), tl.float32))
+    return lo
+
+
+@triton.jit
+def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
+    """The decayed keys that start a walk of W columns at row i, the first of them: ``k_i`` in the first column, zeros
+    in the others ``[W, BH, BK]``."""
+    k, _, _ = head_rows(k_ptr, k_ptr, k_ptr, t + i, end, H, K, heads, d, m)
+    return k * (tl.arange(0, W) == 0).to(tl.float32)[:, None, None]
 
 
 @triton.jit
@@ -178,21 +187,36 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
 
 @triton.jit
 def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
-    """One chunk and head (the chunks ``diag_kernel`` did not flag return at once): the diagonal blocks of the
-    flagged sub-chunks, exactly for any decay (``diag_rows``, K in one tile of BK), then their inverse. A block's
-    first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192, not 256."""
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    bits = tl.load(flag_ptr + c.to(tl.int64) * H + h)
-    if bits != 0:
+                 C: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
+    """One sub-chunk s of BH heads (those ``diag_kernel`` did not flag return at once): the diagonal blocks of the
+    flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), then their inverse, a head at a time. A
+    block's first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192. The
+    heads are the rows of every tile (``[BH, BK]``, the columns ``[W, BH, BK]``), so that a row's k, q and G broadcast
+    over the columns in the layout they are loaded in."""
+    W: tl.constexpr = BC // 2
+    c = tl.program_id(0) // NB
+    s = tl.program_id(0) % NB
+    h0 = tl.program_id(1) * BH
+    flags = flag_ptr + c.to(tl.int64) * H
+    word = tl.load(flags + h0)
+    for hh in tl.static_range(1, BH):
+        word |= tl.load(flags + h0 + hh, mask=h0 + hh < H, other=0)
+    if (word >> s) & 1:
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-        for s in range(NB):
-            if (bits >> s) & 1:
-                diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, 0, BC // 2, C, BC, BC // 2,
-                          BK)
-                diag_rows(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t0, n, h, H, K, s * BC, BC // 2, BC, C, BC, BC, BK)
-                tl.debug_barrier()  # the rows' A, stored by other threads, read back
+        heads = h0 + tl.arange(0, BH)
+        mine = ((tl.load(flags + heads, mask=heads < H, other=0) >> s) & 1) != 0
+        d = tl.arange(0, BK)
+        m = ((heads < H)[:, None] & (d < K)[None, :])[None, :, :]
+        t = t0 + s * BC
+        end = t0 + tl.minimum(n, (s + 1) * BC)
+        lo = diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W)
+        lo = diag_walk(lo, lo, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, 0, tl.minimum(W, end - t), end, H, K, heads,
+                       d, m, s * BC, mine, C, False)
+        diag_walk(lo, diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W,
+                  end - t, end, H, K, heads, d, m, s * BC, mine, C, True)
+        tl.debug_barrier()  # the rows' A, stored by other threads, read back
+        for h in range(h0, tl.minimum(h0 + BH, H)):
+            if (tl.load(flags + h) >> s) & 1:
                 A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
                 store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s,
                             s, h, H, C, BC)
@@ -287,8 +311,9 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec),
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
-        launch(exact_kernel, (chunks.num_chunks, H), args, fixed | dict(BK=padded(K), DPREC=dprec),
-               [exact_launch(K) | config.get("exact", {})])
+        cfg = exact_launch(K) | config.get("exact", {})
+        launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args,
+               fixed | dict(BK=padded(K), DPREC=dprec), [cfg])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + args[7:], fixed | dict(PREC=precision),
            [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P, flags
