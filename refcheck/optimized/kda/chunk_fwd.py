@@ -95,22 +95,28 @@ def state_width(scaled: bool) -> int:
 
 def exact_launch(K: int) -> dict:
     """``exact_kernel``'s launch: a sub-chunk of BH heads a program (``[BH, K]`` rows), one warp for every 256 channels
-    and as many heads as fill its lanes with 8 channels each (two at K = 128). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``intra`` under strong decay,
-``results/kda_kernels_exact_heads_h200_session22.txt``): 0.859 ms; one head 0.867, 4 heads at 1 warp 1.232 (spilled),
-at 2 warps 0.941, 8 heads at 4 warps 1.079. Before the heads were the tiles' rows (one head a program, the walk's
-``[16, K]`` tile splitting its rows over two warps, each row's k, q and G converted into its layout through shared
-memory): 1.10 (``exact_kernel`` 0.735 -> 0.485)."""
+    and as many heads as fill its lanes with 8 channels each (two at K = 128). Measured on an H200 (bf16, B=8, T=4096,
+    H=16, K=128, ``intra`` under strong decay, ``results/kda_kernels_exact_heads_h200_session22.txt``): 0.859 ms; one
+    head 0.867, 4 heads at 1 warp 1.232 (spilled), at 2 warps 0.941, 8 heads at 4 warps 1.079. Before the heads were
+    the tiles' rows (one head a program, the walk's ``[16, K]`` tile splitting its rows over two warps, each row's k, q
+    and G converted into its layout through shared memory): 1.10 (``exact_kernel`` 0.735 -> 0.485)."""
     return dict(BH=max(1, 256 // padded(K)), num_warps=max(1, padded(K) // 256))
 
 
 @triton.jit
-def head_rows(q_ptr, k_ptr, G_ptr, t, end, H, K, heads, d, mask):
-    """Token t's k, q (fp32) and G ``[1, BH, BK]`` for the program's heads (zeros from token ``end`` on): loaded with
-    the column dimension in front, so that they broadcast over the columns in the layout they are loaded in."""
+def head_row(ptr, t, end, H, K, heads, d, mask):
+    """Token t's row ``[1, BH, BK]`` of a ``[T, H, K]`` tensor for the program's heads (zeros from token ``end`` on),
+    as stored: loaded with the column dimension in front, so that it broadcasts over the columns ``[W, BH, BK]`` of
+    ``diag_walk`` in the layout it is loaded in."""
     off = ((t.to(tl.int64) * H + heads)[:, None] * K + d[None, :])[None, :, :]
-    m = mask & (t < end)
-    return (tl.load(k_ptr + off, mask=m, other=0.0).to(tl.float32),
-            tl.load(q_ptr + off, mask=m, other=0.0).to(tl.float32), tl.load(G_ptr + off, mask=m, other=0.0))
+    return tl.load(ptr + off, mask=mask & (t < end), other=0.0)
+
+
+@triton.jit
+def head_rows(q_ptr, k_ptr, G_ptr, t, end, H, K, heads, d, mask):
+    """Token t's k, q (fp32) and G of the program's heads (``head_row``)."""
+    return (head_row(k_ptr, t, end, H, K, heads, d, mask).to(tl.float32),
+            head_row(q_ptr, t, end, H, K, heads, d, mask).to(tl.float32), head_row(G_ptr, t, end, H, K, heads, d, mask))
 
 
 @triton.jit
@@ -122,7 +128,9 @@ def diag_walk(lo, hi, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, 
     other W), with ``SECOND`` the second half against both halves (``lo``, ``hi``). ``lo``, ``hi`` ``[W, BH, BK]``: the
     columns' decayed keys of row ``first``, ``X_j = k_j e^{G_i - G_j}`` (zero for j > i), carried from row to row,
     ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's own key in its column: one row of exponentials a step, every factor in
-    (0, 1], so that a product only underflows where ``e^{G_i - G_j}`` does. Returns ``lo`` of row ``last``."""
+    (0, 1], so that a product only underflows where ``e^{G_i - G_j}`` does; a product carries at most 15 roundings (the
+    first half's columns are carried on through the second half; the rows before the twenty-second session formed them
+    again there, at most 7). Returns ``lo`` of row ``last``."""
     W: tl.constexpr = lo.shape[0]
     j = tl.arange(0, W)[:, None, None]
     k_i, q_i, G_i = head_rows(q_ptr, k_ptr, G_ptr, t + first, end, H, K, heads, d, m)
@@ -149,7 +157,7 @@ def diag_walk(lo, hi, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, 
 def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
     """The decayed keys that start a walk of W columns at row i, the first of them: ``k_i`` in the first column, zeros
     in the others ``[W, BH, BK]``."""
-    k, _, _ = head_rows(k_ptr, k_ptr, k_ptr, t + i, end, H, K, heads, d, m)
+    k = head_row(k_ptr, t + i, end, H, K, heads, d, m).to(tl.float32)
     return k * (tl.arange(0, W) == 0).to(tl.float32)[:, None, None]
 
 
