@@ -543,13 +543,13 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
     assert make_chunks(2, 70, None, 64, "cpu") is rows and make_chunks(2, 71, None, 64, "cpu") is not rows
 
 
-ALL = (slice(None), slice(None))
+STRONG_EVERYWHERE = (slice(None), slice(None))  # every head and channel
 
 
 @pytest.mark.parametrize("lengths, strong, safe, precision", [
     ([150], False, False, "ieee"),
-    ([40, 0, 27, 83], ALL, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
-    ([150], ALL, False, "tf32"),
+    ([40, 0, 27, 83], STRONG_EVERYWHERE, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
+    ([150], STRONG_EVERYWHERE, False, "tf32"),
     ([150], (slice(None), slice(32, None)), False, "ieee"),  # past the channels diag_kernel reads first (first_span)
     ([150], (1, slice(None)), False, "ieee"),  # one head of an exact_kernel program flagged, the others' blocks kept
     ([77, 73], False, True, "tf32x3"),

@@ -132,12 +132,13 @@ def diag_walk(lo, hi, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, 
     first half's columns are carried on through the second half; the rows before the twenty-second session formed them
     again there, at most 7). Returns ``lo`` of row ``last``."""
     W: tl.constexpr = lo.shape[0]
-    j = tl.arange(0, W)[:, None, None]
+    cols = tl.arange(0, W)
+    j = cols[:, None, None]
     k_i, q_i, G_i = head_rows(q_ptr, k_ptr, G_ptr, t + first, end, H, K, heads, d, m)
     for i in range(first, last):
         # the next row's loads issued before this row's sums, so that their latency is not a step of the walk
         k_n, q_n, G_n = head_rows(q_ptr, k_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m)
-        out = ((t + i).to(tl.int64) * H + heads)[None, :] * C + b0 + tl.reshape(j, (W, 1))
+        out = ((t + i).to(tl.int64) * H + heads)[None, :] * C + b0 + cols[:, None]
         tl.store(T_ptr + out, tl.sum(k_i * lo, axis=2), mask=mine[None, :])
         tl.store(P_ptr + out, scale * tl.sum(q_i * lo, axis=2), mask=mine[None, :])
         f = decay(G_n - G_i)
@@ -206,6 +207,7 @@ def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
     s = tl.program_id(0) % NB
     h0 = tl.program_id(1) * BH
     flags = flag_ptr + c.to(tl.int64) * H
+    # the heads' flags OR-ed as scalars: a program with nothing flagged returns before any tile is formed
     word = tl.load(flags + h0)
     for hh in tl.static_range(1, BH):
         word |= tl.load(flags + h0 + hh, mask=h0 + hh < H, other=0)
@@ -218,6 +220,7 @@ def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
         t = t0 + s * BC
         end = t0 + tl.minimum(n, (s + 1) * BC)
         lo = diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W)
+        # the first half of the rows has no second column tile: lo stands in for it, unread
         lo = diag_walk(lo, lo, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, 0, tl.minimum(W, end - t), end, H, K, heads,
                        d, m, s * BC, mine, C, False)
         diag_walk(lo, diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W,
