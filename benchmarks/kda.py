@@ -562,9 +562,10 @@ forming it from q and G: the forward before the nineteenth session."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
-        dict(exact=dict(BH=1)), dict(exact=dict(BH=4)), dict(exact=dict(BH=4, num_warps=2)),
-        dict(exact=dict(BH=8, num_warps=4)), dict(below=dict(BK=32)), dict(below=dict(BK=64)),
-        dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)), dict(below=dict(num_stages=3)))
+        dict(exact=dict(BH=1)), dict(exact=dict(num_warps=2)), dict(exact=dict(BH=4)),
+        dict(exact=dict(BH=4, num_warps=2)), dict(exact=dict(BH=8, num_warps=4)), dict(exact=dict(maxnreg=128)),
+        dict(below=dict(BK=32)), dict(below=dict(BK=64)), dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)),
+        dict(below=dict(num_stages=3)))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + NARROW + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]

@@ -96,10 +96,11 @@ def state_width(scaled: bool) -> int:
 def exact_launch(K: int) -> dict:
     """``exact_kernel``'s launch: a sub-chunk of BH heads a program (``[BH, K]`` rows), one warp for every 256 channels
     and as many heads as fill its lanes with 8 channels each (two at K = 128). Measured on an H200 (bf16, B=8, T=4096,
-    H=16, K=128, ``intra`` under strong decay, ``results/kda_kernels_exact_heads_h200_session22.txt``): 0.859 ms; one
-    head 0.867, 4 heads at 1 warp 1.232 (spilled), at 2 warps 0.941, 8 heads at 4 warps 1.079. Before the heads were
-    the tiles' rows (one head a program, the walk's ``[16, K]`` tile splitting its rows over two warps, each row's k, q
-    and G converted into its layout through shared memory): 1.10 (``exact_kernel`` 0.735 -> 0.485)."""
+    H=16, K=128, ``intra`` under strong decay, ``results/kda_kernels_exact_walks_h200_session23.txt``): 0.796 ms; one
+    head 0.882, two heads at 2 warps 0.922, 4 heads at 1 warp 0.841, at 2 warps 0.820, 8 heads at 4 warps 0.926; at most
+    128 registers (149 without) 0.801. Before the heads were the tiles' rows (one head a program, the walk's
+    ``[16, K]`` tile splitting its rows over two warps, each row's k, q and G converted into its layout through shared
+    memory): about 1.10."""
     return dict(BH=max(1, 256 // padded(K)), num_warps=max(1, padded(K) // 256))
 
 
@@ -120,38 +121,30 @@ def head_rows(q_ptr, k_ptr, G_ptr, t, end, H, K, heads, d, mask):
 
 
 @triton.jit
-def diag_walk(lo, hi, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0, mine,
-              C: tl.constexpr, SECOND: tl.constexpr):
-    """Rows ``first .. last - 1`` (tokens ``t + i``, counted from the block's first row) of the diagonal block at chunk
-    column b0, exactly for any decay, one row after another: A's into T's memory, P's (scaled) into P's, for the heads
-    where ``mine`` ``[BH]``. The first half of the rows against the block's first W columns (``lo``; zeros into P's
-    other W), with ``SECOND`` the second half against both halves (``lo``, ``hi``). ``lo``, ``hi`` ``[W, BH, BK]``: the
-    columns' decayed keys of row ``first``, ``X_j = k_j e^{G_i - G_j}`` (zero for j > i), carried from row to row,
-    ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's own key in its column: one row of exponentials a step, every factor in
-    (0, 1], so that a product only underflows where ``e^{G_i - G_j}`` does; a product carries at most 15 roundings (the
-    first half's columns are carried on through the second half; the rows before the twenty-second session formed them
-    again there, at most 7). Returns ``lo`` of row ``last``."""
-    W: tl.constexpr = lo.shape[0]
+def diag_walk(X, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0, c0, mine,
+              C: tl.constexpr, ZERO_RIGHT: tl.constexpr):
+    """Rows ``first .. last - 1`` (tokens ``t + i``) of the diagonal block at chunk column b0 against its W columns
+    ``c0 + j`` (both counted from the block's first row and column), exactly for any decay, one row after another: A's
+    into T's memory, P's (scaled) into P's, for the heads where ``mine`` ``[BH]`` (with ``ZERO_RIGHT`` zeros into P's
+    next W columns). ``X [W, BH, BK]``: the columns' decayed keys of row ``first``, ``X_j = k_j e^{G_i - G_j}`` (zero
+    for j > i), carried from row to row, ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's own key in its column: one row of
+    exponentials a step, every factor in (0, 1], so that a product only underflows where ``e^{G_i - G_j}`` does; a
+    product carries at most 15 roundings. Returns X of row ``last``."""
+    W: tl.constexpr = X.shape[0]
     cols = tl.arange(0, W)
     j = cols[:, None, None]
     k_i, q_i, G_i = head_rows(q_ptr, k_ptr, G_ptr, t + first, end, H, K, heads, d, m)
     for i in range(first, last):
         # the next row's loads issued before this row's sums, so that their latency is not a step of the walk
         k_n, q_n, G_n = head_rows(q_ptr, k_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m)
-        out = ((t + i).to(tl.int64) * H + heads)[None, :] * C + b0 + cols[:, None]
-        tl.store(T_ptr + out, tl.sum(k_i * lo, axis=2), mask=mine[None, :])
-        tl.store(P_ptr + out, scale * tl.sum(q_i * lo, axis=2), mask=mine[None, :])
-        f = decay(G_n - G_i)
-        if SECOND:
-            tl.store(T_ptr + out + W, tl.sum(k_i * hi, axis=2), mask=mine[None, :])
-            tl.store(P_ptr + out + W, scale * tl.sum(q_i * hi, axis=2), mask=mine[None, :])
-            lo = lo * f
-            hi = tl.where(j + W == i + 1, k_n, hi * f)  # the columns j > i + 1 stay zero
-        else:
+        out = ((t + i).to(tl.int64) * H + heads)[None, :] * C + b0 + c0 + cols[:, None]
+        tl.store(T_ptr + out, tl.sum(k_i * X, axis=2), mask=mine[None, :])
+        tl.store(P_ptr + out, scale * tl.sum(q_i * X, axis=2), mask=mine[None, :])
+        if ZERO_RIGHT:
             tl.store(P_ptr + out + W, tl.zeros((W, heads.shape[0]), tl.float32), mask=mine[None, :])
-            lo = tl.where(j == i + 1, k_n, lo * f)
+        X = tl.where(j + c0 == i + 1, k_n, X * decay(G_n - G_i))  # the columns j > i + 1 stay zero
         k_i, q_i, G_i = k_n, q_n, G_n
-    return lo
+    return X
 
 
 @triton.jit
@@ -196,12 +189,12 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
 
 @triton.jit
 def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
+                 C: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
     """One sub-chunk s of BH heads (those ``diag_kernel`` did not flag return at once): the diagonal blocks of the
-    flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), then their inverse, a head at a time. A
-    block's first half of rows takes its first half of columns only, so that of the 16 x 16 pairs it forms 192. The
-    heads are the rows of every tile (``[BH, BK]``, the columns ``[W, BH, BK]``), so that a row's k, q and G broadcast
-    over the columns in the layout they are loaded in."""
+    flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), A's left in T's memory for
+    ``exact_inverse_kernel``. The first half of a block's rows takes its first half of columns only (of the 16 x 16
+    pairs three walks of 8 columns form 192). The heads are the rows of every tile (``[BH, BK]``, the columns ``[W, BH,
+    BK]``), so that a row's k, q and G broadcast over the columns in the layout they are loaded in."""
     W: tl.constexpr = BC // 2
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
@@ -219,15 +212,31 @@ def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, 
         m = ((heads < H)[:, None] & (d < K)[None, :])[None, :, :]
         t = t0 + s * BC
         end = t0 + tl.minimum(n, (s + 1) * BC)
-        lo = diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W)
-        # the first half of the rows has no second column tile: lo stands in for it, unread
-        lo = diag_walk(lo, lo, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, 0, tl.minimum(W, end - t), end, H, K, heads,
-                       d, m, s * BC, mine, C, False)
-        diag_walk(lo, diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W,
-                  end - t, end, H, K, heads, d, m, s * BC, mine, C, True)
-        tl.debug_barrier()  # the rows' A, stored by other threads, read back
-        for h in range(h0, tl.minimum(h0 + BH, H)):
-            if (tl.load(flags + h) >> s) & 1:
+        # three walks of W columns: the first half of the rows against the first half of the columns (P's second
+        # half zero), the second half of the rows against it (its columns carried on), then against the second half
+        lo = diag_walk(diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, 0,
+                       tl.minimum(W, end - t), end, H, K, heads, d, m, s * BC, 0, mine, C, True)
+        diag_walk(lo, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m, s * BC, 0, mine, C,
+                  False)
+        diag_walk(diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W,
+                  end - t, end, H, K, heads, d, m, s * BC, W, mine, C, False)
+
+
+@triton.jit
+def exact_inverse_kernel(beta_ptr, T_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, H, C: tl.constexpr, BC: tl.constexpr,
+                         DPREC: tl.constexpr):
+    """One chunk and head, after ``exact_kernel`` (those with no sub-chunk flagged return at once): the inverse of each
+    flagged diagonal block, ``T_ss = (I + Diag(beta) A_ss)^{-1}`` from the ``A_ss`` that ``exact_kernel`` left in T's
+    memory. In ``exact_kernel``'s programs (149 registers, 13 of them an SM) the inverses took 0.13 ms of its 0.44;
+    here 0.07 (H200, B=8, T=4096, H=16, K=128, strong decay); a program per sub-chunk took 0.06 but 0.021 at normal
+    decay, where its 32768 programs return at once (8192 here: 0.006)."""
+    c = tl.program_id(0)
+    h = tl.program_id(1)
+    word = tl.load(flag_ptr + c.to(tl.int64) * H + h)
+    if word != 0:
+        t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+        for s in tl.static_range(NB):
+            if (word >> s) & 1:
                 A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
                 store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s,
                             s, h, H, C, BC)
@@ -300,7 +309,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
     under safe_gate) where the diagonal blocks were summed exactly, int32 ``[NC, H]``, bit s for sub-chunk s (the
     backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
-    safe_gate the flagged ones again exactly (``exact_kernel``), then the blocks below them (``below_kernel``).
+    safe_gate the flagged ones again exactly (``exact_kernel``) and their inverses (``exact_inverse_kernel``), then the
+    blocks below them (``below_kernel``).
     ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "below": {...}}``: ``BK``,
     ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
@@ -324,7 +334,9 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     if not safe:
         cfg = exact_launch(K) | config.get("exact", {})
         launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args,
-               fixed | dict(BK=padded(K), DPREC=dprec), [cfg])
+               fixed | dict(BK=padded(K)), [cfg])
+        launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, T, flags, chunks.cu, chunks.seq, chunks.start, H),
+               fixed | dict(DPREC=dprec), [dict(num_warps=1)])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + args[7:], fixed | dict(PREC=precision),
            [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P, flags
