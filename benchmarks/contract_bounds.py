@@ -85,7 +85,7 @@ def main() -> int:
     from refcheck.engine import verify
     from refcheck.engine.examples import cases
     from refcheck.engine.laws import interpreted, path_knobs
-    from refcheck.model import budgets
+    from refcheck.model import budgets, registry
     from refcheck.strategies import INTERPRETED, SMALL
 
     loaded = budgets.load()
@@ -100,15 +100,15 @@ def main() -> int:
         def measure(case, mode, knobs):
             out = verify.run(impl, case, "cpu", True, **({"precision": mode} if "precision" in impl.knobs else {}),
                              **knobs)
-            ref = verify.truth(case, impl.backward, verify.cotangent_names(verify.card(case.op), impl.provides))
+            outputs = verify.cotangent_names(verify.card(case.op), registry.provides(impl))
+            ref = verify.truth(case, impl.backward, outputs)
             for name in ref:
                 if name not in out:
                     continue
                 dtype = verify.budget_dtype(case, name, out[name])
                 budget = loaded.get(case.op, name, dtype, mode)          # the contract bound (no guard)
                 error = verify.rel_rms(out[name], ref[name], budget.floor)
-                naive, form = verify.yardstick(case, name, budget.floor, outputs=verify.cotangent_names(
-                    verify.card(case.op), impl.provides))
+                naive, form = verify.yardstick(case, name, budget.floor, outputs=outputs)
                 key = f"{case.op}.{name}.{dtype}.{mode}"
                 row = worst.setdefault(key, {"ratio": 0.0, "draws": 0, "of": set(), "at_zero": 0.0})
                 row["draws"] += 1
