@@ -129,3 +129,21 @@ def test_an_incomplete_defaults_file_is_refused(tmp_path, monkeypatch):
 def test_missing_budget_is_a_clear_lookup_error():
     with pytest.raises(KeyError, match="no budget for kda.o.fp16"):
         parse(GOOD).get("kda", "o", "fp16", "ieee")
+
+
+def test_contract_bound_measurement_runs(tmp_path):
+    """``benchmarks/contract_bounds.py``, what the contract factors rest on, runs against today's registry (it once
+    raised AttributeError on an implementation attribute that had moved): two draws of torch SDPA, a ratio to the naive
+    error for every attention output it returns."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "contract_bounds.py"
+    out = tmp_path / "bounds.json"
+    run = subprocess.run([sys.executable, str(script), "--draws", "2", "--impl", "sdpa", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    rows = json.loads(out.read_text())["worst"]
+    assert {key.split(".")[1] for key in rows} >= {"o", "dq", "dk", "dv"}
+    assert all(row["draws"] >= 1 and row["of"] == ["sdpa"] for row in rows.values())

@@ -627,6 +627,23 @@ def test_kda_gate_matches_float64(dtype, lower_bound):
         assert rel(a, b) < (1e-6 if dtype == "fp32" else 5e-3)
 
 
+@pytest.mark.parametrize("dtype, seed, lower_bound, dt_bias", [
+    ("fp32", 88632, -1 / 64, False),  # an H200 law run's draw: 3.703e-7 there, 7.08e-7 interpreted, naive 2.36e-7
+    ("fp16", 2225, -1.0, True),       # 9.85e-7 interpreted
+])
+def test_kda_gate_single_element_within_its_guard(dtype, seed, lower_bound, dt_bias):
+    """A gate of one element is as ill-conditioned as ``sigmoid(a x)`` at a large negative ``a x``: our kernel's few
+    ulps there stay within its guards (kda_gate.gate.fp32.triton: 3.7e-7 plus 3x the naive error; fp16: 3e-6), which
+    the former fixed 3.7e-7 and 5.6e-7 did not hold."""
+    from refcheck.engine.verify import verify
+    from refcheck.model.case import Case
+    case = Case.make("kda_gate", {"B": 1, "H": 1, "K": 1, "T": 1}, dtype, seed, options={"lower_bound": lower_bound},
+                     draw={"dt_bias": dt_bias, "input_scale": 1.0})
+    verdict = verify("triton", case)
+    gate = next(m for m in verdict.measurements if m.output == "gate")
+    assert gate.error > 3e-7 and verdict.passed, verdict.table()
+
+
 def _bad(**change):
     x, opts = kda_case(T=8)
     kw = x | opts | change
