@@ -564,6 +564,7 @@ PROFILE_VARIANTS = (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
         dict(exact=dict(BH=1)), dict(exact=dict(num_warps=2)), dict(exact=dict(BH=4)),
         dict(exact=dict(BH=4, num_warps=2)), dict(exact=dict(BH=8, num_warps=4)), dict(exact=dict(maxnreg=128)),
+        dict(inverse=dict(num_warps=2)),
         dict(below=dict(BK=32)), dict(below=dict(BK=64)), dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)),
         dict(below=dict(num_stages=3)))
      for safe in (False, True)]

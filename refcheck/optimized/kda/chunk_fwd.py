@@ -77,6 +77,9 @@ BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
 of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
 for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609."""
+INVERSE_LAUNCH = dict(num_warps=1)
+"""``exact_inverse_kernel``'s launch (``[16, 16]`` dots): 72 registers at 1 warp; the only one timed (its kernel's
+docstring)."""
 PREPARED_LAUNCH = dict(num_stages=2)
 """The serial passes' loads feed their dots directly (``chunk.prepared``), so they take two load stages at
 every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8, T=4096, value blocks of
@@ -311,8 +314,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
     safe_gate the flagged ones again exactly (``exact_kernel``) and their inverses (``exact_inverse_kernel``), then the
     blocks below them (``below_kernel``).
-    ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "below": {...}}``: ``BK``,
-    ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
+    ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "inverse": {...}, "below": {...}}``:
+    ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
     decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
     ``docs/performance.md``, fifteenth session)."""
@@ -336,7 +339,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
         launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args,
                fixed | dict(BK=padded(K)), [cfg])
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, T, flags, chunks.cu, chunks.seq, chunks.start, H),
-               fixed | dict(DPREC=dprec), [dict(num_warps=1)])
+               fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + args[7:], fixed | dict(PREC=precision),
            [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P, flags
