@@ -571,6 +571,28 @@ def test_loop_index_is_a_tensor_as_compiled():
 
 
 @interpreted
+def _wrap_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    x = tl.load(x_ptr + i)
+    tl.store(out_ptr + i, x * 65536 + x - 7)
+
+
+def test_integer_arithmetic_wraps_without_overflow_checks():
+    """int32 add, sub and mul wrap as on the GPU, with no overflow check computed (the stock interpreter computes
+    each again in int64 for an assert that ``debug=False`` drops): the same bits with and without the checks."""
+    from triton.runtime import interpreter as stock
+    x = torch.tensor([2 ** 31 - 1, -2 ** 31, 123456789, -98765], dtype=torch.int32)
+    expected = ((x.long() * 65536 + x.long() - 7 + 2 ** 31) % 2 ** 32 - 2 ** 31).int()
+    out = torch.empty_like(x)
+    _wrap_kernel[(1, )](x, out, 4)
+    assert torch.equal(out, expected) and not stock.interpreter_builder.options.sanitize_overflow
+    interpreter.disable()
+    stock_out = torch.empty_like(x)
+    _wrap_kernel[(1, )](x, stock_out, 4)
+    assert torch.equal(stock_out, expected) and stock.interpreter_builder.options.sanitize_overflow
+
+
+@interpreted
 def _scalar_condition_kernel(x_ptr, out_ptr, n, N: tl.constexpr):
     i = tl.arange(0, N)
     tl.store(out_ptr + i, tl.load(x_ptr + i, mask=(i < n) & (n % 2 == 1), other=0.0), mask=i < n)
