@@ -179,6 +179,13 @@ def load_block(ptr, t0, n, s, c, h, H, C: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
+def store_diag_inverse(T_ptr, beta_ptr, A, t0, n, s, h, H, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
+    """Sub-chunk s's diagonal block of T from its block of A: ``T_ss = (I + Diag(beta) A_ss)^{-1}`` (``unit_inverse``
+    at ``DPREC``)."""
+    store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s, h, H, C, BC)
+
+
+@triton.jit
 def store_below(ptr, X10, X20, X21, X30, X31, X32, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
     """The six blocks ``(b, c)``, c < b, of a chunk matrix."""
     store_block(ptr, X10, t0, n, 1, 0, h, H, C, BC)

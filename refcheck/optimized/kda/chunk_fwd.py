@@ -62,8 +62,8 @@ from .blocks import (
     load_block,
     store_below,
     store_block,
+    store_diag_inverse,
     store_zeros_right,
-    unit_inverse,
 )
 from .subchunk import DIAG_SPAN, diag_precision
 
@@ -182,8 +182,7 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
                 dots = span <= DIAG_SPAN
             if dots:
                 store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
-                store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s,
-                            s, h, H, C, BC)
+                store_diag_inverse(T_ptr, beta_ptr, A, t0, n, s, h, H, C, BC, DPREC)
         if not dots:
             tl.atomic_or(flag_ptr + c.to(tl.int64) * H + h, 1 << s)
         store_zeros_right(T_ptr, t0, n, s, h, H, C, BC)
@@ -191,8 +190,8 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
 
 
 @triton.jit
-def exact_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
+def exact_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, C: tl.constexpr,
+                 BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
     """One sub-chunk s of BH heads (those ``diag_kernel`` did not flag return at once): the diagonal blocks of the
     flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), A's left in T's memory for
     ``exact_inverse_kernel``. The first half of a block's rows takes its first half of columns only (of the 16 x 16
@@ -240,9 +239,8 @@ def exact_inverse_kernel(beta_ptr, T_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
         for s in tl.static_range(NB):
             if (word >> s) & 1:
-                A = load_block(T_ptr, t0, n, s, s, h, H, C, BC)
-                store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s,
-                            s, h, H, C, BC)
+                store_diag_inverse(T_ptr, beta_ptr, load_block(T_ptr, t0, n, s, s, h, H, C, BC), t0, n, s, h, H, C, BC,
+                                   DPREC)
 
 
 @triton.jit
@@ -336,7 +334,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
         cfg = exact_launch(K) | config.get("exact", {})
-        launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args,
+        launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args[:3] + args[4:],
                fixed | dict(BK=padded(K)), [cfg])
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, T, flags, chunks.cu, chunks.seq, chunks.start, H),
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
