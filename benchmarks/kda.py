@@ -557,8 +557,8 @@ OUTPUT_LAUNCH = dict(BK=64, BV=64, num_warps=4, num_stages=1)
 """The output's default launch for KDA's forward (``chunk.output.output_ladder``, value blocks no wider than U's
 writer's, 64 at B=8), which the output's variants change one setting at a time."""
 NOT_GATED = dict(gated_q=False)
-"""The forward's operands formed without the output's ``scale q e^G`` (``chunk.prepared.Forward``), and the output
-forming it from q and G: the forward before the nineteenth session."""
+"""The output forming its left operand ``scale q e^G`` from q and G, where it reads the one the front formed
+(``kda.front``): the output before the nineteenth session."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
@@ -592,27 +592,27 @@ PROFILE_VARIANTS = (
     + [("grads", dict(BK=64, pairs=dict(maxnreg=None)), safe, False) for safe in (False, True)]
     + [("grads", dict(value=cfg), False, False) for cfg in (dict(num_warps=8), dict(BV=32), dict(BV=32, num_stages=2),
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]
-    + [(stage, cfg, False, False) for stage in ("prepare", "prepare_with_q")
-       for cfg in (dict(), dict(num_warps=2), dict(num_warps=4), *SCALE_BLOCKS[:1])]
-    + [("prepare", NOT_GATED, False, False), ("gate", dict(), False, False), ("l2norm", dict(), False, False)]
+    + [("prepare_with_q", cfg, False, False) for cfg in (dict(), dict(num_warps=2), dict(num_warps=4),
+                                                          *SCALE_BLOCKS[:1])]
+    + [("front", cfg, False, False) for cfg in (dict(), dict(num_warps=4), dict(num_warps=16), dict(num_stages=2))]
+    + [("gate", dict(), False, False)]
 )
 
 
 def profile_data(name):
     """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
     from refcheck.optimized.chunk.output import state_dtype
-    from refcheck.optimized.chunk.prepared import Forward, prepare_keys
+    from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
+    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate
+    from refcheck.optimized.kda.front import front
     s = SHAPES[name]
     x, cu = shape_inputs(name)
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
-    q, k = l2norm.l2norm_forward(flat["q"]), l2norm.l2norm_forward(flat["k"])
-    G = gate.gate_cumsum(flat["g"], None, None, None, ch)
     scale = s["K"] ** -0.5
-    gated_q = torch.empty(q.shape, device=q.device, dtype=state_dtype(flat["v"].dtype))
-    prepare_keys(k, G, ch, "tf32", forward=Forward(q, gated_q, scale))
+    G = gate.gate_cumsum(flat["g"], None, None, None, ch)
+    q, k, _, gated_q = front(flat["q"], flat["k"], G, True, ch, "tf32", scale, state_dtype(flat["v"].dtype))
     T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
@@ -625,9 +625,10 @@ def profile_data(name):
 def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
     from refcheck.optimized.chunk.output import output
-    from refcheck.optimized.chunk.prepared import Forward, prepare_keys
+    from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.segments import segment_length, split
-    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate, l2norm
+    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate
+    from refcheck.optimized.kda.front import front
     f, ch, sc = d["flat"], d["ch"], d["scale"]
     cfg = dict(cfg)
     prep = cfg.pop("prepare", None)  # the prepared operands' launch (``SB``: their scales' column blocks)
@@ -666,12 +667,10 @@ def profile_stage(d, stage, cfg, safe, gather):
                                        gather, "tf32", f["q"].dtype, f["k"].dtype, cfg)
     if stage == "prepare_with_q":  # the backward's operands (with q e^G)
         return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=d["q"], config=(prep or {}) | cfg)
-    if stage == "prepare":  # the forward's (with the output's q), or NOT_GATED
-        fwd = Forward(d["q"], gated_q, sc) if gated_q is not None else None
-        return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", config=(prep or {}) | cfg, forward=fwd)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
-    return lambda: l2norm.l2norm_forward(f["q"])
+    assert stage == "front", stage  # the forward's: q and k normalized, k's operands, the output's left operand
+    return lambda: front(f["q"], f["k"], d["G"], True, ch, "tf32", sc, d["gated_q"].dtype, cfg)
 
 
 def profile(names, jobs, stages=None, defaults=False):

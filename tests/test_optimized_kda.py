@@ -307,45 +307,55 @@ def test_output_of_row_scaled_values_keeps_tf32_bits(V, block):
         assert bool(((o[c0:c0 + C] - exact).abs() > 2.0 ** -16 * bound).any())  # not computed at a higher precision
 
 
-@pytest.mark.parametrize("dtype, K", [(torch.bfloat16, 32), (torch.float32, 32), (torch.bfloat16, 256),
-                                     (torch.bfloat16, 100)])
-def test_forward_preparation_gives_the_bits_of_its_separate_steps(dtype, K):
-    """The forward forms the output's left operand ``scale q e^G`` (in the states' dtype) in the kernel that forms
-    the serial pass's operands (``prepared.Forward``), and the output reads it in place of q and G: packed sequences
-    with partial and empty chunks, decay strong enough to underflow, bf16 states and fp32 (fp64 G), K padded and of
-    two scale blocks. The operand holds ``scale q e^G`` rounded once on every row, k's operands are bitwise those
-    formed without it, and o is bitwise the output's that forms the operand from q and G."""
+@pytest.mark.parametrize("dtype, K, l2", [(torch.bfloat16, 32, True), (torch.float32, 32, True),
+                                         (torch.bfloat16, 256, True), (torch.bfloat16, 100, False),
+                                         (torch.float16, 256, False)])
+def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
+    """The forward's front (``kda.front``) forms in one kernel what ``l2norm_forward`` and ``prepare_keys`` form apart,
+    and the output's left operand ``scale q e^G`` (in the states' dtype), which the output reads in place of q and G:
+    packed sequences with partial and empty chunks, decay strong enough to underflow, bf16 states and fp32 (fp64 G),
+    K padded and of two scale blocks (where a row's norm spans both). q and k are ``l2norm_forward``'s to their
+    rounding, k's operands bitwise those that ``prepare_keys`` forms from the front's k, the left operand ``scale q
+    e^G`` rounded once on every row, and o bitwise the output's that forms it from q and G."""
     from refcheck.optimized.chunk.output import output, output_ladder, state_dtype
-    from refcheck.optimized.chunk.prepared import Forward, prepare_keys
+    from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.tiles import cumulative_gate_dtype
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.front import front
     from refcheck.optimized.kda.gate import gate_cumsum
+    from refcheck.optimized.kda.l2norm import l2norm_forward
     gen = torch.Generator().manual_seed(17)
     lengths, H, V = [37, 0, 100, 70], 2, 32
     T, scale = sum(lengths), K ** -0.5
-    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1).to(dtype) for _ in range(2))
+    q, k = (3 * torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
+    if not l2:
+        q, k = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
     v = torch.randn(T, H, V, generator=gen).to(dtype)
     beta = torch.rand(T, H, generator=gen)
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     G = gate_cumsum(-10 * torch.rand(T, H, K, generator=gen), None, None, None, chunks,
                     dtype=cumulative_gate_dtype(dtype))
     hs_dtype = state_dtype(dtype)
-    gated = torch.full((T, H, K), float("nan"), dtype=hs_dtype)
-    keys = prepare_keys(k, G, chunks, "tf32", forward=Forward(q, gated, scale))
-    # every row written (no NaN left): rounded once to its dtype, the exponent G to fp32 (``tiles.decay``), what
-    # underflows in fp32 lost
-    exact = q.double() * torch.exp(G.double()) * scale
-    bound = exact.abs() * (2.0 ** (-8 if dtype == torch.bfloat16 else -22) + G.double().abs() * 2.0 ** -23) + 2.0 ** -126
-    assert bool(((gated.double() - exact).abs() <= bound).all()) and bool((exact.abs() < 2.0 ** -126).any())
-    for x, y in zip(keys, prepare_keys(k, G, chunks, "tf32")):
+    qn, kn, keys, gated = front(q, k, G, l2, chunks, "tf32", scale, hs_dtype)
+    if l2:
+        for mine, theirs in ((qn, l2norm_forward(q)), (kn, l2norm_forward(k))):
+            torch.testing.assert_close(mine, theirs, rtol=torch.finfo(dtype).eps, atol=0)
+    else:
+        assert qn is q and kn is k
+    for x, y in zip(keys, prepare_keys(kn, G, chunks, "tf32")):
         assert (x is None and y is None) or torch.equal(x, y)
-    Tm, P, _ = intra(q, k, G, beta, chunks, scale, False, "tf32")
+    # every row written: rounded once to its dtype, the exponent G to fp32 (``tiles.decay``), what underflows lost
+    exact = qn.double() * torch.exp(G.double()) * scale
+    eps = max(torch.finfo(hs_dtype).eps / 2, 2.0 ** -22)  # one rounding to hs_dtype, or fp32's few
+    bound = exact.abs() * (eps + G.double().abs() * 2.0 ** -23) + 2.0 ** -126
+    assert bool(((gated.double() - exact).abs() <= bound).all()) and bool((exact.abs() < 2.0 ** -126).any())
+    Tm, P, _ = intra(qn, kn, G, beta, chunks, scale, False, "tf32")
     _, hs, U, _ = recurrence(keys, v, G, beta, Tm, None, chunks, "tf32", final=False, hs_dtype=hs_dtype,
                              scaled_values=True)
     launch = output_ladder(K, V, 64, hs_dtype, gated=True)[0]  # one launch for both: the same sums
-    own = output(q, U, G, P, hs.data, chunks, H, 1, scale, False, False, "tf32", launch)
-    read = output(q, U, G, P, hs.data, chunks, H, 1, scale, False, False, "tf32", launch, gated_q=gated)
+    own = output(qn, U, G, P, hs.data, chunks, H, 1, scale, False, False, "tf32", launch)
+    read = output(qn, U, G, P, hs.data, chunks, H, 1, scale, False, False, "tf32", launch, gated_q=gated)
     assert own.abs().max() > 0 and torch.equal(own, read)
 
 

@@ -22,6 +22,7 @@ from .scaled import Stored, dot_row_scaled, load_tile_scaled_blocks
 from .tiles import (
     MIN_BLOCK,
     chunk_rows,
+    decay,
     gated_left,
     load_gate,
     load_gate_row,
@@ -68,7 +69,7 @@ def state_term(acc, x_ptr, G_ptr, st_ptr, c, rows, rmask, grows, last, h, H, T, 
             if TO_LAST:
                 G = load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR)[None, :] - G
             S = tl.load(base + kk[:, None] * V + vv[None, :], mask=kmask[:, None] & vmask[None, :], other=0.0)
-            x = gated_left(x, G, scale, S.dtype)
+            x = gated_left(x, decay(G), scale, S.dtype)
         acc += tl.dot(x, S, input_precision=PREC)
     return acc
 

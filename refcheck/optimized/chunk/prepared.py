@@ -1,7 +1,7 @@
 """Decayed operands of KDA's serial state passes, formed in parallel before them: ``k e^G``,
 ``k e^{G_last - G}`` and (the backward's) ``q e^G`` per chunk, stored row-scaled in the precision the
-passes' dots use; and, in the forward, the output's left operand ``scale q e^G`` in the states' dtype (``Forward``),
-so that the output reads it in place of q and G.
+passes' dots use. The backward's are formed here (``prepare_keys``); the forward forms k's in the kernel that
+normalizes q and k (``kda.front``), through the same ``chunk_decays`` and ``store_key_operands``.
 
 The serial kernels walk the chunks of a sequence one after another, so each chunk's latency adds up: a
 step that loads k and G, forms ``e^G`` and ``e^{G_last - G}`` on ``[C, K]`` tiles and only then reaches
@@ -33,7 +33,6 @@ from .state import state_blocks
 from .tiles import (
     chunk_rows,
     decay,
-    gated_left,
     load_gate,
     load_gate_row,
     load_tile,
@@ -72,28 +71,37 @@ def store_prepared(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
 
 
 @triton.jit
-def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, gq_ptr, cu_ptr, seq_ptr,
-                   start_ptr, scale, H, K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr,
-                   GATED_Q: tl.constexpr):
-    """One chunk, head and state block: ``k e^G``, ``k e^{G_last - G}`` and with ``WITH_Q`` ``q e^G``,
-    row-scaled; with ``GATED_Q`` the output's left operand ``scale q e^G`` in gq's dtype (``tiles.gated_left``)."""
+def chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask):
+    """A chunk's decays ``[C, KB]`` from its cumulative gate G in memory (its rows ``grows`` clamped to the last, n
+    rows from token t0): ``(e^G, e^{G_last - G})`` in fp32, each exponent taken in G's dtype (``tiles.decay``)."""
+    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
+    G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask)
+    return decay(G), decay(G_last[None, :] - G)
+
+
+@triton.jit
+def store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask):
+    """From a chunk's tiles ``[C, KB]`` of k, ``eG = decay(G)`` and ``eD = decay(G_last - G)`` (fp32): ``k e^G`` and
+    ``k e^{G_last - G}``, row-scaled into column block kb."""
+    store_prepared(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    store_prepared(kd_ptr, sd_ptr, k * eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+
+
+@triton.jit
+def prepare_kernel(k_ptr, q_ptr, G_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, cu_ptr, seq_ptr, start_ptr, H,
+                   K, NKB, C: tl.constexpr, KB: tl.constexpr, WITH_Q: tl.constexpr):
+    """One chunk, head and state block: ``k e^G``, ``k e^{G_last - G}`` and with ``WITH_Q`` ``q e^G``, row-scaled."""
     t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
     kb = tl.program_id(2)
     cols = kb * KB + tl.arange(0, KB)
     cmask = cols < K
     k = load_tile(k_ptr, rows, rmask, h, H, K, cols, cmask)
-    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
-    G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask)
-    eG = decay(G)
-    store_prepared(kg_ptr, sg_ptr, k * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
-    store_prepared(kd_ptr, sd_ptr, k * decay(G_last[None, :] - G), rows, rmask, h, H, K, kb, NKB, cols, cmask)
-    if WITH_Q or GATED_Q:
+    eG, eD = chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask)
+    store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    if WITH_Q:
         q = load_tile(q_ptr, rows, rmask, h, H, K, cols, cmask)
-        if WITH_Q:
-            store_prepared(qg_ptr, sq_ptr, q * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
-        if GATED_Q:
-            store_tile(gq_ptr, gated_left(q, G, scale, gq_ptr.dtype.element_ty), rows, rmask, h, H, K, cols, cmask)
+        store_prepared(qg_ptr, sq_ptr, q * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
 
 
 class PreparedKeys(NamedTuple):
@@ -124,37 +132,32 @@ class PreparedKeys(NamedTuple):
         return dict(SB=self.block, NSB=self.sg.shape[-1])
 
 
-class Forward(NamedTuple):
-    """What the forward's preparation forms beside k's operands, in the same kernel: from q, the output's left
-    operand ``scale q e^G`` into ``gated`` (in its dtype, ``tiles.gated_left``), which ``output.output`` reads in place
-    of q and G. Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
-    ``results/kda_kernels_prepared_q_h200_session19.txt``): the operands 0.209 -> 0.267 ms, the output 0.342 ->
-    0.242."""
-
-    q: torch.Tensor
-    gated: torch.Tensor
-    scale: float
-
-
-def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None,
-                 forward: Forward | None = None) -> PreparedKeys:
-    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
-    overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default); ``forward``:
-    the forward's, with what it forms beside them."""
-    total, H, K = k.shape
-    config = dict(config or {})
-    KB, NKB = state_blocks(K, maximum=config.pop("SB", SCALE_BLOCK))
+def allocate_keys(total: int, H: int, K: int, precision: str, device, with_q: bool = False,
+                  block: int = SCALE_BLOCK) -> PreparedKeys:
+    """Uninitialized ``PreparedKeys`` for ``[total, H, K]`` operands (scales of column blocks at most ``block`` wide),
+    with ``q e^G``'s where ``with_q``."""
+    NKB = state_blocks(K, maximum=block)[1]
 
     def operand():
-        return (torch.empty(total, H, K, device=k.device, dtype=operand_dtype(precision)),
-                torch.empty(total, H, NKB, device=k.device, dtype=torch.float32))
+        return (torch.empty(total, H, K, device=device, dtype=operand_dtype(precision)),
+                torch.empty(total, H, NKB, device=device, dtype=torch.float32))
     (kg, sg), (kd, sd) = operand(), operand()
-    qg, sq = operand() if q is not None else (None, None)
-    if chunks.num_chunks and H:
-        assert q is None or forward is None, "the backward's q e^G or the forward's, not both"
-        fwd = forward or Forward(k if q is None else q, kg, 1.0)
-        launch(prepare_kernel, (chunks.num_chunks, H, NKB),
-               (k, fwd.q, G, kg, sg, kd, sd, kg if qg is None else qg, sg if sq is None else sq, fwd.gated, chunks.cu,
-                chunks.seq, chunks.start, fwd.scale, H, K, NKB),
-               dict(C=chunks.size, KB=KB, WITH_Q=q is not None, GATED_Q=forward is not None), [PREPARE_LAUNCH | config])
+    qg, sq = operand() if with_q else (None, None)
     return PreparedKeys(kg, sg, kd, sd, qg, sq)
+
+
+def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
+    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
+    overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default). The forward
+    forms its own where it forms G (``kda.front``)."""
+    total, H, K = k.shape
+    config = dict(config or {})
+    keys = allocate_keys(total, H, K, precision, k.device, q is not None, config.pop("SB", SCALE_BLOCK))
+    KB, NKB = state_blocks(K, maximum=keys.block)
+    if chunks.num_chunks and H:
+        launch(prepare_kernel, (chunks.num_chunks, H, NKB),
+               (k, k if q is None else q, G, keys.kg, keys.sg, keys.kd, keys.sd,
+                keys.kg if keys.qg is None else keys.qg, keys.sg if keys.sq is None else keys.sq, chunks.cu,
+                chunks.seq, chunks.start, H, K, NKB),
+               dict(C=chunks.size, KB=KB, WITH_Q=q is not None), [PREPARE_LAUNCH | config])
+    return keys

@@ -149,11 +149,12 @@ def decay(x):
 
 
 @triton.jit
-def gated_left(x, G, scale, dtype: tl.constexpr):
+def gated_left(x, eG, scale, dtype: tl.constexpr):
     """``scale x e^G`` ``[R, BK]`` rounded to ``dtype`` (the states'): the left operand of the output's state term
-    (``output.state_term``) from an fp32 tile x and its gate tile G (or exponent). Formed there, or for KDA's q where
-    its serial pass's operands are (``prepared``), by this one formula: the two give the same bits."""
-    return (x * (decay(G) * scale)).to(dtype)
+    (``output.state_term``) from an fp32 tile x and its decay ``eG = decay(G)`` (G a gate tile or an exponent). Formed
+    there, or for KDA's q where its serial pass's operands are (``kda.front``), by this one formula: the two give the
+    same bits."""
+    return (x * (eG * scale)).to(dtype)
 
 
 @triton.jit

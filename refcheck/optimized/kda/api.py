@@ -17,7 +17,7 @@ from refcheck.references.kda import check_kda_inputs
 
 from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
-from ..chunk.prepared import Forward, prepare_keys
+from ..chunk.prepared import prepare_keys
 from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, Transitions, plan
 from ..chunk.state import sequence_groups
@@ -25,8 +25,9 @@ from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, SideStream, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, dstate_outputs, grads
 from .chunk_fwd import CHUNK, below_kernel, intra, recurrence, recurrence_outputs
+from .front import front
 from .gate import gate_backward, gate_cumsum, gate_forward_kernel
-from .l2norm import l2norm_backward, l2norm_forward
+from .l2norm import l2norm_backward
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -112,19 +113,16 @@ class KdaFunction(torch.autograd.Function):
         V = v.shape[-1]
         q, k, v, g = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v, g))
         beta = beta.reshape(B * T, H).contiguous()
-        qn, kn = (l2norm_forward(q), l2norm_forward(k)) if cfg.l2norm else (q, k)
+        # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
+        # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there). Its left operand
+        # ``scale q e^G``, in the states' dtype, comes from the front (``front``: with q and k normalized and the
+        # serial pass's operands).
+        hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
-        # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
-        # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there). Its left operand
-        # ``scale q e^G``, in the states' dtype, comes from the kernel that forms the serial pass's operands
-        # (``chunk.prepared.Forward``). On a stream beside ``intra``'s (``common.SideStream``) the forward took the same
-        # time (H200, B=8 1.688 / 1.693 ms, ``results/kda_kernels_streams_h200_session19.txt``).
+        qn, kn, keys, gated_q = front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale, hs_dtype)
         Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
-        hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
-        gated_q = torch.empty(q.shape, device=q.device, dtype=hs_dtype)
-        keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, forward=Forward(qn, gated_q, cfg.scale))
         o = torch.empty_like(v)
         scaled_values = row_scaled(cfg.precision) and not cfg.keep
 

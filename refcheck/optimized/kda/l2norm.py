@@ -16,6 +16,12 @@ EPS = 1e-6  # as references.kda.L2NORM_EPS
 
 
 @triton.jit
+def inverse_norm(sum_squares, eps):
+    """``r = (sum_d x_d^2 + eps)^{-1/2}`` of each row's sum of squares."""
+    return 1 / tl.sqrt(sum_squares + eps)
+
+
+@triton.jit
 def l2norm_kernel(x_ptr, dy_ptr, out_ptr, rows, D, eps, R: tl.constexpr, BD: tl.constexpr, BACKWARD: tl.constexpr):
     """R rows: ``out = y`` (forward) or ``out = dx`` (backward, from dy)."""
     r = tl.program_id(0) * R + tl.arange(0, R)
@@ -23,7 +29,7 @@ def l2norm_kernel(x_ptr, dy_ptr, out_ptr, rows, D, eps, R: tl.constexpr, BD: tl.
     mask = (r < rows)[:, None] & (d < D)[None, :]
     off = r.to(tl.int64)[:, None] * D + d[None, :]
     x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1 / tl.sqrt(tl.sum(x * x, axis=1) + eps)
+    rstd = inverse_norm(tl.sum(x * x, axis=1), eps)
     y = x * rstd[:, None]
     if BACKWARD:
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)

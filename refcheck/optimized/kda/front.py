@@ -1,0 +1,115 @@
+"""The forward's front: q and k normalized and the operands that the serial pass and the output read, in one pass.
+
+One program per chunk of C tokens, head and column block of ``KB`` channels (the prepared operands' scale blocks,
+``chunk.prepared``), from q and k as given and the cumulative gate G (``gate.gate_cumsum``), with
+``r = (sum_d x_d^2 + eps)^{-1/2}`` over a row's K channels (``l2norm``):
+
+    qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied)
+    kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.chunk_decays``, ``prepared.store_key_operands``)
+    gq     = scale qn e^G                in the states' dtype: the output's left operand (``tiles.gated_left``)
+
+qn and kn are stored for ``intra``, the output's intra-chunk term and the backward; kg, kd and gq are formed from
+them as stored (rounded to q's dtype first), so they are bitwise what ``prepare_keys`` and ``gated_left`` form from
+the stored qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written and
+read back: measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128), 0.137 + 0.266 ms apart, 0.340 here.
+G stays a kernel of its own: its cumulative sum over a chunk's rows in this kernel's ``[64, 128]`` tiles (rows
+across its 8 warps) took 0.34 ms more, where ``gate_cumsum`` takes 0.116 (``results/kda_front_h200_session24.txt``).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..chunk.prepared import (
+    PREPARE_LAUNCH,
+    SCALE_BLOCK,
+    PreparedKeys,
+    allocate_keys,
+    chunk_decays,
+    store_key_operands,
+)
+from ..chunk.state import state_blocks
+from ..chunk.tiles import chunk_rows, gated_left, load_tile, store_tile
+from ..common import Chunks, launch
+from .l2norm import EPS, inverse_norm
+
+FRONT_LAUNCH = PREPARE_LAUNCH
+"""As ``prepare_kernel``'s, whose tiles and stores it forms (one more ``[C, KB]`` tile of q, and g's)."""
+
+
+@triton.jit
+def sum_squares(x_ptr, x, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr):
+    """Each row's sum of squares over its K channels ``[C]``: of the program's tile x ``[C, KB]`` where it holds them
+    all (``NKB == 1``), else of the row's column blocks loaded in their order, so that every program of a row sums
+    alike."""
+    if NKB == 1:
+        ss = tl.sum(x * x, axis=1)
+    else:
+        ss = tl.zeros((x.shape[0],), tl.float32)
+        for b in tl.static_range(NKB):
+            cols = b * KB + tl.arange(0, KB)
+            y = load_tile(x_ptr, rows, rmask, h, H, K, cols, cols < K)
+            ss += tl.sum(y * y, axis=1)
+    return ss
+
+
+@triton.jit
+def normalized(x_ptr, out_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB: tl.constexpr, NKB: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """The program's fp32 tile of x as the forward's kernels read it: with ``L2NORM`` ``x r`` stored into out_ptr
+    (in its dtype) and returned as stored; else x."""
+    x = load_tile(x_ptr, rows, rmask, h, H, K, cols, cmask)
+    if L2NORM:
+        y = (x * inverse_norm(sum_squares(x_ptr, x, rows, rmask, h, H, K, KB, NKB), eps)[:, None])
+        y = y.to(out_ptr.dtype.element_ty)
+        store_tile(out_ptr, y, rows, rmask, h, H, K, cols, cmask)
+        x = y.to(tl.float32)
+    return x
+
+
+@triton.jit
+def front_kernel(q_ptr, k_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, cu_ptr, seq_ptr, start_ptr,
+                 scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, L2NORM: tl.constexpr):
+    """One chunk, head and column block: kn and k's operands, then qn and the output's left operand (the module
+    docstring)."""
+    t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
+    h = tl.program_id(1)
+    kb = tl.program_id(2)
+    cols = kb * KB + tl.arange(0, KB)
+    cmask = cols < K
+    eG, eD = chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask)
+    k = normalized(k_ptr, kn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
+    store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
+    q = normalized(q_ptr, qn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
+    store_tile(gq_ptr, gated_left(q, eG, scale, gq_ptr.dtype.element_ty), rows, rmask, h, H, K, cols, cmask)
+
+
+class Front(NamedTuple):
+    """What the forward's front forms (``[T, H, K]`` each): q and k as the forward reads them (normalized, or as
+    given), k's prepared operands and the output's left operand ``scale q e^G``."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    keys: PreparedKeys
+    gated_q: torch.Tensor
+
+
+def front(q, k, G, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype,
+          config: dict | None = None) -> Front:
+    """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
+    cumulative gate G; ``gated_dtype``: the output's left operand's (the states'). ``config`` overrides the launch
+    (``num_warps``, ``num_stages``)."""
+    total, H, K = k.shape
+    qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
+    keys = allocate_keys(total, H, K, precision, k.device)
+    gated_q = torch.empty(q.shape, device=q.device, dtype=gated_dtype)
+    KB, NKB = state_blocks(K, maximum=SCALE_BLOCK)
+    if chunks.num_chunks and H:
+        launch(front_kernel, (chunks.num_chunks, H, NKB),
+               (q, k, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q, chunks.cu, chunks.seq, chunks.start,
+                scale, EPS, H, K),
+               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm), [FRONT_LAUNCH | (config or {})])
+    return Front(qn, kn, keys, gated_q)
