@@ -41,3 +41,40 @@ def test_an_error_beyond_both_fails(mode):
 def test_an_ieee_gradient_gains_almost_nothing():
     m = dg_bound("ieee", 0.0)
     assert m.computing.bound < 1e-4 * m.bound + 1e-5, m.explanation
+
+
+SINGLE = Case.make("simple_gla", {"B": 1, "H": 1, "K": 1, "T": 1, "V": 64}, "fp16", 0, seqlens=[1],
+                   options={"output_final_state": False, "scale": 2.0},
+                   draw={"cu_dtype": "int64", "gate_dtype": "bf16", "initial_state": False, "mask_p": 0.0,
+                         "normalizer": 1.0, "spike_p": 0.0})
+"""A single-element dk (fp16, K = 1, T = 1) that the naive form rounds to within 0.04 ulp of the truth (naive error
+1.8e-5, bound 4 x that + 1e-4 = 1.7e-4): our simple GLA kernel, rounding one intermediate to fp16, landed one ulp
+away (6.7e-4) and failed the GPU law runs' warm-up (``verify.rounding_floor``)."""
+
+
+def dk_measured(ulps: int):
+    """dk of ``SINGLE`` as the truth rounded to fp16 and moved ``ulps`` fp16 steps away."""
+    kernel = dataclasses.replace(registry.get("simple_gla", "naive"), name="kernel", fixed_mode="tf32")
+    ref = truth(SINGLE, True, None)
+    dk = ref["dk"].half()
+    moved = (dk.view(torch.int16) + ulps).view(torch.float16)
+    return next(m for m in measure(kernel, SINGLE, {"dk": moved}, {"dk": ref["dk"]}, mode="tf32").measurements)
+
+
+def test_an_output_of_one_element_one_ulp_off_passes():
+    m = dk_measured(1)
+    assert m.naive_error < 1e-4 and m.floored_to == "fp16" and m.passed, m.explanation
+    assert m.bound == torch.finfo(torch.float16).eps and "one ulp of fp16" in m.explanation
+
+
+def test_an_output_of_one_element_three_ulps_off_fails():
+    m = dk_measured(3)
+    assert not m.passed, m.explanation
+
+
+def test_the_floor_leaves_a_bound_of_many_elements_alone():
+    case = Case.make("simple_gla", {"B": 1, "H": 1, "K": 16, "T": 64, "V": 16}, "fp16", 0)
+    kernel = dataclasses.replace(registry.get("simple_gla", "naive"), name="kernel", fixed_mode="tf32")
+    ref = truth(case, True, None)
+    m = next(m for m in measure(kernel, case, {"o": ref["o"].half()}, {"o": ref["o"]}, mode="tf32").measurements)
+    assert not m.floored_to and m.bound > torch.finfo(torch.float16).eps, m.explanation

@@ -41,6 +41,7 @@ class Measurement:
     cancellation: float = 0.0
     natural_scale: float = 0.0
     computing: Measurement | None = None
+    floored_to: str = ""   # the stored dtype whose ulp raised the bound (``rounding_floor``), where it did
 
     @property
     def passed(self) -> bool:
@@ -50,6 +51,8 @@ class Measurement:
     def explanation(self) -> str:
         """What the bound is made of (``Budget.explain``, and a cancellation's allowance)."""
         text = self.budget.explain(self.naive_error, self.naive_form, self.dtype)
+        if self.floored_to:
+            text += f", raised to one ulp of {self.floored_to} (the least bound of a naive_ratio budget)"
         if self.computing is not None:
             text += f" + {self.computing.bound:.1e} for computing it in {self.computing.dtype} ({self.computing.explanation})"
         if self.cancellation:
@@ -211,6 +214,17 @@ def naive_outputs(case: Case, grads: bool = True, outputs: tuple[str, ...] | Non
                     grads=grads, cotangents=lambda o: upstream_gradients(op, case, o, outputs))
 
 
+def rounding_floor(dtype: torch.dtype) -> float:
+    """The least bound a ``naive_ratio`` budget gives an output stored in ``dtype``: one ulp of the dtype at 1
+    (``eps``, two unit roundoffs), what a result rounded once more than the naive form's can err by. The naive error
+    is the yardstick of what rounding in the dtype costs, but on an output of a few elements it is luck: the naive
+    form's single value may land within a hundredth of an ulp of the truth, where a correct kernel that rounds an
+    intermediate to the dtype lands one ulp away (simple_gla fp16, K = 1, T = 1: dk 6.7e-4 against a naive 1.8e-5
+    and a bound of 1.7e-4; an fp16 ulp is 4.9e-4 to 9.8e-4 of the value). On outputs of many elements the naive
+    error averages over its roundings and the factor times it is above this floor."""
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
 CANCELLATION_ULPS = 16
 """Where an output is a difference of larger terms (``OpCard.natural_scales``) and its truth is no
 larger than this many unit roundoffs of the precision mode's float32 arithmetic
@@ -327,6 +341,9 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
         limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, grads=grads,
                          budgets=budgets)
         limit.error = rel_rms(out[name], ref[name], floor=limit.budget.floor)
+        least = rounding_floor(out[name].dtype)
+        if limit.budget.metric == "naive_ratio" and limit.bound < least:
+            limit.bound, limit.floored_to = least, DTYPE_NAMES.get(out[name].dtype, str(out[name].dtype))
         if limit.dtype != case.dtype:    # computed in the case's dtype, then stored coarser: both add
             limit.computing = bound_of(impl, computed_twin(case), name, case.dtype, mode, grads=grads, budgets=budgets)
             limit.bound += limit.computing.bound
