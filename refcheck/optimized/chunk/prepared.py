@@ -149,7 +149,7 @@ def allocate_keys(total: int, H: int, K: int, precision: str, device, with_q: bo
 def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
     """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
     overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default). The forward
-    forms its own where it forms G (``kda.front``)."""
+    forms its own where it normalizes q and k (``kda.front``)."""
     total, H, K = k.shape
     config = dict(config or {})
     keys = allocate_keys(total, H, K, precision, k.device, q is not None, config.pop("SB", SCALE_BLOCK))
