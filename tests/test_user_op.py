@@ -47,7 +47,9 @@ def test_the_commands_take_a_users_op(command):
             leftover.unlink()
         assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
         line = next(x for x in result.stdout.splitlines() if x.strip().startswith("reproduce:"))
-        again = _run(*shlex.split(line.strip().removeprefix("reproduce:").strip()))
+        program, *args = shlex.split(line.strip().removeprefix("reproduce:").strip())
+        assert program == "python", line
+        again = _run(sys.executable, *args)  # the user's `python`: this environment's, activated or not
         assert again.returncode == 1 and "LawViolation" in again.stderr, again.stderr[-2000:]
 
 
