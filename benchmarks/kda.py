@@ -553,12 +553,6 @@ the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 SCALE_BLOCKS = (dict(prepare=dict(SB=64)), dict(segments="auto", prepare=dict(SB=64)))
 """The prepared operands' row scales by column blocks of 64 (``chunk.prepared.SCALE_BLOCK`` was 64 before the
 seventeenth session), by default and over segments; the serial passes' own state blocks are the ``KB`` variants."""
-OUTPUT_LAUNCH = dict(BK=64, BV=64, num_warps=4, num_stages=1)
-"""The output's default launch for KDA's forward (``chunk.output.output_ladder``, value blocks no wider than U's
-writer's, 64 at B=8), which the output's variants change one setting at a time."""
-NOT_GATED = dict(gated_q=False)
-"""The output forming its left operand ``scale q e^G`` from q and G, where it reads the one the front formed
-(``kda.front``): the output before the nineteenth session."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),
@@ -571,10 +565,6 @@ PROFILE_VARIANTS = (
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + NARROW + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]
     + [("recurrence_keep", cfg, False, False) for cfg in (dict(), dict(BV=64, num_warps=8, num_stages=1))]
-    + [("output", cfg, False, False) for cfg in (dict(), *(OUTPUT_LAUNCH | change for change in (
-        dict(BK=16), dict(BK=32), dict(num_warps=2), dict(num_warps=8), dict(num_stages=2), dict(num_stages=3),
-        dict(BK=32, num_stages=2), dict(BK=16, num_stages=3), dict(BV=32), dict(BV=32, num_warps=2),
-        dict(BV=32, num_stages=2))), NOT_GATED)]
     + [("dstate", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + NARROW + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]
     + [("recurrence_from_forward", cfg, False, False) for cfg in SEGMENTS + NARROW + POINTERS[1:] + SCALE_BLOCKS[1:]
@@ -619,12 +609,11 @@ def profile_data(name):
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
-                scale=scale, hs_out=hs.float().to(state_dtype(flat["v"].dtype)), gated_q=gated_q)
+                scale=scale, gated_q=gated_q)
 
 
 def profile_stage(d, stage, cfg, safe, gather):
     """A no-argument callable running one kernel stage on the data of ``profile_data``."""
-    from refcheck.optimized.chunk.output import output
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.segments import segment_length, split
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate
@@ -636,8 +625,6 @@ def profile_stage(d, stage, cfg, safe, gather):
     n = cfg.pop("segments", 0)
     n = segment_length(ch, d["k"].shape[1], f["v"].shape[-1]) if n == "auto" else n
     segs = split(ch, n) if n else None
-    # the forward's preparation forms the output's left operand, the output reads it (but for NOT_GATED)
-    gated_q = d["gated_q"] if cfg.pop("gated_q", True) else None
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
     # the forward's segment maps and entry states, for the backward's passes over the same segments
@@ -647,17 +634,12 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32", config=prep), f["v"], d["G"],
                                             f["beta"], d["T"], None, ch, "tf32", final=False, scaled=True,
                                             segments=segs, transitions=trans, config=cfg)
-    if stage.startswith("recurrence"):  # the forward's pass (states as the output reads them), or the backward's
+    if stage.startswith("recurrence"):  # the forward's pass with its output (keep: the states and U stored, fp32)
         keep = stage == "recurrence_keep"
-        # the pass with its operands prepared, as the forward runs it
-        return lambda: chunk_fwd.recurrence(prepare_keys(d["k"], d["G"], ch, "tf32", config=prep), f["v"], d["G"],
-                                            f["beta"], d["T"], None, ch, "tf32", final=not keep,
-                                            hs_dtype=d["hs_out"].dtype, scaled=keep, scaled_values=True,
-                                            segments=segs, config=cfg)
-    if stage == "output":
-        H = d["k"].shape[1]
-        return lambda: output(d["q"], d["U"], d["G"], d["P"], d["hs_out"], ch, H, 1, sc, False, False, "tf32", cfg,
-                              gated_q=gated_q)
+        o, gq = torch.empty_like(f["v"]), d["gated_q"].float() if keep else d["gated_q"]
+        return lambda: chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,
+                                            hs_dtype=gq.dtype, segments=segs, config=cfg, output=(gq, d["P"], o),
+                                            states=keep)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(keys, d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
@@ -685,8 +667,8 @@ def profile(names, jobs, stages=None, defaults=False):
     for name in names:
         d = data if name == names[0] else profile_data(name)
         for stage, cfg, safe, gather in (PROFILE_VARIANTS[i] for i in todo):
-            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "output",
-                                                                 "recurrence_from_forward", "dstate_from_forward"):
+            if not name.startswith("B8_T4096") and stage not in ("recurrence", "dstate", "recurrence_from_forward",
+                                                                 "dstate_from_forward"):
                 continue
             try:
                 ms = do_bench(profile_stage(d, stage, cfg, safe, gather), return_mode="median")

@@ -274,37 +274,86 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
     assert bool((stored[True]["hs"].scales[0] == 1).all())  # the first chunk's state is zero
 
 
-@pytest.mark.parametrize("V, block", [(48, 16), (128, 32), (128, 64)])
-def test_output_of_row_scaled_values_keeps_tf32_bits(V, block):
-    """The forward's output reads U row-scaled (``chunk.output``: an fp16 dot, ``scaled.dot_row_scaled``, from writers'
-    blocks of 64; a "tf32" dot of U's fp32 values from narrower ones) from value blocks of the recurrence's (``block``
-    columns each, the last one partial at V = 48) whose scales differ by orders of magnitude along a row: ``P U`` (the
-    states zero, so that o is ``P U`` alone) within a "tf32" dot's rounding of both operands of every element's own
-    products, ``2^-10 (|P| |U|)``, against float64; P from ``intra``."""
-    from refcheck.optimized.chunk.output import output
+def tf32_model(x: torch.Tensor, nearest: bool) -> torch.Tensor:
+    """fp32 x as a "tf32" dot takes it: rounded to nearest at 11 significant bits (ties away, ``tiles.tf32_nearest``)
+    or truncated to them (the tensor core's own reading of an fp32 operand), in float64."""
+    bits = x.float().view(torch.int32)
+    bits = (bits + 0x1000) & -0x2000 if nearest else bits & -0x2000
+    return bits.view(torch.float32).double()
+
+
+@pytest.mark.parametrize("block", [16, 32, 64])
+def test_forward_pass_output_is_its_operands_products(block):
+    """The forward's output formed in its serial pass (``chunk_fwd.recurrence``'s ``output``), ``O = Qg S0 + P U`` of
+    every chunk, against float64 products of the operands as the pass's "tf32" dots take them: Qg and the entry state
+    S0 truncated by the dot, P and U rounded to nearest first (``tiles.tf32_nearest``; truncated, o's error against
+    float64 grew from 1.17e-3 to 1.78e-3 on an H200, fp32 inputs). Within fp32 accumulation of them, so that a
+    truncated P or U fails it; packed sequences with partial and empty chunks, value blocks of 16, 32 and 64 (V = 48:
+    the last one partial), h and U stored alongside (``states``) as ``disable_recompute`` stores them."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra, recurrence
     from refcheck.optimized.kda.gate import gate_cumsum
     gen = torch.Generator().manual_seed(7)
-    T, H, K, C = 100, 2, 32, 64
+    lengths, H, K, V, C = [37, 0, 100], 2, 32, 48, 64
+    T = sum(lengths)
     q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
-    v = torch.randn(T, H, V, generator=gen) * torch.logspace(-3, 3, V)  # rows whose blocks differ in magnitude
+    v = torch.randn(T, H, V, generator=gen)
     beta = torch.rand(T, H, generator=gen)
-    chunks = make_chunks(1, T, None, C, "cpu")
+    h0 = torch.randn(len(lengths), H, K, V, generator=gen)
+    chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), C, "cpu")
+    G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
+    gated = (K ** -0.5 * q * G.exp()).float()
+    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    o = torch.full_like(v, float("nan"))
+    _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, h0, chunks, "tf32", final=False,
+                             config=dict(BV=block), output=(gated, P, o))
+    assert not (hs.scaled or U.scaled) and bool(o.isfinite().all())
+    for c in range(chunks.num_chunks):
+        t0 = int(chunks.start[c])
+        n = min(int(chunks.cu[int(chunks.seq[c]) + 1]) - t0, C)
+        rows = slice(t0, t0 + n)
+        S = hs.data[c].double()  # [H, K, V]
+        Qg, Pc, Uc = gated[rows].transpose(0, 1), P[rows, :, :n].transpose(0, 1), U.data[rows].transpose(0, 1)
+        model = tf32_model(Qg, False) @ tf32_model(S, False) + tf32_model(Pc, True) @ tf32_model(Uc, True)
+        size = Qg.double().abs() @ S.abs() + Pc.double().abs() @ Uc.double().abs()
+        assert torch.equal(tf32_model(Uc, True), Uc.double())  # U as stored: rounded already
+        assert bool(((o[rows].transpose(0, 1).double() - model).abs() <= 2.0 ** -20 * size).all()), c
+
+
+def test_serial_passes_read_a_row_scaled_t_as_its_values():
+    """``intra`` stores T row-scaled in fp16 under "tf32" (``blocks.store_t_rows``: one scale a row, at least 1 where
+    the diagonal's 1 is the largest entry), and the serial passes read it as ``X s`` (``scaled.load_rows_scaled``).
+    With rows scaled by powers of two from 2^-3 to 2^6, so that the scales matter: the forward pass (h, U, o, the final
+    state) and the reverse pass (dh, dY, dh0) bitwise those of the same values stored in fp32."""
+    from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.scaled import Stored
+    from refcheck.optimized.common import make_chunks
+    from refcheck.optimized.kda.chunk_bwd import dstate
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.gate import gate_cumsum
+    gen = torch.Generator().manual_seed(5)
+    lengths, H, K, V = [37, 0, 100], 2, 32, 32
+    T = sum(lengths)
+    q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
+    v, do = (torch.randn(T, H, V, generator=gen) for _ in range(2))
+    beta = torch.rand(T, H, generator=gen)
+    h0, dht = (torch.randn(len(lengths), H, K, V, generator=gen) for _ in range(2))
+    chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
-    _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, None, chunks, "tf32", final=False,
-                             hs_dtype=torch.bfloat16, scaled_values=True, config=dict(BV=block))
-    assert U.scaled and U.block == block and not hs.scaled
-    assert len(set(U.scales[..., :2].flatten().tolist())) > 4  # the blocks' scales differ
-    o = output(q, U, G, P, torch.zeros_like(hs.data), chunks, H, 1, K ** -0.5, False, False, "tf32").double()
-    u = U.float().double()
-    for c0 in range(0, T, C):  # chunk by chunk: o = P u, P's row t holding its chunk's row of P
-        p, x = P[c0:c0 + C, :, :min(C, T - c0)].double().transpose(0, 1), u[c0:c0 + C].transpose(0, 1)
-        exact, bound = (p @ x).transpose(0, 1), (p.abs() @ x.abs()).transpose(0, 1)
-        assert bool(((o[c0:c0 + C] - exact).abs() <= 2.0 ** -10 * bound).all())
-        assert bool(((o[c0:c0 + C] - exact).abs() > 2.0 ** -16 * bound).any())  # not computed at a higher precision
+    assert Tm.scaled and Tm.data.dtype == torch.float16 and bool((Tm.scales >= 1).all())
+    Tm = Stored(Tm.data, Tm.scales * 2.0 ** torch.randint(-3, 7, Tm.scales.shape, generator=gen), Tm.block)
+    keys = prepare_keys(k, G, chunks, "tf32", q=q)
+    gated = (K ** -0.5 * q * G.exp()).to(torch.bfloat16)
+    runs = []
+    for t in (Tm, Stored(Tm.float())):
+        o = torch.full_like(v, float("nan"))
+        ht, hs, U, _ = recurrence(keys, v, G, beta, t, h0, chunks, "tf32", final=True, output=(gated, P, o))
+        dh, dY, dh0 = dstate(keys, G, beta, t, P, do, dht, chunks, K ** -0.5, "tf32", True)
+        runs.append([ht, hs.data, U.data, o, dh.data, dY.data, dh0])
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("dtype, K, l2", [(torch.bfloat16, 32, True), (torch.float32, 32, True),
@@ -312,27 +361,24 @@ def test_output_of_row_scaled_values_keeps_tf32_bits(V, block):
                                          (torch.float16, 64, False)])
 def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     """The forward's front (``kda.front``) forms in one kernel q and k normalized and what ``prepare_keys`` forms apart,
-    and the output's left operand ``scale q e^G`` (in the states' dtype), which the output reads in place of q and G:
-    packed sequences with partial and empty chunks, decay strong enough to underflow, bf16 states and fp32 (fp64 G),
-    K padded and of two scale blocks (where a row's norm spans both). q and k are ``x / sqrt(sum x^2 + eps)`` to
-    their rounding, k's operands bitwise those that ``prepare_keys`` forms from the front's k, the left operand ``scale q
-    e^G`` rounded once on every row, and o bitwise the output's that forms it from q and G."""
-    from refcheck.optimized.chunk.output import output, output_ladder, state_dtype
+    and the output's left operand ``scale q e^G`` (bf16 for bf16 inputs, else fp32), which the serial pass reads in
+    place of q and G: packed sequences with partial and empty chunks, decay strong enough to underflow, bf16 and fp32
+    (fp64 G), K padded and of two scale blocks (where a row's norm spans both). q and k are ``x / sqrt(sum x^2 + eps)``
+    to their rounding, k's operands bitwise those that ``prepare_keys`` forms from the front's k, the left operand
+    ``scale q e^G`` rounded once on every row."""
+    from refcheck.optimized.chunk.output import state_dtype
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.tiles import cumulative_gate_dtype
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
     from refcheck.optimized.kda.front import front
     from refcheck.optimized.kda.gate import gate_cumsum
     from refcheck.optimized.kda.l2norm import EPS
     gen = torch.Generator().manual_seed(17)
-    lengths, H, V = [37, 0, 100, 70], 2, 32
+    lengths, H = [37, 0, 100, 70], 2
     T, scale = sum(lengths), K ** -0.5
     q, k = (3 * torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
     if not l2:
         q, k = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
-    v = torch.randn(T, H, V, generator=gen).to(dtype)
-    beta = torch.rand(T, H, generator=gen)
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     G = gate_cumsum(-10 * torch.rand(T, H, K, generator=gen), None, None, None, chunks,
                     dtype=cumulative_gate_dtype(dtype))
@@ -352,22 +398,16 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     eps = max(torch.finfo(hs_dtype).eps / 2, 2.0 ** -22)  # one rounding to hs_dtype, or fp32's few
     bound = exact.abs() * (eps + G.double().abs() * 2.0 ** -23) + 2.0 ** -126
     assert bool(((gated.double() - exact).abs() <= bound).all()) and bool((exact.abs() < 2.0 ** -126).any())
-    Tm, P, _ = intra(qn, kn, G, beta, chunks, scale, False, "tf32")
-    _, hs, U, _ = recurrence(keys, v, G, beta, Tm, None, chunks, "tf32", final=False, hs_dtype=hs_dtype,
-                             scaled_values=True)
-    launch = output_ladder(K, V, 64, hs_dtype, gated=True)[0]  # one launch for both: the same sums
-    own = output(qn, U, G, P, hs.data, chunks, H, 1, scale, False, False, "tf32", launch)
-    read = output(qn, U, G, P, hs.data, chunks, H, 1, scale, False, False, "tf32", launch, gated_q=gated)
-    assert own.abs().max() > 0 and torch.equal(own, read)
 
 
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
 def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
-    """The serial passes and the gradients' state terms read their row blocks (prepared operands, v, T, P; U, dY, dO)
-    and states through TMA descriptors wherever the tensors allow (``common.tma_operands``): a block at a sequence's
-    end then holds the next sequence's rows, which beta's, the row scales' and k's zeros must drop, or which reach
-    only rows that are not stored. Packed sequences with partial and empty chunks, an initial state and dht: hs, U,
-    the final state, dh, dY, dh0 and every gradient are bitwise those of pointer loads."""
+    """The serial passes and the gradients' state terms read their row blocks (prepared operands, v, T, P, the
+    output's ``scale q e^G``; U, dY, dO) and states through TMA descriptors wherever the tensors allow
+    (``common.tma_operands``): a block at a sequence's end then holds the next sequence's rows, which beta's, the row
+    scales' and k's zeros must drop, or which reach only rows that are not stored. Packed sequences with partial and
+    empty chunks, an initial state and dht: hs, U, the forward's o, the final state, dh, dY, dh0 and every gradient
+    are bitwise those of pointer loads."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.scaled import row_scaled
     from refcheck.optimized.common import make_chunks, tma_operands
@@ -386,16 +426,20 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     G = gate_cumsum(g, None, None, None, chunks)
     Tm, P, flags = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
     keys = prepare_keys(k, G, chunks, precision, q=q)
-    assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm, [64, 1, 64]))[0]
+    assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm.data, [64, 1, 64]))[0]
+    gated = (K ** -0.5 * q * G.exp()).to(torch.bfloat16)  # the forward's output term's left operand, bf16 inputs
     runs = []
     for tma in (True, False):
         ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=True,
                                   scaled=row_scaled(precision), config=dict(TMA=tma))
+        o = torch.full_like(v, float("nan"))  # the forward's pass with its output, as the forward runs it
+        recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=False, config=dict(TMA=tma),
+                   output=(gated, P, o), states=False)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, chunks, K ** -0.5, precision, True,
                              scaled=row_scaled(precision), config=dict(TMA=tma))
         dx = grads(q, k, v, g, G, beta, hs, dh, U, dY, do, None, None, None, chunks, K ** -0.5, flags, False, precision,
                    torch.float32, torch.float32, config=dict(TMA=tma))
-        runs.append([ht, hs.data, U.data, dh.data, dY.data, dh0, *dx[:5]])
+        runs.append([ht, hs.data, U.data, o, dh.data, dY.data, dh0, *dx[:5]])
     for x, y in zip(*runs):
         assert torch.equal(x, y)
 
@@ -436,6 +480,7 @@ def test_serial_passes_over_segments_take_each_launchs_value_block_through_tma()
     segments of 128 chunks on an H100, where the v descriptor was built for the steps' blocks and the transitions'
     kernel did not compile): each launch reads v in its own blocks, bitwise as through pointers."""
     from refcheck.optimized.chunk.prepared import prepare_keys
+    from refcheck.optimized.chunk.scaled import Stored
     from refcheck.optimized.chunk.segments import split
     from refcheck.optimized.chunk.state import serial_config
     from refcheck.optimized.common import make_chunks
@@ -451,7 +496,7 @@ def test_serial_passes_over_segments_take_each_launchs_value_block_through_tma()
     G = gate_cumsum(-0.05 * torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     # T = I in every chunk (U = Diag(beta) Z, the delta rule's values undecoupled): the launches read T alike whatever
     # it holds, and ``intra`` on 4224 tokens took most of this test's time interpreted
-    Tm = F.one_hot(torch.arange(T) % 64, 64).float()[:, None, :].expand(T, H, 64).contiguous()
+    Tm = Stored(F.one_hot(torch.arange(T) % 64, 64).float()[:, None, :].expand(T, H, 64).contiguous())
     keys = prepare_keys(k, G, chunks, "tf32")
     runs = []
     for tma in (True, False):
@@ -589,6 +634,11 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision):
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)
     scale = K ** -0.5
     Tm, P, flags = intra(q, k, G, beta, chunks, scale, safe, precision)
+    assert Tm.scaled == (precision == "tf32")
+    if Tm.scaled:  # each row's largest entry in [1/2, 1] of its scale
+        peak = Tm.data.float().abs().amax(-1)
+        assert bool(((peak > 0.5) & (peak <= 1)).all())
+    Tm = Tm.float()
     tol = 1e-5 if precision != "tf32" else 2e-3
     bits = torch.zeros(chunks.num_chunks, H, dtype=torch.int32)  # bit b: sub-chunk b's decay exceeds DIAG_SPAN
     for c in range(chunks.num_chunks):

@@ -11,10 +11,9 @@ keeps 11 significant bits of an fp32 operand, fp16's; X's largest entry per row 
 sees x rounded to nearest at 11 bits where the dot itself would truncate it to as many, and an entry far
 below its row's largest keeps an absolute error under ``2^-24`` of it (fp16's subnormals), 2^-13 of what the
 dot's rounding of that largest entry costs. Half the bytes of fp32: KDA's backward keeps its per-chunk
-states h, their gradients dh, U and dY so (``kda.chunk_bwd``), and its forward U for the output
-(``chunk.output``, whose value blocks span several of the writer's: ``load_tile_scaled_blocks``; measured on an
-H100, bf16, B=8, T=4096, H=16, K=V=128: the output 0.461 -> 0.436 ms, the forward pass 0.904 -> 0.876 with its
-operands, ``benchmarks/results/kda_profile_scaled_u_forward_h100.txt``).
+states h, their gradients dh, U and dY so (``kda.chunk_bwd``, whose gradient kernels' value blocks span several of
+the writer's: ``load_tile_scaled_blocks``), and its forward's T (``kda.chunk_fwd.intra``, one scale a row: a row of
+T holds its diagonal's 1, so its largest entry is at least 1).
 
 ``prepared`` stores the serial passes' K-side operands with the same row scales.
 """
@@ -26,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import load_operand, load_rows, load_tile, row_offsets, tile_ptrs
+from .tiles import load_rows, load_tile, row_offsets, tile_ptrs
 
 
 def row_scaled(precision: str) -> bool:
@@ -112,25 +111,6 @@ def load_tile_scaled_blocks(ptr, s_ptr, rows, rmask, h, H, D, c0, cmask, SB: tl.
     s = tl.load(tile_ptrs(s_ptr, rows, h, H, NSB, b), mask=rmask[:, None] & (b < NSB)[None, :], other=0.0)
     R: tl.constexpr = x.shape[0]
     return tl.reshape(tl.reshape(x, (R, NB, BD // NB)) * s[:, :, None], (R, BD))
-
-
-@triton.jit
-def dot_row_scaled(a, ptr, s_ptr, rows, rmask, h, H, D, c0, cmask, SB, NSB, BD: tl.constexpr):
-    """``a x`` ``[M, BD]`` (fp32) for an fp32 ``a [M, R]`` and the fp32 values ``x [R, BD]`` of the tile
-    ``X = x[rows, h, c0 : c0 + BD]`` of a row-scaled array (fp16, its scales ``[T, H, NSB]``), BD columns within one
-    of the writer's blocks of SB (one scale ``s [R]`` a row), by one fp16 dot with fp32 accumulation:
-
-        a x = Diag(rho) (a_hat X),    a_hat = a Diag(s) / rho    (fp16, rho [M] the power of two at or above the
-                                                                   largest magnitude of each row of a Diag(s)).
-
-    X is taken as stored and a_hat rounded to nearest at 11 significant bits, those a "tf32" dot keeps of fp32
-    operands (of ``a`` and of ``x = X Diag(s)``), but for entries under 2^-14 of their row's largest (fp16's
-    subnormals: an absolute error under 2^-25 of it, 2^-13 of the largest's own rounding). Half the bytes of the
-    fp32 operands staged for a "tf32" dot."""
-    X = load_operand(ptr, rows, rmask, h, H, D, c0 + tl.arange(0, BD), cmask)
-    s = tl.load(s_ptr + row_offsets(rows, h, H, NSB) + c0 // SB, mask=rmask, other=0.0)
-    a_hat, rho = scale_rows(a * s[None, :])
-    return tl.dot(a_hat.to(tl.float16), X) * rho[:, None]
 
 
 class Stored(NamedTuple):

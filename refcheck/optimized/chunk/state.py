@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ..common import Chunks, Selection, launch, padded
 from .scaled import scale_rows, store_scaled
-from .tiles import decay, load_gate, load_gate_row, load_rows, load_tile, row_offsets, selected
+from .tiles import decay, load_gate, load_gate_row, load_rows, load_rows_stored, load_tile, row_offsets, selected
 
 
 @triton.jit
@@ -204,6 +204,17 @@ def rows_dot(Z, S, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: 
 
 
 @triton.jit
+def gated_rows_dot(O, S, x, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+    """``O + x_b S_b``, ``[C, BV]``, for block kb of an operand x stored as it is (``tiles.load_rows_stored``; KDA's
+    ``scale q e^G`` in the states' dtype, ``tiles.gated_left``), at ``PREC`` (a 16-bit x exact in "tf32"). A 16-bit dot
+    with the state rounded to x's dtype, as KDA's output pass took the states it stored in bf16, was faster (H200,
+    B=8, T=4096, H=16, K=V=128: the pass 0.412 -> 0.388 ms) but computed garbage at value blocks of 32 (Triton 3.6:
+    o ~1e37 at B=2, T=1024, bf16; an illegal memory access in a profile run)."""
+    X = load_rows_stored(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA)
+    return tl.dot(X.to(tl.float32), S, O, input_precision=PREC)
+
+
+@triton.jit
 def update_block(dS, Y, x, s, gamma, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, DECAY: tl.constexpr,
                  FIRST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """Block kb: ``dS_b + x_b^T Y`` for a prepared operand ``x_b = Diag(s) X_b`` (as in ``rows_dot``), after
@@ -268,6 +279,21 @@ def read_blocks(S0, S1, S2, S3, Z, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K, 
     if NKB > 3:
         Z = rows_dot(Z, S3, x, s3, t0, rows, rmask, h, H, K, 3, KB, FIRST, PREC, TMA)
     return Z
+
+
+@triton.jit
+def gated_blocks(O, S0, S1, S2, S3, x, t0, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
+                 PREC: tl.constexpr, TMA: tl.constexpr):
+    """``O + x S`` for an operand x stored as it is (``gated_rows_dot`` of every block): KDA's output term
+    ``scale (q e^G) S`` in its forward pass."""
+    O = gated_rows_dot(O, S0, x, t0, rows, rmask, h, H, K, 0, KB, PREC, TMA)
+    if NKB > 1:
+        O = gated_rows_dot(O, S1, x, t0, rows, rmask, h, H, K, 1, KB, PREC, TMA)
+    if NKB > 2:
+        O = gated_rows_dot(O, S2, x, t0, rows, rmask, h, H, K, 2, KB, PREC, TMA)
+    if NKB > 3:
+        O = gated_rows_dot(O, S3, x, t0, rows, rmask, h, H, K, 3, KB, PREC, TMA)
+    return O
 
 
 @triton.jit

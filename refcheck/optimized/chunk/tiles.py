@@ -87,18 +87,24 @@ def load_operand(ptr, rows, rmask, h, H, D, cols, cmask, T=1, HEAD_FIRST: tl.con
 
 
 @triton.jit
-def load_rows(x, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, TMA: tl.constexpr):
-    """fp32 tile ``x[rows, h, c0 : c0 + BD]`` of a sequence-first ``[T, H, D]`` tensor, ``rows`` from ``t0`` on: through
-    pointers (zero where masked), or with ``TMA`` through x as a descriptor (``common.tma_operands``, blocks
-    ``[len(rows), 1, BD]``). Rows past the sequence's end then hold the next sequence's (zeros past the tensor), which
-    the caller must weigh by zero or keep out of every stored row (the serial passes: a prepared operand's rows by
-    their row scales, which load as zeros there, and beta's zeros)."""
+def load_rows_stored(x, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, TMA: tl.constexpr):
+    """The tile ``x[rows, h, c0 : c0 + BD]`` of a sequence-first ``[T, H, D]`` tensor in its own dtype, ``rows`` from
+    ``t0`` on: through pointers (zero where masked), or with ``TMA`` through x as a descriptor (``common.tma_operands``,
+    blocks ``[len(rows), 1, BD]``). Rows past the sequence's end then hold the next sequence's (zeros past the
+    tensor), which the caller must weigh by zero or keep out of every stored row (the serial passes: a prepared
+    operand's rows by their row scales, which load as zeros there, and beta's zeros)."""
     if TMA:
-        out = x.load([t0, h, c0]).reshape(rows.shape[0], BD).to(tl.float32)
+        out = x.load([t0, h, c0]).reshape(rows.shape[0], BD)
     else:
         cols = c0 + tl.arange(0, BD)
-        out = load_tile(x, rows, rmask, h, H, D, cols, cols < D)
+        out = load_operand(x, rows, rmask, h, H, D, cols, cols < D)
     return out
+
+
+@triton.jit
+def load_rows(x, t0, rows, rmask, h, H, D, c0, BD: tl.constexpr, TMA: tl.constexpr):
+    """``load_rows_stored`` in fp32."""
+    return load_rows_stored(x, t0, rows, rmask, h, H, D, c0, BD, TMA).to(tl.float32)
 
 
 @triton.jit
@@ -149,11 +155,21 @@ def decay(x):
 
 
 @triton.jit
+def tf32_nearest(x, PREC: tl.constexpr):
+    """Under ``PREC`` "tf32", fp32 x rounded to nearest at tf32's 11 significant bits (ties away from zero), from its
+    bits: a "tf32" dot on Hopper truncates its fp32 operands to them, so that one fed x takes it as rounded; else x.
+    Measured (H200, KDA's forward with its output in the serial pass, fp32 inputs, B=2, T=1024, H=16, K=V=128): o's
+    error against float64 1.78e-3 with P and U truncated by the dot, ... rounded first."""
+    if PREC == "tf32":
+        x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
 def gated_left(x, eG, scale, dtype: tl.constexpr):
-    """``scale x e^G`` ``[R, BK]`` rounded to ``dtype`` (the states'): the left operand of the output's state term
-    (``output.state_term``) from an fp32 tile x and its decay ``eG = decay(G)`` (G a gate tile or an exponent). Formed
-    there, or for KDA's q where its serial pass's operands are (``kda.front``), by this one formula: the two give the
-    same bits."""
+    """``scale x e^G`` ``[R, BK]`` rounded to ``dtype``: the left operand of an output's state term from an fp32 tile x
+    and its decay ``eG = decay(G)`` (G a gate tile or an exponent), GLA's (``output.state_term``, in the states'
+    dtype) and KDA's (``kda.front``, where its serial pass's operands are formed)."""
     return (x * (eG * scale)).to(dtype)
 
 

@@ -15,7 +15,6 @@ import torch
 from refcheck.references.contract import check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
-from ..chunk.output import output as chunk_output
 from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
 from ..chunk.scaled import Stored, row_scaled
@@ -113,46 +112,22 @@ class KdaFunction(torch.autograd.Function):
         V = v.shape[-1]
         q, k, v, g = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v, g))
         beta = beta.reshape(B * T, H).contiguous()
-        # the output takes the states as GLA's does (``chunk.output.state_dtype``) and U row-scaled in fp16 under
-        # "tf32" (``chunk.scaled``); kept for the backward, both are fp32 (else recomputed there). Its left operand
-        # ``scale q e^G``, in the states' dtype, comes from the front (``front``: with q and k normalized and the
-        # serial pass's operands).
-        hs_dtype = torch.float32 if cfg.keep else state_dtype(q.dtype)
+        # the output formed in the serial pass (``chunk_fwd.recurrence``'s ``output``), its state term's left operand
+        # ``scale q e^G`` from the front (``front``: with q and k normalized and the pass's operands), bf16 for bf16
+        # inputs, else fp32 (``chunk.output.state_dtype``: 16 bits where the range is fp32's; a "tf32" dot keeps bf16's
+        # 8 bits); kept for the backward (``disable_recompute``), the states and U fp32 (else recomputed there)
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
-        qn, kn, keys, gated_q = front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale, hs_dtype)
+        qn, kn, keys, gated_q = front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale, state_dtype(q.dtype))
         Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         o = torch.empty_like(v)
-        scaled_values = row_scaled(cfg.precision) and not cfg.keep
-
-        def output(select):  # of the chunks whose h and U the pass has stored (all, or one group's)
-            chunk_output(qn, U, G, P, hs.data, cfg.chunks, H, 1, cfg.scale, False, False, cfg.precision,
-                         gated_q=gated_q, select=select, out=o)
-        groups = None if cfg.segments is not None else sequence_groups(cfg.chunks)
-        if groups is None:
-            ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
-                                          hs_dtype=hs_dtype, scaled_values=scaled_values, segments=cfg.segments)
-            output(None)
-        else:
-            # by sequence groups (``chunk.state.sequence_groups``): the long sequences' pass on a side stream, the
-            # short ones' on this one, their output while the long ones' pass goes on, then the long ones' output
-            long, short = groups
-            hs, U, ht = recurrence_outputs(keys, v, cfg.chunks, hs_dtype, False, scaled_values, cfg.final)
-            side, trans = SideStream(q.device), None
-
-            def walk(select):
-                recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final, hs_dtype=hs_dtype,
-                           scaled_values=scaled_values, select=select, stored=(hs, U, ht))
-            with side:
-                walk(long)
-            walk(short)
-            output(short)
-            side.join(hs, U, ht)
-            output(long)
+        ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
+                                      segments=cfg.segments, output=(gated_q, P, o), states=cfg.keep)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *kept, *(trans or ()))
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *kept,
+                              *(trans or ()))
         ctx.cfg = cfg
         ctx.shape = (B, T)
         return o.view(B, T, H, V), ht
@@ -160,7 +135,8 @@ class KdaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm, P, flags, *rest = ctx.saved_tensors
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, flags, *rest = ctx.saved_tensors
+        Tm = Stored(Td, Ts, Td.shape[-1])
         kept, trans = rest[:2] if cfg.keep else (), Transitions(*rest[-2:]) if cfg.segments is not None else None
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()

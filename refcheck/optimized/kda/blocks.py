@@ -31,6 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..chunk.scaled import pow2_at_or_above, pow2_reciprocal
 from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile
 from .subchunk import level_pairs, sub_rows
 
@@ -179,10 +180,33 @@ def load_block(ptr, t0, n, s, c, h, H, C: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def store_diag_inverse(T_ptr, beta_ptr, A, t0, n, s, h, H, C: tl.constexpr, BC: tl.constexpr, DPREC: tl.constexpr):
-    """Sub-chunk s's diagonal block of T from its block of A: ``T_ss = (I + Diag(beta) A_ss)^{-1}`` (``unit_inverse``
-    at ``DPREC``)."""
-    store_block(T_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, s, h, H, C, BC)
+def store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC: tl.constexpr, DPREC: tl.constexpr):
+    """Sub-chunk s's diagonal block of T from its block of A, ``T_ss = (I + Diag(beta) A_ss)^{-1}`` (``unit_inverse``
+    at ``DPREC``), into the diagonal blocks' array ``[T, H, BC]`` (``below_kernel`` writes T whole from them)."""
+    store_block(D_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, 0, h, H, BC,
+                BC)
+
+
+@triton.jit
+def store_t_rows(T_ptr, s_ptr, X0, X1, X2, X3, t0, n, b, h, H, C: tl.constexpr, BC: tl.constexpr,
+                 SCALED: tl.constexpr):
+    """Sub-chunk b's rows of T, its four blocks ``X0..X3`` (zeros right of the diagonal), whole: with ``SCALED``
+    row-scaled (``chunk.scaled``, one scale a row, ``[T, H, 1]`` at s_ptr; a row's largest entry is its diagonal's 1
+    or more, so fp16 keeps every entry to an absolute error under ``2^-25`` of it), else as they are."""
+    p, mask = block_ptrs(T_ptr, t0, n, b, 0, h, H, C, BC)
+    if SCALED:
+        m = tl.maximum(tl.maximum(tl.max(tl.abs(X0), axis=1), tl.max(tl.abs(X1), axis=1)),
+                       tl.maximum(tl.max(tl.abs(X2), axis=1), tl.max(tl.abs(X3), axis=1)))
+        sc = pow2_at_or_above(m)
+        r = pow2_reciprocal(sc)[:, None]
+        X0, X1, X2, X3 = X0 * r, X1 * r, X2 * r, X3 * r
+        _, rows, live, _ = sub_rows(t0, n, b, BC)
+        tl.store(s_ptr + rows.to(tl.int64) * H + h, sc, mask=live)
+    dtype = T_ptr.dtype.element_ty
+    tl.store(p, X0.to(dtype), mask=mask)
+    tl.store(p + BC, X1.to(dtype), mask=mask)
+    tl.store(p + 2 * BC, X2.to(dtype), mask=mask)
+    tl.store(p + 3 * BC, X3.to(dtype), mask=mask)
 
 
 @triton.jit

@@ -36,11 +36,12 @@ import triton
 import triton.language as tl
 
 from ..chunk.prepared import PreparedKeys
-from ..chunk.scaled import Stored, allocate, store_tile_scaled
+from ..chunk.scaled import Stored, allocate, load_rows_scaled, row_scaled, store_tile_scaled
 from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
+    gated_blocks,
     launch_serial,
     load_blocks,
     read_blocks,
@@ -50,7 +51,7 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_rows, load_rowvec
+from ..chunk.tiles import chunk_span, decay, load_rows, load_rowvec, store_tile, tf32_nearest
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
@@ -63,6 +64,7 @@ from .blocks import (
     store_below,
     store_block,
     store_diag_inverse,
+    store_t_rows,
     store_zeros_right,
 )
 from .subchunk import DIAG_SPAN, diag_precision
@@ -124,15 +126,15 @@ def head_rows(q_ptr, k_ptr, G_ptr, t, end, H, K, heads, d, mask):
 
 
 @triton.jit
-def diag_walk(X, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0, c0, mine,
+def diag_walk(X, q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0, c0, mine,
               C: tl.constexpr, ZERO_RIGHT: tl.constexpr):
     """Rows ``first .. last - 1`` (tokens ``t + i``) of the diagonal block at chunk column b0 against its W columns
     ``c0 + j`` (both counted from the block's first row and column), exactly for any decay, one row after another: A's
-    into T's memory, P's (scaled) into P's, for the heads where ``mine`` ``[BH]`` (with ``ZERO_RIGHT`` zeros into P's
-    next W columns). ``X [W, BH, BK]``: the columns' decayed keys of row ``first``, ``X_j = k_j e^{G_i - G_j}`` (zero
-    for j > i), carried from row to row, ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's own key in its column: one row of
-    exponentials a step, every factor in (0, 1], so that a product only underflows where ``e^{G_i - G_j}`` does; a
-    product carries at most 15 roundings. Returns X of row ``last``."""
+    into the diagonal blocks' array (``[T, H, 2W]``), P's (scaled) into P's, for the heads where ``mine`` ``[BH]``
+    (with ``ZERO_RIGHT`` zeros into P's next W columns). ``X [W, BH, BK]``: the columns' decayed keys of row ``first``,
+    ``X_j = k_j e^{G_i - G_j}`` (zero for j > i), carried from row to row, ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's
+    own key in its column: one row of exponentials a step, every factor in (0, 1], so that a product only underflows
+    where ``e^{G_i - G_j}`` does; a product carries at most 15 roundings. Returns X of row ``last``."""
     W: tl.constexpr = X.shape[0]
     cols = tl.arange(0, W)
     j = cols[:, None, None]
@@ -140,8 +142,9 @@ def diag_walk(X, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, first, last, end, 
     for i in range(first, last):
         # the next row's loads issued before this row's sums, so that their latency is not a step of the walk
         k_n, q_n, G_n = head_rows(q_ptr, k_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m)
-        out = ((t + i).to(tl.int64) * H + heads)[None, :] * C + b0 + c0 + cols[:, None]
-        tl.store(T_ptr + out, tl.sum(k_i * X, axis=2), mask=mine[None, :])
+        row = ((t + i).to(tl.int64) * H + heads)[None, :]
+        out = row * C + b0 + c0 + cols[:, None]
+        tl.store(D_ptr + row * (2 * W) + c0 + cols[:, None], tl.sum(k_i * X, axis=2), mask=mine[None, :])
         tl.store(P_ptr + out, scale * tl.sum(q_i * X, axis=2), mask=mine[None, :])
         if ZERO_RIGHT:
             tl.store(P_ptr + out + W, tl.zeros((W, heads.shape[0]), tl.float32), mask=mine[None, :])
@@ -159,15 +162,15 @@ def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
 
 
 @triton.jit
-def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
-    """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}`` by dots
-    against the middle row (``blocks.diag_block``), and zeros right of them. Without ``SAFE``, a sub-chunk whose
-    decay exceeds ``DIAG_SPAN`` is left to ``exact_kernel``: bit s of ``flag[c, h]`` set (the backward sums the
-    flagged chunks' diagonal blocks exactly too). Its first channels' span is read first (``blocks.first_span``): a
-    sub-chunk flagged by them forms no dots, where it formed them all to discard them (H200, B=8, T=4096, H=16,
-    K=128, ``results/kda_kernels_first_span_h200_session21.txt``: under strong decay 0.220 -> 0.072 ms, at normal
-    decay 0.264 -> 0.279)."""
+    """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
+    A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
+    Without ``SAFE``, a sub-chunk whose decay exceeds ``DIAG_SPAN`` is left to ``exact_kernel``: bit s of ``flag[c, h]``
+    set (the backward sums the flagged chunks' diagonal blocks exactly too). Its first channels' span is read first
+    (``blocks.first_span``): a sub-chunk flagged by them forms no dots, where it formed them all to discard them (H200,
+    B=8, T=4096, H=16, K=128, ``results/kda_kernels_first_span_h200_session21.txt``: under strong decay 0.220 -> 0.072
+    ms, at normal decay 0.264 -> 0.279)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
@@ -182,19 +185,18 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, s
                 dots = span <= DIAG_SPAN
             if dots:
                 store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
-                store_diag_inverse(T_ptr, beta_ptr, A, t0, n, s, h, H, C, BC, DPREC)
+                store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
         if not dots:
             tl.atomic_or(flag_ptr + c.to(tl.int64) * H + h, 1 << s)
-        store_zeros_right(T_ptr, t0, n, s, h, H, C, BC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
 
 
 @triton.jit
-def exact_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, C: tl.constexpr,
+def exact_kernel(q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, C: tl.constexpr,
                  BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
     """One sub-chunk s of BH heads (those ``diag_kernel`` did not flag return at once): the diagonal blocks of the
-    flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), A's left in T's memory for
-    ``exact_inverse_kernel``. The first half of a block's rows takes its first half of columns only (of the 16 x 16
+    flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), A's left in the diagonal blocks' array
+    for ``exact_inverse_kernel``. The first half of a block's rows takes its first half of columns only (of the 16 x 16
     pairs three walks of 8 columns form 192). The heads are the rows of every tile (``[BH, BK]``, the columns ``[W, BH,
     BK]``), so that a row's k, q and G broadcast over the columns in the layout they are loaded in."""
     W: tl.constexpr = BC // 2
@@ -216,22 +218,22 @@ def exact_kernel(q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, s
         end = t0 + tl.minimum(n, (s + 1) * BC)
         # three walks of W columns: the first half of the rows against the first half of the columns (P's second
         # half zero), the second half of the rows against it (its columns carried on), then against the second half
-        lo = diag_walk(diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, 0,
+        lo = diag_walk(diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, 0,
                        tl.minimum(W, end - t), end, H, K, heads, d, m, s * BC, 0, mine, C, True)
-        diag_walk(lo, q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m, s * BC, 0, mine, C,
+        diag_walk(lo, q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m, s * BC, 0, mine, C,
                   False)
-        diag_walk(diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, T_ptr, P_ptr, scale, t, W,
+        diag_walk(diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, W,
                   end - t, end, H, K, heads, d, m, s * BC, W, mine, C, False)
 
 
 @triton.jit
-def exact_inverse_kernel(beta_ptr, T_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, H, C: tl.constexpr, BC: tl.constexpr,
+def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, H, C: tl.constexpr, BC: tl.constexpr,
                          DPREC: tl.constexpr):
     """One chunk and head, after ``exact_kernel`` (those with no sub-chunk flagged return at once): the inverse of each
-    flagged diagonal block, ``T_ss = (I + Diag(beta) A_ss)^{-1}`` from the ``A_ss`` that ``exact_kernel`` left in T's
-    memory. In ``exact_kernel``'s programs (149 registers, 13 of them an SM) the inverses took 0.13 ms of its 0.44;
-    here 0.07 (H200, B=8, T=4096, H=16, K=128, strong decay); a program per sub-chunk took 0.06 but 0.021 at normal
-    decay, where its 32768 programs return at once (8192 here: 0.006)."""
+    flagged diagonal block, ``T_ss = (I + Diag(beta) A_ss)^{-1}`` from the ``A_ss`` that ``exact_kernel`` left in the
+    diagonal blocks' array, in place. In ``exact_kernel``'s programs (149 registers, 13 of them an SM) the inverses took
+    0.13 ms of its 0.44; here 0.07 (H200, B=8, T=4096, H=16, K=128, strong decay); a program per sub-chunk took 0.06 but
+    0.021 at normal decay, where its 32768 programs return at once (8192 here: 0.006)."""
     c = tl.program_id(0)
     h = tl.program_id(1)
     word = tl.load(flag_ptr + c.to(tl.int64) * H + h)
@@ -239,15 +241,16 @@ def exact_inverse_kernel(beta_ptr, T_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
         for s in tl.static_range(NB):
             if (word >> s) & 1:
-                store_diag_inverse(T_ptr, beta_ptr, load_block(T_ptr, t0, n, s, s, h, H, C, BC), t0, n, s, h, H, C, BC,
+                store_diag_inverse(D_ptr, beta_ptr, load_block(D_ptr, t0, n, s, 0, h, H, BC, BC), t0, n, s, h, H, BC,
                                    DPREC)
 
 
 @triton.jit
-def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled) and of T, by block
-    forward substitution from T's diagonal blocks in memory (``blocks``)."""
+def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
+                 K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr):
+    """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
+    blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
+    diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
@@ -258,27 +261,37 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, T_ptr, P_ptr, cu_ptr, seq_ptr, s
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
     b3 = block_beta(beta_ptr, t0, n, 3, h, H, BC)
-    T10, T20, T21, T30, T31, T32 = below_inverse(
-        load_block(T_ptr, t0, n, 0, 0, h, H, C, BC), load_block(T_ptr, t0, n, 1, 1, h, H, C, BC),
-        load_block(T_ptr, t0, n, 2, 2, h, H, C, BC), load_block(T_ptr, t0, n, 3, 3, h, H, C, BC),
-        b1 * A10, b2 * A20, b2 * A21, b3 * A30, b3 * A31, b3 * A32, PREC)
-    store_below(T_ptr, T10, T20, T21, T30, T31, T32, t0, n, h, H, C, BC)
+    T00 = load_block(D_ptr, t0, n, 0, 0, h, H, BC, BC)
+    T11 = load_block(D_ptr, t0, n, 1, 0, h, H, BC, BC)
+    T22 = load_block(D_ptr, t0, n, 2, 0, h, H, BC, BC)
+    T33 = load_block(D_ptr, t0, n, 3, 0, h, H, BC, BC)
+    T10, T20, T21, T30, T31, T32 = below_inverse(T00, T11, T22, T33, b1 * A10, b2 * A20, b2 * A21, b3 * A30, b3 * A31,
+                                                 b3 * A32, PREC)
+    zero = tl.zeros((BC, BC), tl.float32)
+    store_t_rows(T_ptr, t_s_ptr, T00, zero, zero, zero, t0, n, 0, h, H, C, BC, T_SCALED)
+    store_t_rows(T_ptr, t_s_ptr, T10, T11, zero, zero, t0, n, 1, h, H, C, BC, T_SCALED)
+    store_t_rows(T_ptr, t_s_ptr, T20, T21, T22, zero, t0, n, 2, h, H, C, BC, T_SCALED)
+    store_t_rows(T_ptr, t_s_ptr, T30, T31, T32, T33, t0, n, 3, h, H, C, BC, T_SCALED)
 
 
 @triton.jit
-def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr, u_s_ptr,
-                      cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                      SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr,
+                      u_s_ptr, qg, P, o_ptr, cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
+                      NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                       STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, H_SCALED: tl.constexpr, U_SCALED: tl.constexpr,
-                      PREC: tl.constexpr, TMA: tl.constexpr, SELECT: tl.constexpr):
+                      T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+                      SELECT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
-    row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``). ``Kg``, ``Kd`` prepared (``chunk.prepared``).
-    ``kg``, ``kd``, ``v``, ``T`` and ``hs`` are pointers, or with ``TMA`` descriptors (``tiles.load_rows``,
-    ``state.store_state``): the loaded rows past a sequence's end enter Z and U, but beta's zeros drop them from
-    ``Diag(beta) Z`` and Kd's zero row scales from the update. The state has W >= V columns (h0 and ht
-    ``[N, H, K, W]``), the values V: the columns past V start from h0 and take zero values (``chunk.segments``'
-    transitions). The operands' row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
+    row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output
+    ``O = Qg S0 + P U`` into o (``Qg = scale q e^G`` in the states' dtype, ``state.gated_blocks``; P fp32).
+    ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
+    ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
+    (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
+    zeros drop them from ``Diag(beta) Z``, Kd's zero row scales from the update, P's zeros above the diagonal from
+    the valid rows of O, and no store writes them. The state has W >= V columns (h0 and ht ``[N, H, K, W]``), the
+    values V: the columns past V start from h0 and take zero values (``chunk.segments``' transitions). The operands'
+    row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
     A step loads its values first and forms ``Z = V - Kg S`` after the dot: loaded where the dot took them as its
     accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8;
     ``docs/performance.md``, seventeenth session). With ``SELECT`` the sequences listed at sel_ptr only."""
@@ -297,9 +310,18 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
                          TMA)
         Z = values - read_blocks(S0, S1, S2, S3, tl.zeros((C, BV), tl.float32), kg, sg0, sg1, sg2, sg3, t0, rows, rmask,
                                  h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
-        U = tl.dot(load_rows(T, t0, rows, rmask, h, H, C, 0, C, TMA), beta[:, None] * Z, input_precision=PREC)
+        if OUTPUT:
+            O = gated_blocks(tl.zeros((C, BV), tl.float32), S0, S1, S2, S3, qg, t0, rows, rmask, h, H, K, KB, NKB,
+                             PREC, TMA)
+        Tc = load_rows_scaled(T, t_s_ptr, t0, rows, rmask, h, H, C, 0, C, C, 1, T_SCALED, TMA)
+        # rounded to nearest for the dots that take it (the update's, the output's), which would truncate it
+        U = tf32_nearest(tl.dot(Tc, beta[:, None] * Z, input_precision=PREC), PREC)
         if STEPS:
             store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, U_SCALED)
+        if OUTPUT:
+            O = tl.dot(tf32_nearest(load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA), PREC), U, O,
+                       input_precision=PREC)
+            store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd, sd0, sd1, sd2, sd3, g0, g1, g2, g3, t0, rows, rmask, h,
                                        H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC, TMA=TMA)
     if STORE_FINAL:
@@ -307,11 +329,13 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, h0_ptr, ht_
 
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
-    """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, fp32 ``[T, H, C]`` each, and (None
-    under safe_gate) where the diagonal blocks were summed exactly, int32 ``[NC, H]``, bit s for sub-chunk s (the
-    backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal blocks (``diag_kernel``), without
-    safe_gate the flagged ones again exactly (``exact_kernel``) and their inverses (``exact_inverse_kernel``), then the
-    blocks below them (``below_kernel``).
+    """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each: T a
+    ``scaled.Stored``, fp32 or under "tf32" row-scaled fp16 (the serial passes read it as a "tf32" dot's operand,
+    ``chunk.scaled``), P fp32; and (None under safe_gate) where the diagonal blocks were summed exactly, int32
+    ``[NC, H]``, bit s for sub-chunk s (the backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal
+    blocks (``diag_kernel``; T's into an array of their own, ``[T, H, 16]``), without safe_gate the flagged ones again
+    exactly (``exact_kernel``) and their inverses (``exact_inverse_kernel``), then the blocks below them and T whole
+    (``below_kernel``).
     ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "inverse": {...}, "below": {...}}``:
     ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
@@ -319,12 +343,13 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     ``docs/performance.md``, fifteenth session)."""
     total, H, K = k.shape
     config = config or {}
-    T = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
-    P = torch.empty_like(T)
+    T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
+    P = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
+    D = torch.empty(total, H, SUB, device=k.device, dtype=torch.float32)  # T's diagonal blocks (first A's: exact)
     flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     if not (chunks.num_chunks and H):
         return T, P, flags
-    args = (q, k, G, beta, T, P, T if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
+    args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB)
     dprec = diag_precision(precision)
 
@@ -336,10 +361,10 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
         cfg = exact_launch(K) | config.get("exact", {})
         launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args[:3] + args[4:],
                fixed | dict(BK=padded(K)), [cfg])
-        launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, T, flags, chunks.cu, chunks.seq, chunks.start, H),
+        launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
-    launch(below_kernel, (chunks.num_chunks, H), args[:6] + args[7:], fixed | dict(PREC=precision),
-           [narrow(BELOW_LAUNCH | config.get("below", {}))])
+    launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
+           fixed | dict(PREC=precision, T_SCALED=T.scaled), [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P, flags
 
 
@@ -358,54 +383,70 @@ def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, hs_dtype: torch.dt
             torch.empty(chunks.num_seqs, H, K, V, device=v.device, dtype=torch.float32) if final else None)
 
 
-def recurrence(keys: PreparedKeys, v, G, beta, T, initial_state, chunks: Chunks, precision: str, *, final: bool,
+def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks: Chunks, precision: str, *, final: bool,
                hs_dtype: torch.dtype = torch.float32, scaled: bool = False, scaled_values: bool | None = None,
                segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None,
-               select: Selection | None = None, stored: tuple[Stored, Stored, torch.Tensor | None] | None = None):
-    """Walk the chunks, on the operands ``prepare_keys`` formed from k and G. Returns ``(final state, h,
-    U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
-    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored``, with ``scaled`` both
-    row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), with ``scaled_values`` U alone (None: as ``scaled``;
-    the forward's output reads its h in bf16 as GLA's does, ``chunk.output.state_dtype``); ``segments``: the
-    sequences cut into segments that run side by side (``chunk.segments``), whose ``Transitions`` come last (None
-    without segments).
+               select: Selection | None = None, stored: tuple[Stored, Stored, torch.Tensor | None] | None = None,
+               output: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, states: bool = True):
+    """Walk the chunks, on the operands ``prepare_keys`` formed from k and G and ``intra``'s T. Returns ``(final state,
+    h, U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
+    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored`` (None where not ``states``),
+    with ``scaled`` both row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), with ``scaled_values`` U alone
+    (None: as ``scaled``); ``segments``: the sequences cut into segments that run side by side (``chunk.segments``),
+    whose ``Transitions`` come last (None without segments).
+    ``output``: ``(Qg, P, o)``, the forward's output formed in the pass, ``O = Qg S0 + P U`` into o (Qg = ``scale q
+    e^G`` in the states' dtype, ``front``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the
+    pass and the output, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass storing
+    h in bf16 and U row-scaled, the output reading them), 0.619 fused with T in fp32 (123 KB of shared memory, one
+    program an SM), 0.412 with T row-scaled fp16 (two an SM), 0.388 with the state term's dot in bf16 as the output
+    took it.
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
     ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
     ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (h, U, the final state or
-    None) where given (``recurrence_outputs``; the passes by sequence groups, ``state.sequence_groups``, ``api``)."""
+    None) where given (``recurrence_outputs``; the backward's passes by sequence groups, ``state.sequence_groups``,
+    ``api``)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     width = launch_cfg.pop("KB", state_width(scaled))
     scaled_values = scaled if scaled_values is None else scaled_values
-    hs, U, ht = stored or recurrence_outputs(keys, v, chunks, hs_dtype, scaled, scaled_values, False, segments, config)
+    if states:
+        hs, U, ht = stored or recurrence_outputs(keys, v, chunks, hs_dtype, scaled, scaled_values, False, segments,
+                                                 config)
+    else:  # placeholders no launch writes (h's shaped as its descriptor's array)
+        hs, U, ht = Stored(torch.empty(1, K, V, device=dev, dtype=hs_dtype)), Stored(v), None
     KB, C = keys.state_rows(width), chunks.size
+    qg, P, o = output if output is not None else (keys.kg, T.data, v)  # pointers no launch reads without output
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None, select: Selection | None = None,
              ht: torch.Tensor | None = None):
         store_final = not steps if store_final is None else store_final
         BV = serial_config(over, H, K, W, launch_cfg)["BV"]  # this launch's (a segments' transition has W > V)
-        tma, (kg, kd, vd, Td, hd) = tma_operands(config, (keys.kg, [C, 1, KB]), (keys.kd, [C, 1, KB]), (v, [C, 1, BV]),
-                                                 (T, [C, 1, C]), (hs.data.view(-1, K, V), [1, KB, BV]))
+        tma, (kg, kd, vd, Td, hd, qgd, Pd) = tma_operands(
+            config, (keys.kg, [C, 1, KB]), (keys.kd, [C, 1, KB]), (v, [C, 1, BV]), (T.data, [C, 1, C]),
+            (hs.data.view(-1, K, V), [1, KB, BV]), (qg, [C, 1, KB]), (P, [C, 1, C]))
         if store_final and ht is None:
             ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32)
         launch_serial(recurrence_kernel,
-                      (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, h0 if h0 is not None else hs.data,
-                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), over.cu,
-                       over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
-                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps, H_SCALED=scaled,
-                           U_SCALED=scaled_values, PREC=precision, TMA=tma, SELECT=select is not None)
+                      (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, T.scale_ptr(), h0 if h0 is not None else hs.data,
+                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), qgd, Pd, o,
+                       over.cu, over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
+                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, H_SCALED=scaled,
+                           U_SCALED=scaled_values, T_SCALED=T.scaled, OUTPUT=steps and output is not None,
+                           PREC=precision, TMA=tma, SELECT=select is not None)
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
 
     if segments is None:
-        return walk(chunks, initial_state, V, True, final, select, ht), hs, U, None
-    assert select is None, "a pass over segments runs every sequence"
-    if transitions is not None:
-        assert not final, "a pass from the forward's segment entry states has no final state of its own"
-        walk(segments.chunks, transitions.entries, V, True)
+        ht = walk(chunks, initial_state, V, True, final, select, ht)
     else:
-        ht, transitions = run(walk, segments, initial_state, H, K, V)
-    return ht if final else None, hs, U, transitions
+        assert select is None, "a pass over segments runs every sequence"
+        if transitions is not None:
+            assert not final, "a pass from the forward's segment entry states has no final state of its own"
+            walk(segments.chunks, transitions.entries, V, True)
+        else:
+            ht, transitions = run(walk, segments, initial_state, H, K, V)
+        ht = ht if final else None
+    return (ht, hs, U, transitions) if states else (ht, None, None, transitions)

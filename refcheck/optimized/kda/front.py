@@ -1,4 +1,4 @@
-"""The forward's front: q and k normalized and the operands that the serial pass and the output read, in one pass.
+"""The forward's front: q and k normalized and the operands that the serial pass reads, in one pass.
 
 One program per chunk of C tokens, head and column block of ``KB`` channels (the prepared operands' scale blocks,
 ``chunk.prepared``), from q and k as given and the cumulative gate G (``gate.gate_cumsum``), with
@@ -6,9 +6,10 @@ One program per chunk of C tokens, head and column block of ``KB`` channels (the
 
     qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied)
     kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.chunk_decays``, ``prepared.store_key_operands``)
-    gq     = scale qn e^G                in the states' dtype: the output's left operand (``tiles.gated_left``)
+    gq     = scale qn e^G                bf16 for bf16 inputs, else fp32: the output's state term's left operand
+                                         (``tiles.gated_left``; ``chunk_fwd.recurrence``'s ``output``)
 
-qn and kn are stored for ``intra``, the output's intra-chunk term and the backward; kg, kd and gq are formed from
+qn and kn are stored for ``intra`` and the backward; kg, kd and gq are formed from
 them as stored (rounded to q's dtype first), so they are bitwise what ``prepare_keys`` and ``gated_left`` form from
 the stored qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written and
 read back: measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128), 0.137 + 0.266 ms apart, 0.340 here.
@@ -101,7 +102,7 @@ class Front(NamedTuple):
 def front(q, k, G, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype,
           config: dict | None = None) -> Front:
     """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
-    cumulative gate G; ``gated_dtype``: the output's left operand's (the states'). ``config`` overrides the launch
+    cumulative gate G; ``gated_dtype``: the output's left operand's. ``config`` overrides the launch
     (``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
