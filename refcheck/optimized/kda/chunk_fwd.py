@@ -395,11 +395,10 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     (None: as ``scaled``); ``segments``: the sequences cut into segments that run side by side (``chunk.segments``),
     whose ``Transitions`` come last (None without segments).
     ``output``: ``(Qg, P, o)``, the forward's output formed in the pass, ``O = Qg S0 + P U`` into o (Qg = ``scale q
-    e^G`` in the states' dtype, ``front``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the
-    pass and the output, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass storing
-    h in bf16 and U row-scaled, the output reading them), 0.619 fused with T in fp32 (123 KB of shared memory, one
-    program an SM), 0.412 with T row-scaled fp16 (two an SM), 0.388 with the state term's dot in bf16 as the output
-    took it.
+    e^G``, bf16 for bf16 inputs, ``front``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
+    the pass and the output, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass
+    storing h in bf16 and U row-scaled, an output kernel reading them), 0.619 fused with T in fp32 (123 KB of shared
+    memory, one program an SM), 0.412 with T row-scaled fp16 (115.6 KB, two an SM; the forward 1.645 -> 1.449 ms).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
     ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
