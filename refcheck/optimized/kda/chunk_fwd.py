@@ -1,4 +1,4 @@
-"""Chunked KDA forward: the intra-chunk WY factors, the state recurrence, then the output.
+"""Chunked KDA forward: the intra-chunk WY factors, then the state recurrence with the output.
 
 Per head, a chunk of C rows (tokens) starts from state ``S0 [K, V]``. With ``G`` the chunk-local
 cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k e^{G_last - G}``,
@@ -10,15 +10,13 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     O  = Qg S0 + P U
     S1 = Diag(gamma) S0 + Kd^T U
 
-``intra`` computes T and P for every chunk in parallel (``[T, H, C]`` fp32, row t of a chunk holds its
-row of the chunk matrix), by sub-chunk blocks (``blocks``): the diagonal blocks a sub-chunk a program, the blocks
-below them and the solve a chunk a program (``intra``);
+``intra`` computes T and P for every chunk in parallel (``[T, H, C]``, row t of a chunk holds its row of the
+chunk matrix; T row-scaled fp16 under "tf32", P fp32), by sub-chunk blocks (``blocks``): the diagonal blocks a
+sub-chunk a program, the blocks below them and the solve a chunk a program (``intra``);
 ``recurrence`` walks the chunks of each sequence in order, one program per (value block, sequence, head),
-keeping S in registers, and writes the entry state of every chunk (``h [NC, H, K, V]``) and U
-(``[T, H, V]``); O of every chunk then follows from them in parallel (``chunk.output``, GLA's output with U
-for v). The serial pass carries only what is
-serial: with O in it, each of its programs did the output's two dots too, and a long single sequence has
-few programs.
+keeping S in registers, and forms each chunk's U and, in the forward, its O (where U is: h and U are not stored;
+the backward recomputes them with the same kernel, which then stores them). A long single sequence has few
+programs: its passes run over segments side by side (``chunk.segments``).
 
 Measured and not kept (H200, bf16, B=8, T=4096, H=16, K=V=128): forming ``W = T Diag(beta) Kg`` and
 ``U0 = T Diag(beta) V`` in parallel so that the serial step is ``U = U0 - W S0``, two dots where it has
