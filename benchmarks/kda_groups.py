@@ -1,11 +1,12 @@
-"""The KDA forward over packed sequences of different lengths, with and without its sequence groups.
+"""The KDA backward over packed sequences of different lengths, with and without its sequence groups.
 
     python benchmarks/kda_groups.py [--shape varlen8_T32768] [--fractions 0.5 0.625 0.75 0.875]
 
-``chunk.state.sequence_groups`` runs the serial pass of the long sequences (more than ``state.LONG`` of the longest's
-chunks) and that of the others as two launches on two streams, the short ones' output while the long ones' pass goes on
-(``kda.api``). This times ``optimized.kda``'s forward (bf16, ``benchmarks/kda.py``'s inputs, safe_gate off
-and on; ``triton.testing.do_bench``, median, three runs) without groups and at each fraction, in one process.
+``chunk.state.sequence_groups`` runs the backward's serial passes of the long sequences (more than ``state.LONG`` of
+the longest's chunks) and those of the others as launches on streams of their own, the short ones' gradients while
+the long ones' passes go on (``kda.api``; the forward took groups too until its output moved into its serial pass,
+twenty-fifth session). This times ``optimized.kda``'s forward+backward (bf16, ``benchmarks/kda.py``'s inputs and
+timing, safe_gate off and on; median, three runs) without groups and at each fraction, in one process.
 """
 from __future__ import annotations
 
@@ -29,17 +30,16 @@ def main():
     ap.add_argument("--shape", default="varlen8_T32768", choices=list(bench.SHAPES))
     ap.add_argument("--fractions", type=float, nargs="*", default=[0.5, 0.625, 0.75, 0.875])
     args = ap.parse_args()
-    from triton.testing import do_bench
     x, cu = bench.shape_inputs(args.shape)
     grouped, default = api.sequence_groups, state.LONG
     for safe in (False, True):
         for fraction in (None, *args.fractions):
             api.sequence_groups = (lambda chunks: None) if fraction is None else grouped
             state.LONG = default if fraction is None else fraction
-            runs = [do_bench(lambda: bench.call(optimized.kda, x, cu, safe), return_mode="median") for _ in range(3)]
+            runs = [bench.time_impl(optimized.kda, x, cu, safe, backward=True) for _ in range(3)]
             label = "no groups" if fraction is None else f"LONG={fraction}"
-            print(f"{args.shape} forward safe_gate={safe!s:5} {label:12} " + " ".join(f"{ms:.3f}" for ms in runs)
-                  + " ms", flush=True)
+            print(f"{args.shape} forward+backward safe_gate={safe!s:5} {label:12} "
+                  + " ".join(f"{ms:.3f}" for ms in runs) + " ms", flush=True)
     api.sequence_groups, state.LONG = grouped, default
 
 

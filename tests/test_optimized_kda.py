@@ -179,11 +179,11 @@ def test_segments_agree_with_one_pass():
 
 @pytest.mark.parametrize("decay, strong", [(-0.05, False), (-5.0, True)])
 def test_sequence_groups_give_the_bits_of_one_pass(monkeypatch, decay, strong):
-    """The forward runs the long sequences' pass and the others' as two launches (``state.sequence_groups``), each
-    group's output after its own pass; the backward its passes and gradients by the same groups: o, the final state
-    and every gradient (dh0 among them) bitwise those of one launch each, with empty sequences (their final state is
-    h0), partial chunks, a long sequence after the short ones, and under strong decay flagged chunks (the gradients'
-    exact diagonal blocks). The groups split the sequences and their chunks, each in order: long, more than half the
+    """The backward runs the long sequences' passes and the others' as launches of their own (``state.sequence_groups``),
+    each group's gradients after its own passes: every gradient (dh0 among them) bitwise those of one launch each (o
+    and the final state, of the forward's one pass, alike), with empty sequences (their final state is h0), partial
+    chunks, a long sequence after the short ones, and under strong decay flagged chunks (the gradients' exact diagonal
+    blocks). The groups split the sequences and their chunks, each in order: long, more than half the
     longest's chunks (6 here: 4 and 6 are long, 3 is not)."""
     from refcheck.optimized.chunk import state
     from refcheck.optimized.common import make_chunks

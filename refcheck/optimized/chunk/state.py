@@ -407,18 +407,18 @@ GROUPS_KEPT = 8
 _groups: list[tuple] = []
 LONG = 0.5
 """``sequence_groups``' long sequences: more than this fraction of the longest's chunks. Measured on an H100 (KDA's
-forward, bf16, H=16, K=V=128, the benchmark's 8 packed sequences of 512-8192 tokens, ``benchmarks/kda_groups.py``,
-``results/kda_groups_h100_session20.txt``): 2.321 ms without groups, 2.237 at 1/2, 2.231 at 5/8, 2.230 at 3/4, 2.274
-at 7/8 (safe_gate 2.310, 2.225, 2.215, 2.214, 2.261): a half, the simplest of the three within 0.01 ms."""
+forward as it was then, its output in a kernel of its own; bf16, H=16, K=V=128, the benchmark's 8 packed sequences of
+512-8192 tokens, ``benchmarks/kda_groups.py``, ``results/kda_groups_h100_session20.txt``): 2.321 ms without groups,
+2.237 at 1/2, 2.231 at 5/8, 2.230 at 3/4, 2.274 at 7/8 (safe_gate 2.310, 2.225, 2.215, 2.214, 2.261): a half, the
+simplest of the three within 0.01 ms. The backward keeps it (not measured apart)."""
 
 
 def sequence_groups(chunks: Chunks) -> tuple[Selection, Selection] | None:
     """``(long, short)``: the sequences of more than ``LONG`` of the longest's chunks and the others (with their
     chunks), or None where every sequence is long. A serial pass lasts as long as its longest sequence, and where the
     lengths differ most SMs idle through its last steps: the pass over each group in a launch of its own, on streams of
-    their own, lets the work that follows the short sequences' pass run in that time (KDA's output and its gradients,
-    ``kda.api``). Built on the device from lengths known on the host (no copy,
-    no wait), the latest ``GROUPS_KEPT`` kept."""
+    their own, lets the work that follows the short sequences' pass run in that time (KDA's gradients, ``kda.api``).
+    Built on the device from lengths known on the host (no copy, no wait), the latest ``GROUPS_KEPT`` kept."""
     longest = max(chunks.counts, default=0)
     long = [n > LONG * longest for n in chunks.counts]
     if all(long):
