@@ -638,7 +638,7 @@ def profile_stage(d, stage, cfg, safe, gather):
         keep = stage == "recurrence_keep"
         o, gq = torch.empty_like(f["v"]), d["gated_q"].float() if keep else d["gated_q"]
         return lambda: chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,
-                                            hs_dtype=gq.dtype, segments=segs, config=cfg, output=(gq, d["P"], o),
+                                            segments=segs, config=cfg, output=(gq, d["P"], o),
                                             states=keep)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(keys, d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",

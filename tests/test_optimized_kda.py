@@ -12,6 +12,7 @@ interpreter.interpret_new_kernels()  # before the kernel modules are imported
 interpreter.enable()
 
 from refcheck import optimized, references  # noqa: E402
+from refcheck.optimized.chunk.tiles import tf32_nearest  # noqa: E402 (the test's kernel calls it by its global name)
 from tests.ladders import force_last_launch_steps  # noqa: E402
 
 # relative RMS error allowed, by (input dtype, precision): fp32 inputs with fp32-accurate dots sit
@@ -275,11 +276,32 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
 
 
 def tf32_model(x: torch.Tensor, nearest: bool) -> torch.Tensor:
-    """fp32 x as a "tf32" dot takes it: rounded to nearest at 11 significant bits (ties away, ``tiles.tf32_nearest``)
-    or truncated to them (the tensor core's own reading of an fp32 operand), in float64."""
-    bits = x.float().view(torch.int32)
-    bits = (bits + 0x1000) & -0x2000 if nearest else bits & -0x2000
-    return bits.view(torch.float32).double()
+    """fp32 x as a "tf32" dot takes it, in float64: rounded to nearest at 11 significant bits first (ties away,
+    ``tiles.tf32_nearest``) or truncated by the tensor core; the interpreter's calibrated models of both."""
+    model = interpreter._tf32_round_away if nearest else interpreter._tf32_truncate
+    return torch.from_numpy(model(x.float().contiguous().numpy())).double()
+
+
+def test_tf32_nearest_is_cvt_rna_and_keeps_inf_and_nan():
+    """``tiles.tf32_nearest`` gives the bits of ``cvt.rna.tf32.f32`` (the interpreter's calibrated model) on random
+    values, ties, the largest finite (which rounds to Inf), Inf, and NaNs whose payload would carry past the mantissa
+    (0x7FFFFFFF: + 0x1000 would make it -0.0); under "ieee" it leaves x as it is."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x_ptr, y_ptr, N: tl.constexpr, PREC: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(y_ptr + i, tf32_nearest(tl.load(x_ptr + i), PREC))
+    gen = torch.Generator().manual_seed(3)
+    special = torch.tensor([0x7FFFFFFF, -1, 0x7F800000, 0xFF800000 - (1 << 32), 0x7F7FFFFF, 0x3F801000, 0x3F803000,
+                            0x00001000, 0], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    x = torch.cat([torch.randn(55, generator=gen) * 10.0 ** torch.randint(-30, 30, (55,), generator=gen), special])
+    for prec in ("tf32", "ieee"):
+        y = torch.empty_like(x)
+        kernel[(1,)](x, y, N=64, PREC=prec)
+        want = interpreter._tf32_round_away(x.numpy()) if prec == "tf32" else x.numpy()
+        assert torch.equal(y.view(torch.int32), torch.from_numpy(want).view(torch.int32)), prec
 
 
 @pytest.mark.parametrize("block", [16, 32, 64])
@@ -382,8 +404,8 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     G = gate_cumsum(-10 * torch.rand(T, H, K, generator=gen), None, None, None, chunks,
                     dtype=cumulative_gate_dtype(dtype))
-    hs_dtype = state_dtype(dtype)
-    qn, kn, keys, gated = front(q, k, G, l2, chunks, "tf32", scale, hs_dtype)
+    gated_dtype = state_dtype(dtype)
+    qn, kn, keys, gated = front(q, k, G, l2, chunks, "tf32", scale, gated_dtype)
     if l2:
         for mine, x in ((qn, q), (kn, k)):  # one rounding to dtype after a few fp32 ones
             x = x.double()
@@ -395,7 +417,7 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
         assert (x is None and y is None) or torch.equal(x, y)
     # every row written: rounded once to its dtype, the exponent G to fp32 (``tiles.decay``), what underflows lost
     exact = qn.double() * torch.exp(G.double()) * scale
-    eps = max(torch.finfo(hs_dtype).eps / 2, 2.0 ** -22)  # one rounding to hs_dtype, or fp32's few
+    eps = max(torch.finfo(gated_dtype).eps / 2, 2.0 ** -22)  # one rounding to gated_dtype, or fp32's few
     bound = exact.abs() * (eps + G.double().abs() * 2.0 ** -23) + 2.0 ** -126
     assert bool(((gated.double() - exact).abs() <= bound).all()) and bool((exact.abs() < 2.0 ** -126).any())
 

@@ -157,12 +157,15 @@ def decay(x):
 @triton.jit
 def tf32_nearest(x, PREC: tl.constexpr):
     """Under ``PREC`` "tf32", fp32 x rounded to nearest at tf32's 11 significant bits (ties away from zero), from its
-    bits: a "tf32" dot on Hopper truncates its fp32 operands to them, so that one fed x takes it as rounded; else x.
+    bits as ``cvt.rna.tf32.f32`` does (Inf and NaN kept: a NaN's payload carried past its mantissa would make it a
+    zero): a "tf32" dot on Hopper truncates its fp32 operands to them, so that one fed x takes it as rounded; else x.
     Measured (H200, KDA's forward with its output in the serial pass, fp32 inputs, B=2, T=1024, H=16, K=V=128): o's
     error against float64 1.78e-3 with P and U truncated by the dot, 9.3e-4 rounded first (1.17e-3 where a kernel of
     its own took U row-scaled in fp16, ``results/kda_fused_output_h200_session25.txt``)."""
     if PREC == "tf32":
-        x = ((x.to(tl.int32, bitcast=True) + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+        bits = x.to(tl.int32, bitcast=True)
+        special = (bits & 0x7F800000) == 0x7F800000
+        x = tl.where(special, x, ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True))
     return x
 
 

@@ -163,7 +163,7 @@ class KdaFunction(torch.autograd.Function):
             # recomputation each on a stream of its own, the short ones' reverse pass on this one; the short ones'
             # gradients once their passes are done, while the long ones' go on, then the long ones'
             long, short = groups
-            hs, U, _ = recurrence_outputs(keys, v, cfg.chunks, torch.float32, scaled, scaled)
+            hs, U, _ = recurrence_outputs(keys, v, cfg.chunks, scaled)
             dh, dY, dh0 = dstate_outputs(keys, do, cfg.chunks, scaled, h0 is not None)
             lanes = [SideStream(q.device, lane) for lane in range(3)]
             for lane, select in zip(lanes[:2], (long, short)):

@@ -88,11 +88,12 @@ every value block: measured on an H200 (bf16, H=16, K=V=128, fp16 operands), B=8
 
 def state_width(scaled: bool) -> int:
     """The rows of the serial pass's state blocks (``KB``, at most the prepared operands' scale block,
-    ``chunk.prepared.SCALE_BLOCK``): 64 for the forward's pass (its states stored as they are, bf16 for the output),
-    128 for the backward's recomputation (states row-scaled, ``chunk.scaled``). Measured on an H200 (bf16, H=16,
-    K=V=128, the pass with its operands' preparation, ``results/kda_profile_state_width_h200_session17.txt``), blocks of
-    64 against 128: the forward's B=8, T=4096 0.575 / 0.623 ms, B=1, T=32768 over segments 1.151 / 1.229, varlen
-    0.866 / 0.937; the recomputation 0.620 / 0.598, 0.608 / 0.596, 0.959 / 0.907."""
+    ``chunk.prepared.SCALE_BLOCK``): 64 for the forward's pass (its output in it, its states not stored, or stored fp32
+    under ``disable_recompute``), 128 for the backward's recomputation (states row-scaled, ``chunk.scaled``). Measured
+    on an H200 (bf16, H=16, K=V=128, the pass with its operands' preparation, before its output moved into it,
+    ``results/kda_profile_state_width_h200_session17.txt``), blocks of 64 against 128: the forward's B=8, T=4096 0.575 /
+    0.623 ms, B=1, T=32768 over segments 1.151 / 1.229, varlen 0.866 / 0.937; the recomputation 0.620 / 0.598, 0.608 /
+    0.596, 0.959 / 0.907."""
     return 128 if scaled else 64
 
 
@@ -276,13 +277,13 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu
 def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr,
                       u_s_ptr, qg, P, o_ptr, cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
                       NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, H_SCALED: tl.constexpr, U_SCALED: tl.constexpr,
+                      STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
                       T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
                       SELECT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
-    with ``STEPS``, ``hs[c] = S0`` and U of every chunk, in their arrays' dtypes, with ``H_SCALED``, ``U_SCALED``
-    row-scaled (``chunk.scaled``, scales at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output
-    ``O = Qg S0 + P U`` into o (``Qg = scale q e^G`` in the states' dtype, ``state.gated_blocks``; P fp32).
+    with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
+    at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = Qg S0 + P U`` into o (``Qg = scale q
+    e^G``, bf16 for bf16 inputs, ``state.gated_blocks``; P fp32).
     ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
     ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
     (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
@@ -304,7 +305,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
-            store_blocks(hs, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, H_SCALED,
+            store_blocks(hs, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, SCALED,
                          TMA)
         Z = values - read_blocks(S0, S1, S2, S3, tl.zeros((C, BV), tl.float32), kg, sg0, sg1, sg2, sg3, t0, rows, rmask,
                                  h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
@@ -315,7 +316,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         # rounded to nearest for the dots that take it (the update's, the output's), which would truncate it
         U = tf32_nearest(tl.dot(Tc, beta[:, None] * Z, input_precision=PREC), PREC)
         if STEPS:
-            store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, U_SCALED)
+            store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, SCALED)
         if OUTPUT:
             O = tl.dot(tf32_nearest(load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA), PREC), U, O,
                        input_precision=PREC)
@@ -366,8 +367,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     return T, P, flags
 
 
-def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, hs_dtype: torch.dtype, scaled: bool, scaled_values: bool,
-                       final: bool = False, segments: Segments | None = None,
+def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, scaled: bool, final: bool = False,
+                       segments: Segments | None = None,
                        config: dict | None = None) -> tuple[Stored, Stored, torch.Tensor | None]:
     """``recurrence``'s h, U and with ``final`` the final state (``[N, H, K, V]`` fp32; else None), allocated (its
     launch's value blocks set the row scales'), for passes over parts of the sequences that write into the same ones."""
@@ -376,22 +377,21 @@ def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, hs_dtype: torch.dt
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     launch_cfg.pop("KB", None)
     block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
-    return (allocate((chunks.num_chunks, H, K, V), block, scaled, hs_dtype, v.device),
-            allocate((total, H, V), block, scaled_values, torch.float32, v.device),
+    return (allocate((chunks.num_chunks, H, K, V), block, scaled, torch.float32, v.device),
+            allocate((total, H, V), block, scaled, torch.float32, v.device),
             torch.empty(chunks.num_seqs, H, K, V, device=v.device, dtype=torch.float32) if final else None)
 
 
 def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks: Chunks, precision: str, *, final: bool,
-               hs_dtype: torch.dtype = torch.float32, scaled: bool = False, scaled_values: bool | None = None,
-               segments: Segments | None = None, transitions: Transitions | None = None, config: dict | None = None,
-               select: Selection | None = None, stored: tuple[Stored, Stored, torch.Tensor | None] | None = None,
+               scaled: bool = False, segments: Segments | None = None, transitions: Transitions | None = None,
+               config: dict | None = None, select: Selection | None = None,
+               stored: tuple[Stored, Stored, torch.Tensor | None] | None = None,
                output: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, states: bool = True):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G and ``intra``'s T. Returns ``(final state,
     h, U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
-    ``[NC, H, K, V]`` in ``hs_dtype`` and U ``[T, H, V]`` fp32, both ``scaled.Stored`` (None where not ``states``),
-    with ``scaled`` both row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), with ``scaled_values`` U alone
-    (None: as ``scaled``); ``segments``: the sequences cut into segments that run side by side (``chunk.segments``),
-    whose ``Transitions`` come last (None without segments).
+    ``[NC, H, K, V]`` and U ``[T, H, V]``, both ``scaled.Stored`` (None where not ``states``), fp32 or with ``scaled``
+    row-scaled fp16 (``chunk.scaled``: for "tf32" dots only); ``segments``: the sequences cut into segments that run
+    side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
     ``output``: ``(Qg, P, o)``, the forward's output formed in the pass, ``O = Qg S0 + P U`` into o (Qg = ``scale q
     e^G``, bf16 for bf16 inputs, ``front``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
     the pass and the output, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass
@@ -408,12 +408,10 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     dev = v.device
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     width = launch_cfg.pop("KB", state_width(scaled))
-    scaled_values = scaled if scaled_values is None else scaled_values
     if states:
-        hs, U, ht = stored or recurrence_outputs(keys, v, chunks, hs_dtype, scaled, scaled_values, False, segments,
-                                                 config)
+        hs, U, ht = stored or recurrence_outputs(keys, v, chunks, scaled, False, segments, config)
     else:  # placeholders no launch writes (h's shaped as its descriptor's array)
-        hs, U, ht = Stored(torch.empty(1, K, V, device=dev, dtype=hs_dtype)), Stored(v), None
+        hs, U, ht = Stored(torch.empty(1, K, V, device=dev)), Stored(v), None
     KB, C = keys.state_rows(width), chunks.size
     qg, P, o = output if output is not None else (keys.kg, T.data, v)  # pointers no launch reads without output
 
@@ -430,8 +428,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
                       (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, T.scale_ptr(), h0 if h0 is not None else hs.data,
                        ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), qgd, Pd, o,
                        over.cu, over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
-                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, H_SCALED=scaled,
-                           U_SCALED=scaled_values, T_SCALED=T.scaled, OUTPUT=steps and output is not None,
+                      dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, SCALED=scaled,
+                           T_SCALED=T.scaled, OUTPUT=steps and output is not None,
                            PREC=precision, TMA=tma, SELECT=select is not None)
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
