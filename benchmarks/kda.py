@@ -560,7 +560,8 @@ PROFILE_VARIANTS = (
         dict(exact=dict(BH=4, num_warps=2)), dict(exact=dict(BH=8, num_warps=4)), dict(exact=dict(maxnreg=128)),
         dict(inverse=dict(num_warps=2)),
         dict(below=dict(BK=32)), dict(below=dict(BK=64)), dict(below=dict(num_warps=2)), dict(below=dict(num_stages=1)),
-        dict(below=dict(num_stages=3)))
+        dict(below=dict(num_stages=3)), dict(diag=dict(maxnreg=128)), dict(diag=dict(BK=16, maxnreg=128)),
+        dict(below=dict(maxnreg=192)), dict(below=dict(maxnreg=168)), dict(below=dict(maxnreg=128)))
      for safe in (False, True)]
     + [("recurrence", cfg, False, False) for cfg in SERIAL_LAUNCHES + SEGMENTS + NARROW + POINTERS + SCALE_BLOCKS
        + (dict(KB=128), dict(segments="auto", KB=128))]

@@ -484,6 +484,20 @@ def test_enable_is_idempotent_and_disable_restores():
     assert torch.equal(tf32, ieee)      # stock behaviour is back
 
 
+def test_numpy_dtypes_are_stocks_answers():
+    from triton.runtime import interpreter as stock
+
+    interpreter.enable()
+    original = interpreter._stock("_get_np_dtype")
+    assert stock._get_np_dtype is not original      # the memo is what the interpreter calls
+    scalars = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64, tl.float16,
+               tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv]
+    types = [*scalars, *(tl.block_type(t, [4, 2]) for t in scalars), tl.pointer_type(tl.float32),
+             tl.block_type(tl.pointer_type(tl.bfloat16), [8])]
+    for _ in range(2):                               # answers made, then answers kept
+        assert [stock._get_np_dtype(t) for t in types] == [original(t) for t in types]
+
+
 def test_unknown_version_raises(monkeypatch):
     interpreter.disable()
     monkeypatch.setattr(triton, "__version__", "3.7.0")

@@ -72,11 +72,13 @@ SUB = 16
 DIAG_LAUNCH = dict(BK=32, num_warps=1)
 """``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
 launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
-0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303."""
+0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303. At most 128 registers
+0.603 against 0.605 (``results/kda_profile_intra_maxnreg_h200_session26.txt``)."""
 BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
 of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
-for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609."""
+for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609. Its registers capped
+(255 now; ``maxnreg``): 192 0.616 against 0.605, 168 0.645, 128 0.936 (``kda_profile_intra_maxnreg_h200_session26.txt``)."""
 INVERSE_LAUNCH = dict(num_warps=1)
 """``exact_inverse_kernel``'s launch (``[16, 16]`` dots): 72 registers at 1 warp; the only one timed (its kernel's
 docstring)."""
