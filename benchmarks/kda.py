@@ -65,6 +65,8 @@ SHAPES = {
     "B8_T4096_strong": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None, gate="strong"),
     "grads": dict(B=2, T=2048, H=16, K=128, V=128, lengths=None),  # gradient_errors
     "tiny": dict(B=1, T=130, H=2, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one
+    # fp16 inputs (the others are bf16): the forward's output operand ``scale q e^G`` is fp32 for them
+    "B8_T4096_fp16": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None, dtype=torch.float16),
 }
 TIMED = ("B8_T4096", "B1_T32768", "varlen8_T32768", "B8_T4096_strong")
 
@@ -149,7 +151,7 @@ def safe_options(name) -> tuple[bool, ...]:
 
 def shape_inputs(name):
     s = SHAPES[name]
-    return make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], torch.bfloat16,
+    return make_inputs(s["B"], s["T"], s["H"], s["K"], s["V"], s["lengths"], s.get("dtype", torch.bfloat16),
                        gate=s.get("gate", "logsigmoid"))
 
 
@@ -454,6 +456,7 @@ def ncu_table(path, out=None):
 CHECKS = {
     "bf16 K=V=128 l2norm tf32": dict(dtype="bf16", B=2, T=1000, H=16, K=128, V=128, l2=True),
     "bf16 K=V=128 l2norm safe tf32": dict(dtype="bf16", B=2, T=1000, H=16, K=128, V=128, l2=True, safe=-5.0),
+    "fp16 K=V=128 l2norm tf32": dict(dtype="fp16", B=2, T=1000, H=16, K=128, V=128, l2=True),
     "bf16 varlen h0 safe keep": dict(dtype="bf16", B=1, T=1500, H=16, K=128, V=128, l2=True, safe=-5.0,
                                      lengths=[0, 300, 700, 0, 500], h0=True, knobs=dict(disable_recompute=True)),
     "fp32 K=V=100 ieee gather": dict(dtype="fp32", B=1, T=300, H=4, K=100, V=100, h0=True,
@@ -591,19 +594,18 @@ PROFILE_VARIANTS = (
 
 
 def profile_data(name):
-    """Inputs and every intermediate of one shape (bf16, l2-normalized q/k), for timing stages alone."""
-    from refcheck.optimized.chunk.output import state_dtype
+    """Inputs and every intermediate of one shape (its dtype, l2-normalized q/k), for timing stages alone."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate
-    from refcheck.optimized.kda.front import front
+    from refcheck.optimized.kda.front import front, gated_dtype
     s = SHAPES[name]
     x, cu = shape_inputs(name)
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     scale = s["K"] ** -0.5
     G = gate.gate_cumsum(flat["g"], None, None, None, ch)
-    q, k, _, gated_q = front(flat["q"], flat["k"], G, True, ch, "tf32", scale, state_dtype(flat["v"].dtype))
+    q, k, _, gated_q = front(flat["q"], flat["k"], G, True, ch, "tf32", scale, gated_dtype(flat["v"].dtype, "tf32"))
     T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
@@ -683,7 +685,7 @@ def profile(names, jobs, stages=None, defaults=False):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here")
-    ap.add_argument("--shapes", nargs="*", choices=list(TIMED),
+    ap.add_argument("--shapes", nargs="*", choices=list(SHAPES),
                     help="the shapes to time (default: all) or to profile (default: B8_T4096 B1_T32768)")
     ap.add_argument("--check", action="store_true", help="correctness table instead of timing")
     ap.add_argument("--jobs", type=int, default=4)

@@ -383,16 +383,15 @@ def test_serial_passes_read_a_row_scaled_t_as_its_values():
                                          (torch.float16, 64, False)])
 def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     """The forward's front (``kda.front``) forms in one kernel q and k normalized and what ``prepare_keys`` forms apart,
-    and the output's left operand ``scale q e^G`` (bf16 for bf16 inputs, else fp32), which the serial pass reads in
-    place of q and G: packed sequences with partial and empty chunks, decay strong enough to underflow, bf16 and fp32
-    (fp64 G), K padded and of two scale blocks (where a row's norm spans both). q and k are ``x / sqrt(sum x^2 + eps)``
-    to their rounding, k's operands bitwise those that ``prepare_keys`` forms from the front's k, the left operand
-    ``scale q e^G`` rounded once on every row."""
-    from refcheck.optimized.chunk.output import state_dtype
+    and the output's left operand ``scale q e^G`` (``front.gated_dtype``: 16-bit for 16-bit inputs), which the serial
+    pass reads in place of q and G: packed sequences with partial and empty chunks, decay strong enough to underflow
+    (into fp16's subnormals), bf16, fp16 and fp32 (fp64 G), K padded and of two scale blocks (where a row's norm spans
+    both). q and k are ``x / sqrt(sum x^2 + eps)`` to their rounding, k's operands bitwise those that ``prepare_keys``
+    forms from the front's k, the left operand ``scale q e^G`` rounded once on every row."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.tiles import cumulative_gate_dtype
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.front import front
+    from refcheck.optimized.kda.front import front, gated_dtype
     from refcheck.optimized.kda.gate import gate_cumsum
     from refcheck.optimized.kda.l2norm import EPS
     gen = torch.Generator().manual_seed(17)
@@ -404,8 +403,8 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     G = gate_cumsum(-10 * torch.rand(T, H, K, generator=gen), None, None, None, chunks,
                     dtype=cumulative_gate_dtype(dtype))
-    gated_dtype = state_dtype(dtype)
-    qn, kn, keys, gated = front(q, k, G, l2, chunks, "tf32", scale, gated_dtype)
+    left = gated_dtype(dtype, "tf32")
+    qn, kn, keys, gated = front(q, k, G, l2, chunks, "tf32", scale, left)
     if l2:
         for mine, x in ((qn, q), (kn, k)):  # one rounding to dtype after a few fp32 ones
             x = x.double()
@@ -417,9 +416,20 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
         assert (x is None and y is None) or torch.equal(x, y)
     # every row written: rounded once to its dtype, the exponent G to fp32 (``tiles.decay``), what underflows lost
     exact = qn.double() * torch.exp(G.double()) * scale
-    eps = max(torch.finfo(gated_dtype).eps / 2, 2.0 ** -22)  # one rounding to gated_dtype, or fp32's few
-    bound = exact.abs() * (eps + G.double().abs() * 2.0 ** -23) + 2.0 ** -126
+    eps = max(torch.finfo(left).eps / 2, 2.0 ** -22)  # one rounding to its dtype, or fp32's few
+    subnormal = torch.finfo(left).smallest_normal * torch.finfo(left).eps / 2  # half a subnormal step (fp16: 2^-25)
+    bound = exact.abs() * (eps + G.double().abs() * 2.0 ** -23) + max(2.0 ** -126, subnormal)
     assert bool(((gated.double() - exact).abs() <= bound).all()) and bool((exact.abs() < 2.0 ** -126).any())
+
+
+def test_the_outputs_left_operand_is_16_bit_only_where_the_dot_takes_tf32():
+    """``scale q e^G`` is rounded to a 16-bit input's dtype (exact in "tf32", which would truncate it in fp32) and
+    stays fp32 for fp32 inputs and under "ieee" and "tf32x3", which take the product as it is."""
+    from refcheck.optimized.kda.front import gated_dtype
+    assert [gated_dtype(d, "tf32") for d in (torch.bfloat16, torch.float16, torch.float32)] == [
+        torch.bfloat16, torch.float16, torch.float32]
+    assert {gated_dtype(d, p) for d in (torch.bfloat16, torch.float16, torch.float32) for p in ("ieee", "tf32x3")} == {
+        torch.float32}
 
 
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])

@@ -15,7 +15,6 @@ import torch
 from refcheck.references.contract import check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
-from ..chunk.output import state_dtype
 from ..chunk.prepared import prepare_keys
 from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, Transitions, plan
@@ -24,7 +23,7 @@ from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, SideStream, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, dstate_outputs, grads
 from .chunk_fwd import CHUNK, below_kernel, intra, recurrence, recurrence_outputs
-from .front import front
+from .front import front, gated_dtype
 from .gate import gate_backward, gate_cumsum, gate_forward_kernel
 from .l2norm import l2norm_backward
 
@@ -113,13 +112,14 @@ class KdaFunction(torch.autograd.Function):
         q, k, v, g = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v, g))
         beta = beta.reshape(B * T, H).contiguous()
         # the output formed in the serial pass (``chunk_fwd.recurrence``'s ``output``), its state term's left operand
-        # ``scale q e^G`` from the front (``front``: with q and k normalized and the pass's operands), bf16 for bf16
-        # inputs, else fp32 (``chunk.output.state_dtype``: 16 bits where the range is fp32's; a "tf32" dot keeps bf16's
-        # 8 bits); kept for the backward (``disable_recompute``), the states and U fp32 (else recomputed there)
+        # ``scale q e^G`` from the front (``front``: with q and k normalized and the pass's operands), 16-bit for
+        # 16-bit inputs under "tf32" (``front.gated_dtype``); kept for the backward (``disable_recompute``), the
+        # states and U fp32 (else recomputed there)
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         G = gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype))
-        qn, kn, keys, gated_q = front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale, state_dtype(q.dtype))
+        qn, kn, keys, gated_q = front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale,
+                                       gated_dtype(q.dtype, cfg.precision))
         Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
         o = torch.empty_like(v)
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,

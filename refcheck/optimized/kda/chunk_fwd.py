@@ -285,7 +285,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
     at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = Qg S0 + P U`` into o (``Qg = scale q
-    e^G``, bf16 for bf16 inputs, ``state.gated_blocks``; P fp32).
+    e^G``, 16-bit for 16-bit inputs, ``front.gated_dtype``, ``state.gated_blocks``; P fp32).
     ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
     ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
     (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
@@ -395,7 +395,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     row-scaled fp16 (``chunk.scaled``: for "tf32" dots only); ``segments``: the sequences cut into segments that run
     side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
     ``output``: ``(Qg, P, o)``, the forward's output formed in the pass, ``O = Qg S0 + P U`` into o (Qg = ``scale q
-    e^G``, bf16 for bf16 inputs, ``front``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
+    e^G``, ``front.gated_dtype``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
     the pass and the output, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass
     storing h in bf16 and U row-scaled, an output kernel reading them), 0.619 fused with T in fp32 (123 KB of shared
     memory, one program an SM), 0.412 with T row-scaled fp16 (115.6 KB, two an SM; the forward 1.645 -> 1.449 ms).
