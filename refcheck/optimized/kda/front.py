@@ -95,9 +95,9 @@ def gated_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
     fp16 (8 and 10 bits, rounded to nearest) are exact in it, and take half the shared memory: at fp16 inputs the
     pass with an fp32 operand needed 132 KB, one program an SM, where 115.6 KB fit two (H200, B=8, T=4096, H=16,
     K=V=128, ``results/kda_kernels_fp16_h200_session26.txt``: the pass 0.631 -> 0.410 ms, the front 0.372 -> 0.334,
-    the forward 1.725 -> 1.467 as bf16's 1.471; o's error against float64 6.1e-4 -> 6.0e-4). fp16 keeps
-    its relative accuracy down to 6.1e-5; the terms below it (decays under e^-7 times the scale) lose it, at an
-    absolute error under 6e-8 of the state's size. "ieee" and "tf32x3" take the fp32 product as it is."""
+    the forward 1.725 -> 1.467 as bf16's 1.471; o's error against float64 6.1e-4 -> 6.0e-4). fp16 keeps its relative
+    accuracy down to 6.1e-5; the entries below it (at K = 128 and unit q, decays under about e^-7) lose it, each at an
+    absolute error of at most 2^-25. "ieee" and "tf32x3" take the fp32 product as it is."""
     return dtype if dtype in (torch.bfloat16, torch.float16) and precision == "tf32" else torch.float32
 
 
