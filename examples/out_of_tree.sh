@@ -39,8 +39,7 @@ if [ "$mode" != check ]; then
     cp -r "$repo/." "$work/src"
   fi
   python3 -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
-  python3 -m venv "$work/venv"
-  "$work/venv/bin/python" -m pip install -q --upgrade pip
+  python3 -m venv "$work/venv"            # with its own pip, as a new user's venv has it
   wheel=$(ls "$work"/dist/refcheck-*.whl)
   "$work/venv/bin/python" -m pip install -q torch==2.13.0 "${wheel}[pytest]"
 fi
