@@ -207,9 +207,9 @@ def rows_dot(Z, S, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: 
 def gated_rows_dot(O, S, x, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """``O + x_b S_b``, ``[C, BV]``, for block kb of an operand x stored as it is (``tiles.load_rows_stored``; KDA's
     ``scale q e^G``, 16-bit for 16-bit inputs, ``kda.front.gated_dtype``), at ``PREC`` (a 16-bit x exact in "tf32").
-    A 16-bit dot with the state rounded to x's dtype, as KDA's output pass took the states it stored in bf16, was faster (H200,
-    B=8, T=4096, H=16, K=V=128: the pass 0.412 -> 0.388 ms) but computed garbage at value blocks of 32 (Triton 3.6:
-    o ~1e37 at B=2, T=1024, bf16; an illegal memory access in a profile run)."""
+    A 16-bit dot with the state rounded to x's dtype, as KDA's output pass took the states it stored in bf16, was
+    faster (H200, B=8, T=4096, H=16, K=V=128: the pass 0.412 -> 0.388 ms) but computed garbage at value blocks of 32
+    (Triton 3.6: o ~1e37 at B=2, T=1024, bf16; an illegal memory access in a profile run)."""
     X = load_rows_stored(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA)
     return tl.dot(X.to(tl.float32), S, O, input_precision=PREC)
 
