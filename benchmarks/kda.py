@@ -588,7 +588,8 @@ PROFILE_VARIANTS = (
                                                            dict(BV=32, num_warps=8), dict(num_stages=2))]
     + [("prepare_with_q", cfg, False, False) for cfg in (dict(), dict(num_warps=2), dict(num_warps=4),
                                                           *SCALE_BLOCKS[:1])]
-    + [("front", cfg, False, False) for cfg in (dict(), dict(num_warps=4), dict(num_warps=16), dict(num_stages=2))]
+    + [("front", cfg, False, False) for cfg in (dict(), dict(num_warps=4), dict(num_warps=16), dict(num_stages=2),
+                                                 dict(maxnreg=128), dict(read_gate=True))]
     + [("gate", dict(), False, False)]
 )
 
@@ -597,15 +598,15 @@ def profile_data(name):
     """Inputs and every intermediate of one shape (its dtype, l2-normalized q/k), for timing stages alone."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda import chunk_bwd, chunk_fwd, gate
+    from refcheck.optimized.kda import chunk_bwd, chunk_fwd
     from refcheck.optimized.kda.front import front, gated_dtype
     s = SHAPES[name]
     x, cu = shape_inputs(name)
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     scale = s["K"] ** -0.5
-    G = gate.gate_cumsum(flat["g"], None, None, None, ch)
-    q, k, _, gated_q = front(flat["q"], flat["k"], G, True, ch, "tf32", scale, gated_dtype(flat["v"].dtype, "tf32"))
+    q, k, _, gated_q, G = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", scale,
+                                gated_dtype(flat["v"].dtype, "tf32"))
     T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
@@ -654,8 +655,11 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=d["q"], config=(prep or {}) | cfg)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
-    assert stage == "front", stage  # the forward's: q and k normalized, k's operands, the output's left operand
-    return lambda: front(f["q"], f["k"], d["G"], True, ch, "tf32", sc, d["gated_q"].dtype, cfg)
+    # the forward's: G from g (``read_gate``: G given, as the gate's kernel forms it), q and k normalized, k's operands,
+    # the output's left operand
+    assert stage == "front", stage
+    G = d["G"] if cfg.pop("read_gate", False) else None
+    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", sc, d["gated_q"].dtype, cfg, G=G)
 
 
 def profile(names, jobs, stages=None, defaults=False):

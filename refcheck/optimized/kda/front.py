@@ -1,20 +1,25 @@
-"""The forward's front: q and k normalized and the operands that the serial pass reads, in one pass.
+"""The forward's front: the cumulative gate, q and k normalized and the operands that the serial pass reads, in one pass.
 
 One program per chunk of C tokens, head and column block of ``KB`` channels (the prepared operands' scale blocks,
-``chunk.prepared``), from q and k as given and the cumulative gate G (``gate.gate_cumsum``), with
-``r = (sum_d x_d^2 + eps)^{-1/2}`` over a row's K channels (``l2norm``):
+``chunk.prepared``), from q, k and the log-decay g as given, with ``r = (sum_d x_d^2 + eps)^{-1/2}`` over a row's K
+channels (``l2norm``):
 
+    G      = the chunk-local cumulative sum of g   fp32 (``gate.chunk_cumsum``; given instead for fp32 inputs, whose G
+                                                 is fp64, and for the gate's function in the kernel: ``gate.gate_cumsum``)
     qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied)
     kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.chunk_decays``, ``prepared.store_key_operands``)
     gq     = scale qn e^G                the output's state term's left operand (``tiles.gated_left``;
                                          ``chunk_fwd.recurrence``'s ``output``), in ``gated_dtype``
 
-qn and kn are stored for ``intra`` and the backward; kg, kd and gq are formed from
-them as stored (rounded to q's dtype first), so they are bitwise what ``prepare_keys`` and ``gated_left`` form from
-the stored qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written and
-read back: measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128), 0.137 + 0.266 ms apart, 0.340 here.
-G stays a kernel of its own: its cumulative sum over a chunk's rows in this kernel's ``[64, 128]`` tiles (rows
-across its 8 warps) took 0.34 ms more, where ``gate_cumsum`` takes 0.116 (``results/kda_front_h200_session24.txt``).
+G, qn and kn are stored for ``intra``, the serial pass and the backward; kg, kd and gq are formed from them as stored
+(qn and kn rounded to q's dtype first, G read back), so they are bitwise what ``prepare_keys`` and ``gated_left`` form
+from the stored G, qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written
+and read back: measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128), 0.137 + 0.266 ms apart, 0.340 here.
+G is summed by tensor-core dots (``tl.cumsum`` over the rows of this kernel's ``[64, 128]`` tiles, spread over its 8
+warps, took 0.34 ms more, ``results/kda_front_h200_session24.txt``), stored, and read back after a barrier: held in
+registers through the rest, the sum's tile took the kernel from 128 to 203 registers (one program an SM) and 0.745 ms,
+0.590 at most 128 (spilling); read back, 0.409 against 0.335 + 0.111 for this kernel and ``gate_cumsum`` apart (the
+forward 1.456 -> 1.416 ms, ``results/kda_kernels_front_gate_h200_session27.txt``).
 """
 from __future__ import annotations
 
@@ -33,13 +38,15 @@ from ..chunk.prepared import (
     store_key_operands,
 )
 from ..chunk.state import state_blocks
-from ..chunk.tiles import chunk_rows, gated_left, load_tile, store_tile
+from ..chunk.tiles import chunk_rows, gated_left, load_tile, store_tile, tile_ptrs
 from ..common import Chunks, launch
+from .gate import chunk_cumsum
 from .l2norm import EPS, inverse_norm
 
 FRONT_LAUNCH = PREPARE_LAUNCH
 """As ``prepare_kernel``'s, whose tiles and stores it forms with q's and the norms: measured on an H200 (bf16, B=8,
-T=4096, H=16, K=128) 0.340 ms at 8 warps (128 registers), 0.340 at 16, 0.536 at 4; two load stages 0.340."""
+T=4096, H=16, K=128) 0.340 ms at 8 warps (128 registers), 0.340 at 16, 0.536 at 4; two load stages 0.340. With G
+summed in it: 0.412 at 8 warps (128 registers), 0.511 at 16, 0.726 at 4, 0.412 at two load stages."""
 
 
 @triton.jit
@@ -73,15 +80,27 @@ def normalized(x_ptr, out_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB: tl.co
 
 
 @triton.jit
-def front_kernel(q_ptr, k_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, cu_ptr, seq_ptr, start_ptr,
-                 scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, L2NORM: tl.constexpr):
-    """One chunk, head and column block: kn and k's operands, then qn and the output's left operand (the module
-    docstring)."""
+def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.constexpr):
+    """A chunk's cumulative gate tile ``[C, KB]`` (fp32) from g as stored (``gate.chunk_cumsum``), stored into G, then a
+    barrier: the program's threads read it back (``prepared.chunk_decays``) where others wrote it."""
+    x = tl.load(tile_ptrs(g_ptr, rows, h, H, K, cols), mask=rmask[:, None] & cmask[None, :], other=0.0)
+    store_tile(G_ptr, chunk_cumsum(x, C), rows, rmask, h, H, K, cols, cmask)
+    tl.debug_barrier()
+
+
+@triton.jit
+def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, cu_ptr, seq_ptr,
+                 start_ptr, scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                 L2NORM: tl.constexpr, CUMSUM: tl.constexpr):
+    """One chunk, head and column block: with ``CUMSUM`` G from g (``chunk_gate``), else G read; kn and k's operands,
+    then qn and the output's left operand (the module docstring)."""
     t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
     kb = tl.program_id(2)
     cols = kb * KB + tl.arange(0, KB)
     cmask = cols < K
+    if CUMSUM:
+        store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C)
     eG, eD = chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask)
     k = normalized(k_ptr, kn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
@@ -103,27 +122,31 @@ def gated_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
 
 class Front(NamedTuple):
     """What the forward's front forms (``[T, H, K]`` each): q and k as the forward reads them (normalized, or as
-    given), k's prepared operands and the output's left operand ``scale q e^G``."""
+    given), k's prepared operands, the output's left operand ``scale q e^G`` and the cumulative gate G."""
 
     q: torch.Tensor
     k: torch.Tensor
     keys: PreparedKeys
     gated_q: torch.Tensor
+    G: torch.Tensor
 
 
-def front(q, k, G, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype,
-          config: dict | None = None) -> Front:
+def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype,
+          config: dict | None = None, G: torch.Tensor | None = None) -> Front:
     """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
-    cumulative gate G; ``gated_dtype``: the output's left operand's. ``config`` overrides the launch
-    (``num_warps``, ``num_stages``)."""
+    log-decay g ``[T, H, K]`` (any kernel dtype), whose fp32 cumulative gate it forms (``store_chunk_gate``), or ``G`` given
+    (``gate.gate_cumsum``: an fp64 G, or the gate's function formed first; g is not read then); ``gated_dtype``: the
+    output's left operand's. ``config`` overrides the launch (``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
     keys = allocate_keys(total, H, K, precision, k.device)
     gated_q = torch.empty(q.shape, device=q.device, dtype=gated_dtype)
+    cumsum = G is None
+    G = torch.empty(g.shape, device=g.device, dtype=torch.float32) if G is None else G
     KB, NKB = state_blocks(K, maximum=SCALE_BLOCK)
     if chunks.num_chunks and H:
         launch(front_kernel, (chunks.num_chunks, H, NKB),
-               (q, k, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q, chunks.cu, chunks.seq, chunks.start,
+               (q, k, g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q, chunks.cu, chunks.seq, chunks.start,
                 scale, EPS, H, K),
-               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm), [FRONT_LAUNCH | (config or {})])
-    return Front(qn, kn, keys, gated_q)
+               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum), [FRONT_LAUNCH | (config or {})])
+    return Front(qn, kn, keys, gated_q, G)
