@@ -605,9 +605,9 @@ def profile_data(name):
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     scale = s["K"] ** -0.5
-    q, k, _, gated_q, G = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", scale,
-                                gated_dtype(flat["v"].dtype, "tf32"))
-    T, P, flags = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, False, "tf32")
+    q, k, _, gated_q, G, flags = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", scale,
+                                       gated_dtype(flat["v"].dtype, "tf32"), False)
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, flags, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
@@ -630,7 +630,8 @@ def profile_stage(d, stage, cfg, safe, gather):
     n = segment_length(ch, d["k"].shape[1], f["v"].shape[-1]) if n == "auto" else n
     segs = split(ch, n) if n else None
     if stage == "intra":
-        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, safe, "tf32", cfg)
+        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, None if safe else d["flags"], "tf32",
+                                       cfg)
     # the forward's segment maps and entry states, for the backward's passes over the same segments
     trans = (chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=False,
                                   segments=segs)[3] if segs is not None and stage.endswith("_from_forward") else None)
@@ -659,7 +660,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     # the output's left operand
     assert stage == "front", stage
     G = d["G"] if cfg.pop("read_gate", False) else None
-    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", sc, d["gated_q"].dtype, cfg, G=G)
+    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", sc, d["gated_q"].dtype, safe, cfg, G=G)
 
 
 def profile(names, jobs, stages=None, defaults=False):

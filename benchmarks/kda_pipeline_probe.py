@@ -27,8 +27,8 @@ PREC = "tf32"
 
 def stages(q, k, v, g, beta, o, ht, nseq, config=None, mark=None):
     chunks = make_chunks(nseq, T, None, CHUNK, q.device)
-    qn, kn, keys, gq, G = front(q, k, g, True, chunks, PREC, K ** -0.5, gated_dtype(q.dtype, PREC))
-    Tm, P, _ = intra(qn, kn, G, beta, chunks, K ** -0.5, False, PREC)
+    qn, kn, keys, gq, G, flags = front(q, k, g, True, chunks, PREC, K ** -0.5, gated_dtype(q.dtype, PREC), False)
+    Tm, P = intra(qn, kn, G, beta, chunks, K ** -0.5, flags, PREC)
     if mark is not None:
         mark.record()
     fin, *_ = recurrence(keys, v, G, beta, Tm, None, chunks, PREC, final=True, output=(gq, P, o), states=False,

@@ -22,6 +22,13 @@ TOL = {("fp32", "ieee"): 2e-5, ("fp32", "tf32x3"): 2e-5, ("fp32", "tf32"): 6e-3,
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def front_flags(q, k, G, chunks):
+    """The sub-chunks flagged for exact diagonal sums (``blocks.span_flags``), as the forward's front finds them before
+    ``intra``, for tests that call ``intra`` alone."""
+    from refcheck.optimized.kda.front import front
+    return front(q, k, None, False, chunks, "tf32", 1.0, torch.float32, False, G=G).flags
+
+
 def rel(x, ref):
     return float((x.detach().double() - ref.detach()).norm() / ref.detach().norm().clamp_min(1e-30))
 
@@ -256,7 +263,7 @@ def test_backward_intermediates_are_row_scaled_fp16_under_tf32():
     beta = torch.rand(T, H, generator=gen)
     chunks = make_chunks(1, T, None, 64, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, front_flags(q, k, G, chunks), "tf32")
     keys = prepare_keys(k, G, chunks, "tf32", q=q)
     stored = {}
     for scaled in (False, True):
@@ -326,7 +333,7 @@ def test_forward_pass_output_is_its_operands_products(block):
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), C, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     gated = (K ** -0.5 * q * G.exp()).float()
-    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, front_flags(q, k, G, chunks), "tf32")
     o = torch.full_like(v, float("nan"))
     _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, h0, chunks, "tf32", final=False,
                              config=dict(BV=block), output=(gated, P, o))
@@ -363,7 +370,7 @@ def test_serial_passes_read_a_row_scaled_t_as_its_values():
     h0, dht = (torch.randn(len(lengths), H, K, V, generator=gen) for _ in range(2))
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, front_flags(q, k, G, chunks), "tf32")
     assert Tm.scaled and Tm.data.dtype == torch.float16 and bool((Tm.scales >= 1).all())
     Tm = Stored(Tm.data, Tm.scales * 2.0 ** torch.randint(-3, 7, Tm.scales.shape, generator=gen), Tm.block)
     keys = prepare_keys(k, G, chunks, "tf32", q=q)
@@ -406,7 +413,7 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64) if cumulative_gate_dtype(dtype) == torch.float64 \
         else None
     left = gated_dtype(dtype, "tf32")
-    qn, kn, keys, gated, G = front(q, k, g, l2, chunks, "tf32", scale, left, G=G)
+    qn, kn, keys, gated, G, _ = front(q, k, g, l2, chunks, "tf32", scale, left, True, G=G)
     if l2:
         for mine, x in ((qn, q), (kn, k)):  # one rounding to dtype after a few fp32 ones
             x = x.double()
@@ -441,7 +448,7 @@ def test_the_fronts_cumulative_gate_is_within_three_ulps_of_the_exact_sums(dtype
     chunks = make_chunks(1, T, starts, 64, "cpu")
     g = (-torch.rand(T, H, K, generator=gen) * 10.0 ** torch.randint(-3, 1, (T, H, K), generator=gen)).to(dtype)
     q, k = (torch.randn(T, H, K, generator=gen).to(torch.bfloat16) for _ in range(2))
-    G = front(q, k, g, True, chunks, "tf32", K ** -0.5, gated_dtype(q.dtype, "tf32"))[4]
+    G = front(q, k, g, True, chunks, "tf32", K ** -0.5, gated_dtype(q.dtype, "tf32"), True).G
     exact = torch.empty(T, H, K, dtype=torch.float64)
     for s, e in zip(starts[:-1].tolist(), starts[1:].tolist()):
         for t0 in range(s, e, 64):
@@ -484,7 +491,8 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
     g = -torch.rand(T, H, K, generator=gen)
     G = gate_cumsum(g, None, None, None, chunks)
-    Tm, P, flags = intra(q, k, G, beta, chunks, K ** -0.5, False, precision)
+    flags = front_flags(q, k, G, chunks)
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, flags, precision)
     keys = prepare_keys(k, G, chunks, precision, q=q)
     assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm.data, [64, 1, 64]))[0]
     gated = (K ** -0.5 * q * G.exp()).to(torch.bfloat16)  # the forward's output term's left operand, bf16 inputs
@@ -521,7 +529,7 @@ def test_serial_passes_keep_state_blocks_within_scale_blocks():
     beta = torch.rand(T, H, generator=gen)
     chunks = make_chunks(1, T, None, 64, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    Tm, P, _ = intra(q, k, G, beta, chunks, K ** -0.5, False, "tf32")
+    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, front_flags(q, k, G, chunks), "tf32")
     runs = []
     for block in (64, 128):
         keys = prepare_keys(k, G, chunks, "tf32", q=q, config=dict(SB=block))
@@ -665,25 +673,27 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
 STRONG_EVERYWHERE = (slice(None), slice(None))  # every head and channel
 
 
-@pytest.mark.parametrize("lengths, strong, safe, precision", [
-    ([150], False, False, "ieee"),
-    ([40, 0, 27, 83], STRONG_EVERYWHERE, False, "ieee"),  # strong decay where sequences end inside chunks (partial sub-chunks)
-    ([150], STRONG_EVERYWHERE, False, "tf32"),
-    ([150], (slice(None), slice(32, None)), False, "ieee"),  # past the channels diag_kernel reads first (first_span)
-    ([150], (1, slice(None)), False, "ieee"),  # one head of an exact_kernel program flagged, the others' blocks kept
-    ([77, 73], False, True, "tf32x3"),
+@pytest.mark.parametrize("lengths, strong, safe, precision, K", [
+    ([150], False, False, "ieee", 40),
+    ([40, 0, 27, 83], STRONG_EVERYWHERE, False, "ieee", 40),  # strong decay where sequences end inside chunks
+    ([150], STRONG_EVERYWHERE, False, "tf32", 40),
+    ([150], (slice(None), slice(32, None)), False, "ieee", 40),  # past the channels diag_kernel's first tile holds
+    ([150], (slice(None), slice(140, None)), False, "ieee", 160),  # in the second of the front's column blocks alone
+    ([150], (1, slice(None)), False, "ieee", 40),  # one head of an exact_kernel program flagged, the others' blocks kept
+    ([77, 73], False, True, "tf32x3", 40),
 ])
-def test_intra_factors_match_float64(lengths, strong, safe, precision):
+def test_intra_factors_match_float64(lengths, strong, safe, precision, K):
     """``chunk_fwd.intra``'s T and P, row by row, against float64: per chunk ``A_ij = sum_d k_id k_jd e^{G_id - G_jd}``
     (j < i), ``P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}`` (j <= i), ``T = (I + Diag(beta) A)^{-1}``, zeros above
     the diagonal; the flags mark exactly the sub-chunks whose decay exceeds ``DIAG_SPAN`` (the strong decay's here, none at
-    the weak one). ``strong``: the heads and channels whose decay is strong in rows 20-59. Three heads: an exact rows'
-    program takes four at K = 40 (``chunk_fwd.exact_launch``), so one lane of heads is masked off."""
+    the weak one; found by the front, ``front_flags``). ``strong``: the heads and channels whose decay is strong in rows
+    20-59. Three heads: an exact rows' program takes four at K = 40 (``chunk_fwd.exact_launch``), so one lane of heads
+    is masked off; at K = 160 the front's programs take two column blocks of 128."""
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra
     from refcheck.optimized.kda.gate import gate_cumsum
     gen = torch.Generator().manual_seed(7)
-    T, H, K = sum(lengths), 3, 40
+    T, H = sum(lengths), 3
     q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
     beta = torch.rand(T, H, generator=gen)
     g = -0.2 * torch.rand(T, H, K, generator=gen)  # weak: the blocks far below the diagonal carry weight
@@ -693,7 +703,8 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision):
     chunks = make_chunks(1, T, cu, 64, "cpu")
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)
     scale = K ** -0.5
-    Tm, P, flags = intra(q, k, G, beta, chunks, scale, safe, precision)
+    flags = None if safe else front_flags(q, k, G, chunks)
+    Tm, P = intra(q, k, G, beta, chunks, scale, flags, precision)
     assert Tm.scaled == (precision == "tf32")
     if Tm.scaled:  # each row's largest entry in [1/2, 1] of its scale
         peak = Tm.data.float().abs().amax(-1)

@@ -71,12 +71,18 @@ def store_prepared(x_ptr, s_ptr, x, rows, rmask, h, H, K, kb, NKB, cols, cmask):
 
 
 @triton.jit
-def chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask):
-    """A chunk's decays ``[C, KB]`` from its cumulative gate G in memory (its rows ``grows`` clamped to the last, n
-    rows from token t0): ``(e^G, e^{G_last - G})`` in fp32, each exponent taken in G's dtype (``tiles.decay``)."""
-    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
-    G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask)
+def decays(G, G_last):
+    """``(e^G, e^{G_last - G})`` ``[C, KB]`` in fp32 from a chunk's cumulative gate tile and its last row ``[KB]``,
+    each exponent taken in G's dtype (``tiles.decay``)."""
     return decay(G), decay(G_last[None, :] - G)
+
+
+@triton.jit
+def chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask):
+    """A chunk's ``decays`` from its cumulative gate G in memory (its rows ``grows`` clamped to the last, n rows from
+    token t0)."""
+    return decays(load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask),
+                  load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask))
 
 
 @triton.jit

@@ -120,9 +120,9 @@ class KdaFunction(torch.autograd.Function):
         # G in the front (fp32 for 16-bit q, without the gate's function), else by the gate's kernel
         G = (None if cumulative_gate_dtype(q.dtype) == torch.float32 and not cfg.use_gate else
              gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)))
-        qn, kn, keys, gated_q, G = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale,
-                                          gated_dtype(q.dtype, cfg.precision), G=G)
-        Tm, P, flags = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, cfg.safe_gate, cfg.precision)
+        qn, kn, keys, gated_q, G, flags = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale,
+                                                 gated_dtype(q.dtype, cfg.precision), cfg.safe_gate, G=G)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision)
         o = torch.empty_like(v)
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                       segments=cfg.segments, output=(gated_q, P, o), states=cfg.keep)

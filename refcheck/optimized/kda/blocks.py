@@ -12,7 +12,8 @@ Split as FLA's forward splits them (``chunk_fwd.intra``'s launches):
 
 * the diagonal blocks, one program per sub-chunk (``diag_block``): by dots against the block's middle row m,
   ``e^{G_i - G_m} e^{G_m - G_j}``, trusted where the decay inside the block allows it (``max |G - G_m| <=
-  DIAG_SPAN``, always under safe_gate's promise; ``subchunk``'s docstring has the bounds), at ``DPREC``; elsewhere
+  DIAG_SPAN``, always under safe_gate's promise; ``subchunk``'s docstring has the bounds; the front flags the others,
+  ``span_flags``), at ``DPREC``; elsewhere
   (the general path's flagged sub-chunks, in a kernel of their own: ``chunk_fwd.exact_kernel``) exactly, a row at a
   time, every factor ``e^{G_i - G_j}`` in (0, 1], for any decay. Then the block's inverse ``T_bb = (I + L_bb)^{-1}`` by
   exact doubling (``unit_inverse``).
@@ -33,7 +34,7 @@ import triton.language as tl
 
 from ..chunk.scaled import pow2_at_or_above, pow2_reciprocal
 from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile
-from .subchunk import level_pairs, sub_rows
+from .subchunk import DIAG_SPAN, level_pairs, sub_rows
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
 
@@ -55,13 +56,11 @@ def ref_row(G_ptr, t0, n, r, h, H, K, cols, cmask):
 
 @triton.jit
 def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
-    """``(A_ss, P_ss, span)``: sub-chunk s's diagonal blocks of A (strictly lower) and P (lower, unscaled) by dots
-    against its middle row m, and the largest ``|G - G_m|`` of its rows: where it exceeds ``DIAG_SPAN`` the dots are
-    not to be trusted (module docstring)."""
+    """``(A_ss, P_ss)``: sub-chunk s's diagonal blocks of A (strictly lower) and P (lower, unscaled) by dots against its
+    middle row m (trusted where the sub-chunk's span allows them, ``span_flags``)."""
     i = tl.arange(0, BC)
     A = tl.zeros((BC, BC), tl.float32)
     P = tl.zeros((BC, BC), tl.float32)
-    span = tl.zeros((BC, BK), tl.float32)
     for c0 in range(0, K, BK):
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
@@ -71,21 +70,23 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
         right = tl.trans(k * decay(-d))
         A += tl.dot(k * el, right, input_precision=DPREC)
         P += tl.dot(q * el, right, input_precision=DPREC)
-        span = tl.maximum(span, tl.abs(d).to(tl.float32))  # G is fp64 for fp32 inputs
-    return (tl.where(i[:, None] > i[None, :], A, 0.0), tl.where(i[:, None] >= i[None, :], P, 0.0),
-            tl.max(tl.max(span, axis=1), axis=0))
+    return tl.where(i[:, None] > i[None, :], A, 0.0), tl.where(i[:, None] >= i[None, :], P, 0.0)
 
 
 @triton.jit
-def first_span(G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr):
-    """``diag_block``'s span over the first BK channels alone (at most K), read from G before any dot: a lower bound
-    of the whole span, which under strong decay mostly exceeds ``DIAG_SPAN`` already."""
-    cols = tl.arange(0, BK)
-    cmask = cols < K
-    _, _, _, grows = sub_rows(t0, n, s, BC)
-    d = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask) - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K,
-                                                                             cols, cmask)
-    return tl.max(tl.max(tl.abs(d).to(tl.float32), axis=1), axis=0)  # G is fp64 for fp32 inputs
+def span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C: tl.constexpr, BC: tl.constexpr):
+    """Flag the sub-chunks of chunk c whose diagonal blocks the dots against the middle row m would not give: bit s of
+    ``flag[c, h]`` (OR-ed in) where ``max |G - G_m|`` over sub-chunk s's rows and the tile's channels exceeds
+    ``DIAG_SPAN``, from the chunk's tile ``G [C, KB]`` (rows clamped to the last valid one), in the program that
+    holds it (``front.front_kernel``; a row's channel blocks in programs of their own each OR their bits)."""
+    i = tl.arange(0, C)
+    mid = t0 + tl.minimum((i // BC) * BC + BC // 2, n - 1)
+    rows = tl.max(tl.abs(G - load_gate(G_ptr, mid, mid >= 0, h, H, K, cols, cmask)).to(tl.float32), axis=1)
+    span = tl.max(tl.reshape(rows, (NB, BC)), axis=1)  # G is fp64 for fp32 inputs
+    s = tl.arange(0, NB)
+    bits = tl.sum(tl.where((span <= DIAG_SPAN) | (s * BC >= n), 0, 1 << s), axis=0)  # a NaN span flagged too
+    if bits != 0:
+        tl.atomic_or(flag_ptr + c.to(tl.int64) * H + h, bits)
 
 
 @triton.jit

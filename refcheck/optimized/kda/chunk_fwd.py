@@ -57,7 +57,6 @@ from .blocks import (
     below_inverse,
     block_beta,
     diag_block,
-    first_span,
     load_block,
     store_below,
     store_block,
@@ -65,7 +64,7 @@ from .blocks import (
     store_t_rows,
     store_zeros_right,
 )
-from .subchunk import DIAG_SPAN, diag_precision
+from .subchunk import diag_precision
 
 CHUNK = 64
 SUB = 16
@@ -167,28 +166,23 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, s
                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
     A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
-    Without ``SAFE``, a sub-chunk whose decay exceeds ``DIAG_SPAN`` is left to ``exact_kernel``: bit s of ``flag[c, h]``
-    set (the backward sums the flagged chunks' diagonal blocks exactly too). Its first channels' span is read first
-    (``blocks.first_span``): a sub-chunk flagged by them forms no dots, where it formed them all to discard them (H200,
-    B=8, T=4096, H=16, K=128, ``results/kda_kernels_first_span_h200_session21.txt``: under strong decay 0.220 -> 0.072
-    ms, at normal decay 0.264 -> 0.279)."""
+    Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
+    ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
+    exactly too). Its span found here before (the first channels' first, ``kda_kernels_first_span_h200_session21.txt``),
+    this kernel took 0.272 ms at normal decay against 0.233 without (H200, B=8, T=4096, H=16, K=128,
+    ``results/kda_kernels_span_flags_h200_session27.txt``)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if s * BC < n:
         dots = True
-        if not SAFE:  # no dots where the first channels' span already rules them out
-            dots = first_span(G_ptr, t0, n, s, h, H, K, BC, BK) <= DIAG_SPAN
+        if not SAFE:
+            dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
-            A, P, span = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
-            if not SAFE:
-                dots = span <= DIAG_SPAN
-            if dots:
-                store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
-                store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
-        if not dots:
-            tl.atomic_or(flag_ptr + c.to(tl.int64) * H + h, 1 << s)
+            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
+            store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
+            store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
 
 
@@ -329,14 +323,15 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
 
-def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: str, config: dict | None = None):
-    """``(T, P, flags)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each: T a
-    ``scaled.Stored``, fp32 or under "tf32" row-scaled fp16 (the serial passes read it as a "tf32" dot's operand,
-    ``chunk.scaled``), P fp32; and (None under safe_gate) where the diagonal blocks were summed exactly, int32
-    ``[NC, H]``, bit s for sub-chunk s (the backward sums a flagged chunk's alike, ``chunk_bwd.grads``). The diagonal
-    blocks (``diag_kernel``; T's into an array of their own, ``[T, H, 16]``), without safe_gate the flagged ones again
-    exactly (``exact_kernel``) and their inverses (``exact_inverse_kernel``), then the blocks below them and T whole
-    (``below_kernel``).
+def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | None, precision: str,
+          config: dict | None = None):
+    """``(T, P)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each: T a ``scaled.Stored``,
+    fp32 or under "tf32" row-scaled fp16 (the serial passes read it as a "tf32" dot's operand, ``chunk.scaled``), P
+    fp32. ``flags``: without safe_gate the sub-chunks the front flagged (int32 ``[NC, H]``, bit s for sub-chunk s,
+    ``front.front``, ``blocks.span_flags``), whose diagonal blocks are summed exactly (the backward sums a flagged
+    chunk's alike, ``chunk_bwd.grads``); None under safe_gate. The diagonal blocks (``diag_kernel``; T's into an array
+    of their own, ``[T, H, 16]``), without safe_gate the flagged ones exactly (``exact_kernel``) and their inverses
+    (``exact_inverse_kernel``), then the blocks below them and T whole (``below_kernel``).
     ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "inverse": {...}, "below": {...}}``:
     ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
@@ -344,12 +339,12 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
     ``docs/performance.md``, fifteenth session)."""
     total, H, K = k.shape
     config = config or {}
+    safe = flags is None
     T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
     P = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
     D = torch.empty(total, H, SUB, device=k.device, dtype=torch.float32)  # T's diagonal blocks (first A's: exact)
-    flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     if not (chunks.num_chunks and H):
-        return T, P, flags
+        return T, P
     args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB)
     dprec = diag_precision(precision)
@@ -366,7 +361,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, safe: bool, precision: st
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
            fixed | dict(PREC=precision, T_SCALED=T.scaled), [narrow(BELOW_LAUNCH | config.get("below", {}))])
-    return T, P, flags
+    return T, P
 
 
 def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, scaled: bool, final: bool = False,

@@ -34,12 +34,13 @@ from ..chunk.prepared import (
     SCALE_BLOCK,
     PreparedKeys,
     allocate_keys,
-    chunk_decays,
+    decays,
     store_key_operands,
 )
 from ..chunk.state import state_blocks
-from ..chunk.tiles import chunk_rows, gated_left, load_tile, store_tile, tile_ptrs
+from ..chunk.tiles import chunk_rows, gated_left, load_gate, load_gate_row, load_tile, store_tile, tile_ptrs
 from ..common import Chunks, launch
+from .blocks import NB, span_flags
 from .gate import chunk_cumsum
 from .l2norm import EPS, inverse_norm
 
@@ -89,19 +90,24 @@ def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.cons
 
 
 @triton.jit
-def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, cu_ptr, seq_ptr,
-                 start_ptr, scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                 L2NORM: tl.constexpr, CUMSUM: tl.constexpr):
-    """One chunk, head and column block: with ``CUMSUM`` G from g (``chunk_gate``), else G read; kn and k's operands,
-    then qn and the output's left operand (the module docstring)."""
-    t0, n, i, rows, rmask, grows = chunk_rows(tl.program_id(0), cu_ptr, seq_ptr, start_ptr, C)
+def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, flag_ptr, cu_ptr,
+                 seq_ptr, start_ptr, scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                 L2NORM: tl.constexpr, CUMSUM: tl.constexpr, FLAGS: tl.constexpr):
+    """One chunk, head and column block: with ``CUMSUM`` G from g (``store_chunk_gate``), with ``FLAGS`` the sub-chunks
+    whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``); kn and k's operands, then qn and the
+    output's left operand (the module docstring)."""
+    c = tl.program_id(0)
+    t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
     kb = tl.program_id(2)
     cols = kb * KB + tl.arange(0, KB)
     cmask = cols < K
     if CUMSUM:
         store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C)
-    eG, eD = chunk_decays(G_ptr, t0, n, grows, h, H, K, cols, cmask)
+    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
+    if FLAGS:
+        span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C, C // NB)
+    eG, eD = decays(G, load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask))
     k = normalized(k_ptr, kn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
     q = normalized(q_ptr, qn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
@@ -122,31 +128,36 @@ def gated_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
 
 class Front(NamedTuple):
     """What the forward's front forms (``[T, H, K]`` each): q and k as the forward reads them (normalized, or as
-    given), k's prepared operands, the output's left operand ``scale q e^G`` and the cumulative gate G."""
+    given), k's prepared operands, the output's left operand ``scale q e^G`` and the cumulative gate G; and without
+    safe_gate the sub-chunks flagged for exact sums (int32 ``[NC, H]``, ``blocks.span_flags``; else None)."""
 
     q: torch.Tensor
     k: torch.Tensor
     keys: PreparedKeys
     gated_q: torch.Tensor
     G: torch.Tensor
+    flags: torch.Tensor | None
 
 
-def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype,
+def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype, safe: bool,
           config: dict | None = None, G: torch.Tensor | None = None) -> Front:
     """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
-    log-decay g ``[T, H, K]`` (any kernel dtype), whose fp32 cumulative gate it forms (``store_chunk_gate``), or ``G`` given
-    (``gate.gate_cumsum``: an fp64 G, or the gate's function formed first; g is not read then); ``gated_dtype``: the
-    output's left operand's. ``config`` overrides the launch (``num_warps``, ``num_stages``)."""
+    log-decay g ``[T, H, K]`` (any kernel dtype), whose fp32 cumulative gate it forms (``store_chunk_gate``), or ``G``
+    given (``gate.gate_cumsum``: an fp64 G, or the gate's function formed first; g is not read then, and may be None);
+    ``gated_dtype``: the output's left operand's; ``safe``: safe_gate's promise (no flags). ``config`` overrides the
+    launch (``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
     keys = allocate_keys(total, H, K, precision, k.device)
     gated_q = torch.empty(q.shape, device=q.device, dtype=gated_dtype)
     cumsum = G is None
-    G = torch.empty(g.shape, device=g.device, dtype=torch.float32) if G is None else G
+    G = torch.empty(k.shape, device=k.device, dtype=torch.float32) if G is None else G
+    flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     KB, NKB = state_blocks(K, maximum=SCALE_BLOCK)
     if chunks.num_chunks and H:
         launch(front_kernel, (chunks.num_chunks, H, NKB),
-               (q, k, g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q, chunks.cu, chunks.seq, chunks.start,
-                scale, EPS, H, K),
-               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum), [FRONT_LAUNCH | (config or {})])
-    return Front(qn, kn, keys, gated_q, G)
+               (q, k, G if g is None else g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q,
+                G if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, EPS, H, K),
+               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum, FLAGS=not safe),
+               [FRONT_LAUNCH | (config or {})])
+    return Front(qn, kn, keys, gated_q, G, flags)
