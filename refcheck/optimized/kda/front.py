@@ -7,9 +7,11 @@ channels (``l2norm``):
     G      = the chunk-local cumulative sum of g   fp32 (``gate.chunk_cumsum``; given instead for fp32 inputs, whose G
                                                  is fp64, and for the gate's function in the kernel: ``gate.gate_cumsum``)
     qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied)
-    kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.chunk_decays``, ``prepared.store_key_operands``)
+    kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.decays``, ``prepared.store_key_operands``)
     gq     = scale qn e^G                the output's state term's left operand (``tiles.gated_left``;
                                          ``chunk_fwd.recurrence``'s ``output``), in ``gated_dtype``
+    flags  = the sub-chunks whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``; without
+             safe_gate), for ``intra``
 
 G, qn and kn are stored for ``intra``, the serial pass and the backward; kg, kd and gq are formed from them as stored
 (qn and kn rounded to q's dtype first, G read back), so they are bitwise what ``prepare_keys`` and ``gated_left`` form
@@ -83,7 +85,7 @@ def normalized(x_ptr, out_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB: tl.co
 @triton.jit
 def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.constexpr):
     """A chunk's cumulative gate tile ``[C, KB]`` (fp32) from g as stored (``gate.chunk_cumsum``), stored into G, then a
-    barrier: the program's threads read it back (``prepared.chunk_decays``) where others wrote it."""
+    barrier: the program's threads read it back (``front_kernel``) where others wrote it."""
     x = tl.load(tile_ptrs(g_ptr, rows, h, H, K, cols), mask=rmask[:, None] & cmask[None, :], other=0.0)
     store_tile(G_ptr, chunk_cumsum(x, C), rows, rmask, h, H, K, cols, cmask)
     tl.debug_barrier()
