@@ -8,6 +8,15 @@ from unittest import mock
 import torch
 
 
+def faithful_on_cpu(device: str) -> None:
+    """On the CPU (a dry run under ``TRITON_INTERPRET=1``) the faithful interpreter (``refcheck.runtime.interpreter``),
+    as refcheck's own CPU runs take: the stock one multiplies a bf16 dot's bit patterns as integers, and what its
+    garbage values then take (KDA's exact diagonal walks, for sub-chunks flagged on garbage decays) no GPU run takes."""
+    if device == "cpu":
+        from refcheck.runtime.backend import configure_backend
+        configure_backend("cpu")
+
+
 def rel(x, ref) -> float:
     """``||x - ref|| / ||ref||`` in float64."""
     ref = ref.detach().double()

@@ -42,6 +42,7 @@ from bench_util import rel, roofline  # noqa: E402
 from refcheck import optimized, references  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+bench_util.faithful_on_cpu(DEVICE)
 CHUNK = 64
 SHAPES = {
     "B8_T4096": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None),

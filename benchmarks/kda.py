@@ -53,6 +53,7 @@ from bench_util import rel, roofline  # noqa: E402
 from refcheck import optimized, references  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run under TRITON_INTERPRET=1
+bench_util.faithful_on_cpu(DEVICE)
 CHUNK = 64
 LOWER_BOUND = -5.0
 SHAPES = {
