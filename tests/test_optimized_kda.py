@@ -433,9 +433,9 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_the_fronts_cumulative_gate_is_within_three_ulps_of_the_exact_sums(dtype):
-    """The front's G (``front.chunk_gate``, ``gate.chunk_cumsum``: tensor-core products with a triangle of ones, fp32
-    g in three bf16 parts) is each chunk's cumulative sum of g within three fp32 ulps of the float64 sums (the tensor
-    core's truncated sums modelled as an H200's by the interpreter), as a sequential fp32 sum is: on log-decays
+    """The front's G (``front.store_chunk_gate``, ``gate.chunk_cumsum``: tensor-core products with a triangle of ones,
+    an fp32 g in three bf16 parts) is each chunk's cumulative sum of g within three fp32 ulps of the float64 sums (the
+    tensor core's truncated sums modelled as an H200's by the interpreter), as a sequential fp32 sum is: on log-decays
     spanning four decades (where a sum loses the low bits of its small terms), packed sequences with partial and empty
     chunks, the front's largest errors are 1.6, 2.5 and 2.2 ulps for bf16, fp16 and fp32 g, a sequential sum's 1.5,
     3.0 and 6.2."""
