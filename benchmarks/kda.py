@@ -65,7 +65,7 @@ SHAPES = {
     # DIAG_SPAN, so the general path sums them exactly; safe_gate does not apply
     "B8_T4096_strong": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None, gate="strong"),
     "grads": dict(B=2, T=2048, H=16, K=128, V=128, lengths=None),  # gradient_errors
-    "tiny": dict(B=1, T=130, H=2, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one
+    "tiny": dict(B=1, T=70, H=1, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one (a chunk and a part)
     # fp16 inputs (the others are bf16): the forward's output operand ``scale q e^G`` in fp16 (``front.gated_dtype``)
     "B8_T4096_fp16": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None, dtype=torch.float16),
 }

@@ -16,8 +16,8 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 
 def test_kda_profile_stages_run_at_their_default_launches(monkeypatch):
     """Every stage of ``PROFILE_VARIANTS`` (the forward's front, intra and passes, the backward's passes and gradients,
-    the gate, the preparation) at its default launch, on ``profile_data("tiny")`` (one sequence of 130 tokens: two
-    whole chunks and a partial one)."""
+    the gate, the preparation) at its default launch, on ``profile_data("tiny")`` (one sequence of 70 tokens, one
+    head: a whole chunk and a partial one)."""
     from refcheck.optimized.common import launch_only
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the script imports bench_util beside it
     kda = importlib.import_module("kda")
