@@ -3,16 +3,18 @@ measured in the same run, medians of CUDA timings."""
 from __future__ import annotations
 
 import contextlib
+import os
 from unittest import mock
 
 import torch
 
 
 def faithful_on_cpu(device: str) -> None:
-    """On the CPU (a dry run under ``TRITON_INTERPRET=1``) the faithful interpreter (``refcheck.runtime.interpreter``),
+    """On the CPU under ``TRITON_INTERPRET=1`` (a dry run) the faithful interpreter (``refcheck.runtime.interpreter``),
     as refcheck's own CPU runs take: the stock one multiplies a bf16 dot's bit patterns as integers, and what its
-    garbage values then take (KDA's exact diagonal walks, for sub-chunks flagged on garbage decays) no GPU run takes."""
-    if device == "cpu":
+    garbage values then take (KDA's exact diagonal walks, for sub-chunks flagged on garbage decays) no GPU run takes.
+    Without it (``kernel_resources.py`` importing a script to compile its launches offline) nothing changes."""
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         from refcheck.runtime.backend import configure_backend
         configure_backend("cpu")
 
