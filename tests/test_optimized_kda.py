@@ -343,19 +343,18 @@ def test_forward_pass_output_is_its_operands_products(block):
         n = min(int(chunks.cu[int(chunks.seq[c]) + 1]) - t0, C)
         rows = slice(t0, t0 + n)
         S = hs.data[c].double()  # [H, K, V]
-        Qg, Pc, Uc = gated[rows].transpose(0, 1), P.float()[rows, :, :n].transpose(0, 1), U.data[rows].transpose(0, 1)
+        Qg, Pc, Uc = gated[rows].transpose(0, 1), P[rows, :, :n].transpose(0, 1), U.data[rows].transpose(0, 1)
         model = tf32_model(Qg, False) @ tf32_model(S, False) + tf32_model(Pc, True) @ tf32_model(Uc, True)
         size = Qg.double().abs() @ S.abs() + Pc.double().abs() @ Uc.double().abs()
         assert torch.equal(tf32_model(Uc, True), Uc.double())  # U as stored: rounded already
         assert bool(((o[rows].transpose(0, 1).double() - model).abs() <= 2.0 ** -20 * size).all()), c
 
 
-def test_serial_passes_read_a_row_scaled_t_and_p_as_their_values():
-    """``intra`` stores T and P row-scaled in fp16 under "tf32" (``blocks.store_rows``: one scale a row, the power of
-    two at or above its largest entry, at least 1 for T, where the diagonal's 1 is the largest entry), and the serial
-    passes read them as ``X s`` (``scaled.load_rows_scaled``). With rows scaled by powers of two from 2^-3 to 2^6, so
-    that the scales matter: the forward pass (h, U, o, the final state) and the reverse pass (dh, dY, dh0) bitwise
-    those of the same values stored in fp32."""
+def test_serial_passes_read_a_row_scaled_t_as_its_values():
+    """``intra`` stores T row-scaled in fp16 under "tf32" (``blocks.store_t_rows``: one scale a row, at least 1 where
+    the diagonal's 1 is the largest entry), and the serial passes read it as ``X s`` (``scaled.load_rows_scaled``).
+    With rows scaled by powers of two from 2^-3 to 2^6, so that the scales matter: the forward pass (h, U, o, the final
+    state) and the reverse pass (dh, dY, dh0) bitwise those of the same values stored in fp32."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.scaled import Stored
     from refcheck.optimized.common import make_chunks
@@ -373,16 +372,14 @@ def test_serial_passes_read_a_row_scaled_t_and_p_as_their_values():
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, front_flags(q, k, G, chunks), "tf32")
     assert Tm.scaled and Tm.data.dtype == torch.float16 and bool((Tm.scales >= 1).all())
-    assert P.scaled and P.data.dtype == torch.float16
-    Tm, P = (Stored(x.data, x.scales * 2.0 ** torch.randint(-3, 7, x.scales.shape, generator=gen), x.block)
-             for x in (Tm, P))
+    Tm = Stored(Tm.data, Tm.scales * 2.0 ** torch.randint(-3, 7, Tm.scales.shape, generator=gen), Tm.block)
     keys = prepare_keys(k, G, chunks, "tf32", q=q)
     gated = (K ** -0.5 * q * G.exp()).to(torch.bfloat16)
     runs = []
-    for t, p in ((Tm, P), (Stored(Tm.float()), Stored(P.float()))):
+    for t in (Tm, Stored(Tm.float())):
         o = torch.full_like(v, float("nan"))
-        ht, hs, U, _ = recurrence(keys, v, G, beta, t, h0, chunks, "tf32", final=True, output=(gated, p, o))
-        dh, dY, dh0 = dstate(keys, G, beta, t, p, do, dht, chunks, K ** -0.5, "tf32", True)
+        ht, hs, U, _ = recurrence(keys, v, G, beta, t, h0, chunks, "tf32", final=True, output=(gated, P, o))
+        dh, dY, dh0 = dstate(keys, G, beta, t, P, do, dht, chunks, K ** -0.5, "tf32", True)
         runs.append([ht, hs.data, U.data, o, dh.data, dY.data, dh0])
     for x, y in zip(*runs):
         assert torch.equal(x, y)
@@ -715,12 +712,10 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision, K):
     flags = None if safe else front_flags(q, k, G, chunks)
     Tm, P = intra(q, k, G, beta, chunks, scale, flags, precision)
     assert Tm.scaled == (precision == "tf32")
-    assert P.scaled == Tm.scaled
-    if Tm.scaled:  # each row's largest entry in [1/2, 1] of its scale, rounded (P's rows of zeros: 0)
-        for x in Tm, P:
-            peak = x.data.float().abs().amax(-1)
-            assert bool(((peak >= 0.5) & (peak <= 1) | (x is P) & (peak == 0)).all())
-    Tm, P = Tm.float(), P.float()
+    if Tm.scaled:  # each row's largest entry in [1/2, 1] of its scale
+        peak = Tm.data.float().abs().amax(-1)
+        assert bool(((peak > 0.5) & (peak <= 1)).all())
+    Tm = Tm.float()
     tol = 1e-5 if precision != "tf32" else 2e-3
     bits = torch.zeros(chunks.num_chunks, H, dtype=torch.int32)  # bit b: sub-chunk b's decay exceeds DIAG_SPAN
     for c in range(chunks.num_chunks):

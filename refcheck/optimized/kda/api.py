@@ -132,8 +132,7 @@ class KdaFunction(torch.autograd.Function):
                                       segments=cfg.segments, output=(gated_q, P, o), states=cfg.keep)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P.data, P.scales,
-                              flags, *kept,
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *kept,
                               *(trans or ()))
         ctx.cfg = cfg
         ctx.shape = (B, T)
@@ -142,8 +141,8 @@ class KdaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, Pd, Ps, flags, *rest = ctx.saved_tensors
-        Tm, P = Stored(Td, Ts, Td.shape[-1]), Stored(Pd, Ps, Pd.shape[-1])
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, flags, *rest = ctx.saved_tensors
+        Tm = Stored(Td, Ts, Td.shape[-1])
         kept, trans = rest[:2] if cfg.keep else (), Transitions(*rest[-2:]) if cfg.segments is not None else None
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()

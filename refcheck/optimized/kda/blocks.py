@@ -210,33 +210,20 @@ def load_block(ptr, t0, n, s, c, h, H, C: tl.constexpr, BC: tl.constexpr):
 
 
 @triton.jit
-def load_diag(D_ptr, t0, n, s, which: tl.constexpr, h, H, BC: tl.constexpr):
-    """Sub-chunk s's diagonal block of T (``which`` 0; first A's, for the exact walks' inverses) or of P (1, scaled)
-    from the diagonal blocks' array ``[T, H, 2 BC]`` (T's in its first BC columns, P's in the others; ``below_kernel``
-    writes T and P whole from them)."""
-    return load_block(D_ptr, t0, n, s, which, h, H, 2 * BC, BC)
-
-
-@triton.jit
-def store_diag(D_ptr, X, t0, n, s, which: tl.constexpr, h, H, BC: tl.constexpr):
-    """Sub-chunk s's diagonal block of T or of P into the diagonal blocks' array (``load_diag``)."""
-    store_block(D_ptr, X, t0, n, s, which, h, H, 2 * BC, BC)
-
-
-@triton.jit
 def store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC: tl.constexpr, DPREC: tl.constexpr):
     """Sub-chunk s's diagonal block of T from its block of A, ``T_ss = (I + Diag(beta) A_ss)^{-1}`` (``unit_inverse``
-    at ``DPREC``), into the diagonal blocks' array (``load_diag``)."""
-    store_diag(D_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, 0, h, H, BC)
+    at ``DPREC``), into the diagonal blocks' array ``[T, H, BC]`` (``below_kernel`` writes T whole from them)."""
+    store_block(D_ptr, unit_inverse(block_beta(beta_ptr, t0, n, s, h, H, BC) * A, BC, DPREC), t0, n, s, 0, h, H, BC,
+                BC)
 
 
 @triton.jit
-def store_rows(ptr, s_ptr, X0, X1, X2, X3, t0, n, b, h, H, C: tl.constexpr, BC: tl.constexpr, SCALED: tl.constexpr):
-    """Sub-chunk b's rows of a chunk matrix (T or P), its four blocks ``X0..X3`` (zeros right of the diagonal), whole:
-    with ``SCALED`` row-scaled (``chunk.scaled``, one scale a row, the power of two at or above its largest entry,
-    ``[T, H, 1]`` at s_ptr), so that fp16 keeps every entry to an absolute error under ``2^-24`` of its row's largest
-    (a row of T: its diagonal's 1 or more), else as they are."""
-    p, mask = block_ptrs(ptr, t0, n, b, 0, h, H, C, BC)
+def store_t_rows(T_ptr, s_ptr, X0, X1, X2, X3, t0, n, b, h, H, C: tl.constexpr, BC: tl.constexpr,
+                 SCALED: tl.constexpr):
+    """Sub-chunk b's rows of T, its four blocks ``X0..X3`` (zeros right of the diagonal), whole: with ``SCALED``
+    row-scaled (``chunk.scaled``, one scale a row, ``[T, H, 1]`` at s_ptr; a row's largest entry is its diagonal's 1
+    or more, so fp16 keeps every entry to an absolute error under ``2^-25`` of it), else as they are."""
+    p, mask = block_ptrs(T_ptr, t0, n, b, 0, h, H, C, BC)
     if SCALED:
         m = tl.maximum(tl.maximum(tl.max(tl.abs(X0), axis=1), tl.max(tl.abs(X1), axis=1)),
                        tl.maximum(tl.max(tl.abs(X2), axis=1), tl.max(tl.abs(X3), axis=1)))
@@ -245,11 +232,31 @@ def store_rows(ptr, s_ptr, X0, X1, X2, X3, t0, n, b, h, H, C: tl.constexpr, BC: 
         X0, X1, X2, X3 = X0 * r, X1 * r, X2 * r, X3 * r
         _, rows, live, _ = sub_rows(t0, n, b, BC)
         tl.store(s_ptr + rows.to(tl.int64) * H + h, sc, mask=live)
-    dtype = ptr.dtype.element_ty
+    dtype = T_ptr.dtype.element_ty
     tl.store(p, X0.to(dtype), mask=mask)
     tl.store(p + BC, X1.to(dtype), mask=mask)
     tl.store(p + 2 * BC, X2.to(dtype), mask=mask)
     tl.store(p + 3 * BC, X3.to(dtype), mask=mask)
+
+
+@triton.jit
+def store_below(ptr, X10, X20, X21, X30, X31, X32, t0, n, h, H, C: tl.constexpr, BC: tl.constexpr):
+    """The six blocks ``(b, c)``, c < b, of a chunk matrix."""
+    store_block(ptr, X10, t0, n, 1, 0, h, H, C, BC)
+    store_block(ptr, X20, t0, n, 2, 0, h, H, C, BC)
+    store_block(ptr, X21, t0, n, 2, 1, h, H, C, BC)
+    store_block(ptr, X30, t0, n, 3, 0, h, H, C, BC)
+    store_block(ptr, X31, t0, n, 3, 1, h, H, C, BC)
+    store_block(ptr, X32, t0, n, 3, 2, h, H, C, BC)
+
+
+@triton.jit
+def store_zeros_right(ptr, t0, n, s, h, H, C: tl.constexpr, BC: tl.constexpr):
+    """Zeros into sub-chunk s's rows right of its diagonal block (the blocks above the diagonal)."""
+    p, mask = block_ptrs(ptr, t0, n, s, 0, h, H, C, BC)
+    zero = tl.zeros((BC, BC), tl.float32)
+    for c in range(s + 1, C // BC):
+        tl.store(p + c * BC, zero, mask=mask)
 
 
 @triton.jit

@@ -79,16 +79,16 @@ from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, su
 
 
 @triton.jit
-def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_ptr, P, p_s_ptr, do_ptr, dht_ptr,
+def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_ptr, P, do_ptr, dht_ptr,
                   dh_ptr, dh_s_ptr, dy_ptr, dy_s_ptr, dh0_ptr, cu_ptr, off_ptr, sel_ptr, scale, H, K, V, W,
                   C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr,
                   BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr,
-                  SCALED: tl.constexpr, T_SCALED: tl.constexpr, P_SCALED: tl.constexpr, PREC: tl.constexpr,
-                  TMA: tl.constexpr, SELECT: tl.constexpr):
+                  SCALED: tl.constexpr, T_SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+                  SELECT: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
-    ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``); T and P with ``T_SCALED`` and ``P_SCALED``
-    row-scaled (scales at ``t_s_ptr`` and ``p_s_ptr``, ``chunk_fwd.intra``). They, P and T are pointers, or with ``TMA``
+    ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at
+    ``t_s_ptr``, ``chunk_fwd.intra``). They, P and T are pointers, or with ``TMA``
     descriptors (``tiles.load_rows``): dO, through pointers, is zero past a sequence's end, so ``P^T dO`` is too
     (P is lower triangular), and the prepared operands' zero row scales drop their rows there. The gradient
     has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
@@ -109,7 +109,7 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_pt
             store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, dh_s_ptr,
                          SCALED)
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
-        Pc = load_rows_scaled(P, p_s_ptr, t0, rows, rmask, h, H, C, 0, C, C, 1, P_SCALED, TMA)
+        Pc = load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA)
         dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(Pc), do, input_precision=PREC), kd, sd0, sd1, sd2, sd3,
                          t0, rows, rmask, h, H, K, KB, NKB, FIRST=False, PREC=PREC, TMA=TMA)
         # the dO term before dY is formed, so that the dO tile dies before the dY tile lives: spilled stack 160 -> 80
@@ -415,7 +415,7 @@ def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> 
     return cfg | (dict(BV=min(cfg["BV"], 32)) if "BV" not in (config or {}) else {})
 
 
-def dstate(keys: PreparedKeys, G, beta, T: Stored, P: Stored, do, dht, chunks: Chunks, scale: float, precision: str,
+def dstate(keys: PreparedKeys, G, beta, T: Stored, P, do, dht, chunks: Chunks, scale: float, precision: str,
            want_dh0: bool, scaled: bool = False, segments: Segments | None = None,
            transitions: Transitions | None = None, config: dict | None = None, select: Selection | None = None,
            stored: tuple[Stored, Stored, torch.Tensor | None] | None = None):
@@ -440,19 +440,18 @@ def dstate(keys: PreparedKeys, G, beta, T: Stored, P: Stored, do, dht, chunks: C
     # dO through TMA (its rows past a sequence set to zero) and dh stored through TMA: B=8 0.890 -> 1.299 ms, B=1 from
     # the forward's maps 1.891 -> 2.254 (H100, ``results/kda_profile_tma_stores_h100.txt``); not kept
     tma, (qg, kg, kd, Pd, Td) = tma_operands(config, *((x, [C, 1, KB]) for x in (keys.qg, keys.kg, keys.kd)),
-                                             (P.data, [C, 1, C]), (T.data, [C, 1, C]))
+                                             (P, [C, 1, C]), (T.data, [C, 1, C]))
 
     def walk(over: Chunks, end, W: int, steps: bool, store_dh0: bool | None = None, into: torch.Tensor | None = None):
         store_dh0 = not steps if store_dh0 is None else store_dh0
         dh0 = into if into is not None or not store_dh0 else torch.empty(over.num_seqs, H, K, W, device=dev, dtype=f32)
         launch_serial(dstate_kernel,
-                      (qg, keys.sq, kg, keys.sg, kd, keys.sd, G, beta, Td, T.scale_ptr(), Pd, P.scale_ptr(), do,
+                      (qg, keys.sq, kg, keys.sg, kd, keys.sd, G, beta, Td, T.scale_ptr(), Pd, do,
                        end if end is not None else do, dh.data, dh.scale_ptr(), dY.data, dY.scale_ptr(),
                        dh0 if store_dh0 else do, over.cu, over.offsets, over.cu if select is None else select.seqs,
                        scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled,
-                           T_SCALED=T.scaled, P_SCALED=P.scaled, PREC=precision, TMA=tma, SELECT=select is not None)
-                      | keys.constexprs,
+                           T_SCALED=T.scaled, PREC=precision, TMA=tma, SELECT=select is not None) | keys.constexprs,
                       over, H, K, W, dstate_launch(over, H, K, W, config), max_block=KB, select=select)
         return dh0
 

@@ -57,18 +57,19 @@ from .blocks import (
     below_inverse,
     block_beta,
     diag_block,
-    load_diag,
-    store_diag,
+    load_block,
+    store_below,
+    store_block,
     store_diag_inverse,
-    store_rows,
+    store_t_rows,
+    store_zeros_right,
 )
 from .subchunk import diag_precision
 
 CHUNK = 64
 SUB = 16
-DIAG_LAUNCH = dict(BK=32, num_warps=1, maxnreg=128)
-"""``diag_kernel``'s launch (``[16, BK]`` tiles; at most 128 registers, 127 used, where it took 161 uncapped once it
-stored P's diagonal blocks beside T's, offline, Triton 3.6, sm_90). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
+DIAG_LAUNCH = dict(BK=32, num_warps=1)
+"""``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
 launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
 0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303. At most 128 registers
 0.603 against 0.605 (``results/kda_profile_intra_maxnreg_h200_session26.txt``)."""
@@ -135,12 +136,12 @@ def head_rows(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t, end, H, K, heads, d, mask,
 
 
 @triton.jit
-def diag_walk(X, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, scale, t, first, last, end, H, K, heads, d, m, c0, mine,
-              ZERO_RIGHT: tl.constexpr, NORM: tl.constexpr):
-    """Rows ``first .. last - 1`` (tokens ``t + i``) of a diagonal block against its W columns ``c0 + j`` (both counted
-    from the block's first row and column), exactly for any decay, one row after another: A's and P's (scaled) into the
-    diagonal blocks' array (``[T, H, 4W]``, ``blocks.load_diag``), for the heads where ``mine`` ``[BH]`` (with
-    ``ZERO_RIGHT`` zeros into P's next W columns). ``X [W, BH, BK]``: the columns' decayed keys of row ``first``,
+def diag_walk(X, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0,
+              c0, mine, C: tl.constexpr, ZERO_RIGHT: tl.constexpr, NORM: tl.constexpr):
+    """Rows ``first .. last - 1`` (tokens ``t + i``) of the diagonal block at chunk column b0 against its W columns
+    ``c0 + j`` (both counted from the block's first row and column), exactly for any decay, one row after another: A's
+    into the diagonal blocks' array (``[T, H, 2W]``), P's (scaled) into P's, for the heads where ``mine`` ``[BH]``
+    (with ``ZERO_RIGHT`` zeros into P's next W columns). ``X [W, BH, BK]``: the columns' decayed keys of row ``first``,
     ``X_j = k_j e^{G_i - G_j}`` (zero for j > i), carried from row to row, ``X <- X e^{G_{i+1} - G_i}`` and row i + 1's
     own key in its column: one row of exponentials a step, every factor in (0, 1], so that a product only underflows
     where ``e^{G_i - G_j}`` does; a product carries at most 15 roundings. Returns X of row ``last``."""
@@ -151,11 +152,12 @@ def diag_walk(X, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, scale, t, first, la
     for i in range(first, last):
         # the next row's loads issued before this row's sums, so that their latency is not a step of the walk
         k_n, q_n, G_n = head_rows(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m, NORM)
-        out = D_ptr + ((t + i).to(tl.int64) * H + heads)[None, :] * (4 * W) + c0 + cols[:, None]
-        tl.store(out, tl.sum(k_i * X, axis=2), mask=mine[None, :])
-        tl.store(out + 2 * W, scale * tl.sum(q_i * X, axis=2), mask=mine[None, :])
+        row = ((t + i).to(tl.int64) * H + heads)[None, :]
+        out = row * C + b0 + c0 + cols[:, None]
+        tl.store(D_ptr + row * (2 * W) + c0 + cols[:, None], tl.sum(k_i * X, axis=2), mask=mine[None, :])
+        tl.store(P_ptr + out, scale * tl.sum(q_i * X, axis=2), mask=mine[None, :])
         if ZERO_RIGHT:
-            tl.store(out + 3 * W, tl.zeros((W, heads.shape[0]), tl.float32), mask=mine[None, :])
+            tl.store(P_ptr + out + W, tl.zeros((W, heads.shape[0]), tl.float32), mask=mine[None, :])
         X = tl.where(j + c0 == i + 1, k_n, X * decay(G_n - G_i))  # the columns j > i + 1 stay zero
         k_i, q_i, G_i = k_n, q_n, G_n
     return X
@@ -170,11 +172,11 @@ def diag_key(k_ptr, rk_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr, NORM:
 
 
 @triton.jit
-def diag_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
+def diag_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale,
+                H, K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
                 NORM: tl.constexpr):
-    """One sub-chunk s and head: the diagonal blocks of P (scaled) and of ``T = (I + Diag(beta) A)^{-1}`` (into the
-    diagonal blocks' array ``[T, H, 2 BC]``, ``blocks.load_diag``) by dots against the middle row (``blocks.diag_block``).
+    """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
+    A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
     Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
     ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
     exactly too). Its span found here before (the first channels' first, ``kda_kernels_first_span_h200_session21.txt``),
@@ -190,12 +192,13 @@ def diag_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, flag_ptr, 
             dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
             A, P = diag_block(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC, NORM)
-            store_diag(D_ptr, scale * P, t0, n, s, 1, h, H, BC)
+            store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
             store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
+        store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
 
 
 @triton.jit
-def exact_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+def exact_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                  C: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
     """One sub-chunk s of BH heads (those ``diag_kernel`` did not flag return at once): the diagonal blocks of the
     flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), A's left in the diagonal blocks' array
@@ -222,11 +225,12 @@ def exact_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, flag_ptr, cu_ptr, s
         # three walks of W columns: the first half of the rows against the first half of the columns (P's second
         # half zero), the second half of the rows against it (its columns carried on), then against the second half
         lo = diag_walk(diag_key(k_ptr, rk_ptr, t, 0, end, H, K, heads, d, m, W, NORM), q_ptr, k_ptr, rq_ptr, rk_ptr,
-                       G_ptr, D_ptr, scale, t, 0, tl.minimum(W, end - t), end, H, K, heads, d, m, 0, mine, True, NORM)
-        diag_walk(lo, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, scale, t, W, end - t, end, H, K, heads, d, m, 0, mine,
-                  False, NORM)
+                       G_ptr, D_ptr, P_ptr, scale, t, 0, tl.minimum(W, end - t), end, H, K, heads, d, m, s * BC, 0, mine,
+                       C, True, NORM)
+        diag_walk(lo, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m,
+                  s * BC, 0, mine, C, False, NORM)
         diag_walk(diag_key(k_ptr, rk_ptr, t, W, end, H, K, heads, d, m, W, NORM), q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr,
-                  D_ptr, scale, t, W, end - t, end, H, K, heads, d, m, W, mine, False, NORM)
+                  D_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m, s * BC, W, mine, C, False, NORM)
 
 
 @triton.jit
@@ -244,59 +248,51 @@ def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
         t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
         for s in tl.static_range(NB):
             if (word >> s) & 1:
-                store_diag_inverse(D_ptr, beta_ptr, load_diag(D_ptr, t0, n, s, 0, h, H, BC), t0, n, s, h, H, BC,
+                store_diag_inverse(D_ptr, beta_ptr, load_block(D_ptr, t0, n, s, 0, h, H, BC, BC), t0, n, s, h, H, BC,
                                    DPREC)
 
 
 @triton.jit
-def below_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, p_s_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr,
+def below_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr,
                  start_ptr, scale, H, K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
-                 SCALED: tl.constexpr, NORM: tl.constexpr):
-    """One chunk and head, after ``diag_kernel``: P whole (scaled), its blocks below the diagonal summed here, its
-    diagonal blocks from the diagonal blocks' array (``blocks.load_diag``), and T whole, its blocks below the diagonal
-    by block forward substitution from its diagonal blocks there (``blocks``), both with ``SCALED`` row-scaled
-    (``blocks.store_rows``)."""
+                 T_SCALED: tl.constexpr, NORM: tl.constexpr):
+    """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
+    blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
+    diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0,
                                                                               n, h, H, K, BC, BK, PREC, NORM)
-    zero = tl.zeros((BC, BC), tl.float32)
-    store_rows(P_ptr, p_s_ptr, load_diag(D_ptr, t0, n, 0, 1, h, H, BC), zero, zero, zero, t0, n, 0, h, H, C, BC, SCALED)
-    store_rows(P_ptr, p_s_ptr, scale * P10, load_diag(D_ptr, t0, n, 1, 1, h, H, BC), zero, zero, t0, n, 1, h, H, C, BC,
-               SCALED)
-    store_rows(P_ptr, p_s_ptr, scale * P20, scale * P21, load_diag(D_ptr, t0, n, 2, 1, h, H, BC), zero, t0, n, 2, h, H,
-               C, BC, SCALED)
-    store_rows(P_ptr, p_s_ptr, scale * P30, scale * P31, scale * P32, load_diag(D_ptr, t0, n, 3, 1, h, H, BC), t0, n, 3,
-               h, H, C, BC, SCALED)
+    store_below(P_ptr, scale * P10, scale * P20, scale * P21, scale * P30, scale * P31, scale * P32, t0, n, h, H, C, BC)
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
     b3 = block_beta(beta_ptr, t0, n, 3, h, H, BC)
-    T00 = load_diag(D_ptr, t0, n, 0, 0, h, H, BC)
-    T11 = load_diag(D_ptr, t0, n, 1, 0, h, H, BC)
-    T22 = load_diag(D_ptr, t0, n, 2, 0, h, H, BC)
-    T33 = load_diag(D_ptr, t0, n, 3, 0, h, H, BC)
+    T00 = load_block(D_ptr, t0, n, 0, 0, h, H, BC, BC)
+    T11 = load_block(D_ptr, t0, n, 1, 0, h, H, BC, BC)
+    T22 = load_block(D_ptr, t0, n, 2, 0, h, H, BC, BC)
+    T33 = load_block(D_ptr, t0, n, 3, 0, h, H, BC, BC)
     T10, T20, T21, T30, T31, T32 = below_inverse(T00, T11, T22, T33, b1 * A10, b2 * A20, b2 * A21, b3 * A30, b3 * A31,
                                                  b3 * A32, PREC)
-    store_rows(T_ptr, t_s_ptr, T00, zero, zero, zero, t0, n, 0, h, H, C, BC, SCALED)
-    store_rows(T_ptr, t_s_ptr, T10, T11, zero, zero, t0, n, 1, h, H, C, BC, SCALED)
-    store_rows(T_ptr, t_s_ptr, T20, T21, T22, zero, t0, n, 2, h, H, C, BC, SCALED)
-    store_rows(T_ptr, t_s_ptr, T30, T31, T32, T33, t0, n, 3, h, H, C, BC, SCALED)
+    zero = tl.zeros((BC, BC), tl.float32)
+    store_t_rows(T_ptr, t_s_ptr, T00, zero, zero, zero, t0, n, 0, h, H, C, BC, T_SCALED)
+    store_t_rows(T_ptr, t_s_ptr, T10, T11, zero, zero, t0, n, 1, h, H, C, BC, T_SCALED)
+    store_t_rows(T_ptr, t_s_ptr, T20, T21, T22, zero, t0, n, 2, h, H, C, BC, T_SCALED)
+    store_t_rows(T_ptr, t_s_ptr, T30, T31, T32, T33, t0, n, 3, h, H, C, BC, T_SCALED)
 
 
 @triton.jit
 def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr,
-                      u_s_ptr, qg, P, p_s_ptr, o_ptr, cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr,
-                      KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
-                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
-                      T_SCALED: tl.constexpr, P_SCALED: tl.constexpr, OUTPUT: tl.constexpr, PREC: tl.constexpr,
-                      TMA: tl.constexpr, SELECT: tl.constexpr):
+                      u_s_ptr, qg, P, o_ptr, cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
+                      NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                      STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
+                      T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+                      SELECT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
     at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = Qg S0 + P U`` into o (``Qg = scale q
-    e^G``, 16-bit for 16-bit inputs, ``front.gated_dtype``, ``state.gated_blocks``; P with ``P_SCALED`` row-scaled,
-    scales at ``p_s_ptr``, else fp32).
+    e^G``, 16-bit for 16-bit inputs, ``front.gated_dtype``, ``state.gated_blocks``; P fp32).
     ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
     ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
     (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
@@ -331,10 +327,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         if STEPS:
             store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, SCALED)
         if OUTPUT:
-            Pc = load_rows_scaled(P, p_s_ptr, t0, rows, rmask, h, H, C, 0, C, C, 1, P_SCALED, TMA)
-            if not P_SCALED:  # fp16 row-scaled is exact in tf32
-                Pc = tf32_nearest(Pc, PREC)
-            O = tl.dot(Pc, U, O, input_precision=PREC)
+            O = tl.dot(tf32_nearest(load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA), PREC), U, O,
+                       input_precision=PREC)
             store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd, sd0, sd1, sd2, sd3, g0, g1, g2, g3, t0, rows, rmask, h,
                                        H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC, TMA=TMA)
@@ -344,18 +338,16 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | None, precision: str,
           config: dict | None = None, norms: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """``(T, P)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each, ``scaled.Stored``: fp32,
-    or under "tf32" row-scaled fp16 (the serial passes read them as "tf32" dots' operands, ``chunk.scaled``; fp16's
-    10 bits, rounded to nearest, are tf32's, and take half the memory: P in fp32 was 0.27 of the 1.1 GB that the B=8
-    serial pass reads, bf16 T=4096, H=16, K=V=128). ``flags``: without safe_gate the sub-chunks the front flagged
-    (int32 ``[NC, H]``, bit s for sub-chunk s, ``front.front``, ``blocks.span_flags``), whose diagonal blocks are summed
-    exactly (the backward sums a flagged chunk's alike, ``chunk_bwd.grads``); None under safe_gate. The diagonal
-    blocks (``diag_kernel``, into an array of their own, ``[T, H, 32]``, ``blocks.load_diag``), without safe_gate the
-    flagged ones exactly (``exact_kernel``) and their inverses (``exact_inverse_kernel``), then the blocks below them,
-    and T and P whole (``below_kernel``).
-    ``norms``: the inverse norms of q's and k's rows (``use_qk_l2norm``: ``front.Front``'s, q and k as given), by which
-    every block's sums are scaled (``blocks.normalized_block``), so that the front need not store q and k normalized
-    for a forward without gradients; None: q and k as they are.
+    """``(T, P)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each: T a ``scaled.Stored``,
+    fp32 or under "tf32" row-scaled fp16 (the serial passes read it as a "tf32" dot's operand, ``chunk.scaled``), P
+    fp32. ``flags``: without safe_gate the sub-chunks the front flagged (int32 ``[NC, H]``, bit s for sub-chunk s,
+    ``front.front``, ``blocks.span_flags``), whose diagonal blocks are summed exactly (the backward sums a flagged
+    chunk's alike, ``chunk_bwd.grads``); None under safe_gate. The diagonal blocks (``diag_kernel``; T's into an array
+    of their own, ``[T, H, 16]``), without safe_gate the flagged ones exactly (``exact_kernel``) and their inverses
+    (``exact_inverse_kernel``), then the blocks below them and T whole (``below_kernel``).
+    ``norms``: the inverse norms of q's and k's rows (``use_qk_l2norm``, ``front.Front``; q and k as given): every
+    kernel here normalizes the rows it loads as the front stores them (``l2norm.normalized_rows``), so that the front
+    need not store them for a forward without gradients; None: q and k as they are.
     ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "inverse": {...}, "below": {...}}``:
     ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
@@ -364,13 +356,12 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     total, H, K = k.shape
     config = config or {}
     safe = flags is None
-    T, P = (allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
-            for _ in "TP")
-    # the diagonal blocks of T (first A's where summed exactly) and of P (``blocks.load_diag``)
-    D = torch.empty(total, H, 2 * SUB, device=k.device, dtype=torch.float32)
+    T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
+    P = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
+    D = torch.empty(total, H, SUB, device=k.device, dtype=torch.float32)  # T's diagonal blocks (first A's: exact)
     if not (chunks.num_chunks and H):
         return T, P
-    args = (q, k, *(norms or (G, G)), G, beta, D, D if flags is None else flags, chunks.cu, chunks.seq, chunks.start,
+    args = (q, k, *(norms or (G, G)), G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start,
             scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB, NORM=norms is not None)
     dprec = diag_precision(precision)
@@ -385,8 +376,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
                fixed | dict(BK=padded(K)), [cfg])
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
                dict(C=chunks.size, BC=SUB, DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
-    launch(below_kernel, (chunks.num_chunks, H), args[:7] + (P.data, P.scale_ptr(), T.data, T.scale_ptr()) + args[8:],
-           fixed | dict(PREC=precision, SCALED=T.scaled), [narrow(BELOW_LAUNCH | config.get("below", {}))])
+    launch(below_kernel, (chunks.num_chunks, H), args[:8] + (T.data, T.scale_ptr()) + args[9:],
+           fixed | dict(PREC=precision, T_SCALED=T.scaled), [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P
 
 
@@ -409,7 +400,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
                scaled: bool = False, segments: Segments | None = None, transitions: Transitions | None = None,
                config: dict | None = None, select: Selection | None = None,
                stored: tuple[Stored, Stored, torch.Tensor | None] | None = None,
-               output: tuple[torch.Tensor, Stored, torch.Tensor] | None = None, states: bool = True):
+               output: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, states: bool = True):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G and ``intra``'s T. Returns ``(final state,
     h, U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` and U ``[T, H, V]``, both ``scaled.Stored`` (None where not ``states``), fp32 or with ``scaled``
@@ -436,7 +427,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     else:  # placeholders no launch writes (h's shaped as its descriptor's array)
         hs, U, ht = Stored(torch.empty(1, K, V, device=dev)), Stored(v), None
     KB, C = keys.state_rows(width), chunks.size
-    qg, P, o = output if output is not None else (keys.kg, T, v)  # pointers no launch reads without output
+    qg, P, o = output if output is not None else (keys.kg, T.data, v)  # pointers no launch reads without output
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None, select: Selection | None = None,
              ht: torch.Tensor | None = None):
@@ -444,15 +435,15 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
         BV = serial_config(over, H, K, W, launch_cfg)["BV"]  # this launch's (a segments' transition has W > V)
         tma, (kg, kd, vd, Td, hd, qgd, Pd) = tma_operands(
             config, (keys.kg, [C, 1, KB]), (keys.kd, [C, 1, KB]), (v, [C, 1, BV]), (T.data, [C, 1, C]),
-            (hs.data.view(-1, K, V), [1, KB, BV]), (qg, [C, 1, KB]), (P.data, [C, 1, C]))
+            (hs.data.view(-1, K, V), [1, KB, BV]), (qg, [C, 1, KB]), (P, [C, 1, C]))
         if store_final and ht is None:
             ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32)
         launch_serial(recurrence_kernel,
                       (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, T.scale_ptr(), h0 if h0 is not None else hs.data,
-                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), qgd, Pd,
-                       P.scale_ptr(), o, over.cu, over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
+                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), qgd, Pd, o,
+                       over.cu, over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, SCALED=scaled,
-                           T_SCALED=T.scaled, P_SCALED=P.scaled, OUTPUT=steps and output is not None,
+                           T_SCALED=T.scaled, OUTPUT=steps and output is not None,
                            PREC=precision, TMA=tma, SELECT=select is not None)
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
