@@ -590,7 +590,7 @@ PROFILE_VARIANTS = (
     + [("prepare_with_q", cfg, False, False) for cfg in (dict(), dict(num_warps=2), dict(num_warps=4),
                                                           *SCALE_BLOCKS[:1])]
     + [("front", cfg, False, False) for cfg in (dict(), dict(num_warps=4), dict(num_warps=16), dict(num_stages=2),
-                                                 dict(maxnreg=128), dict(read_gate=True), dict(keep_normalized=True))]
+                                                 dict(maxnreg=128), dict(read_gate=True))]
     + [("gate", dict(), False, False)]
 )
 
@@ -606,15 +606,15 @@ def profile_data(name):
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     scale = s["K"] ** -0.5
-    q, k, _, gated_q, G, flags, norms = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", scale,
-                                              gated_dtype(flat["v"].dtype, "tf32"), False)
-    T, P = chunk_fwd.intra(flat["q"], flat["k"], G, flat["beta"], ch, scale, flags, "tf32", norms=norms)
+    q, k, _, gated_q, G, flags = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", scale,
+                                       gated_dtype(flat["v"].dtype, "tf32"), False)
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, flags, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
-                scale=scale, gated_q=gated_q, norms=norms)
+                scale=scale, gated_q=gated_q)
 
 
 def profile_stage(d, stage, cfg, safe, gather):
@@ -631,8 +631,8 @@ def profile_stage(d, stage, cfg, safe, gather):
     n = segment_length(ch, d["k"].shape[1], f["v"].shape[-1]) if n == "auto" else n
     segs = split(ch, n) if n else None
     if stage == "intra":
-        return lambda: chunk_fwd.intra(f["q"], f["k"], d["G"], f["beta"], ch, sc, None if safe else d["flags"], "tf32",
-                                       cfg, norms=d["norms"])
+        return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, None if safe else d["flags"], "tf32",
+                                       cfg)
     # the forward's segment maps and entry states, for the backward's passes over the same segments
     trans = (chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=False,
                                   segments=segs)[3] if segs is not None and stage.endswith("_from_forward") else None)
@@ -657,13 +657,11 @@ def profile_stage(d, stage, cfg, safe, gather):
         return lambda: prepare_keys(d["k"], d["G"], ch, "tf32", q=d["q"], config=(prep or {}) | cfg)
     if stage == "gate":
         return lambda: gate.gate_cumsum(f["g"], None, None, None, ch)
-    # the forward's: G from g (``read_gate``: G given, as the gate's kernel forms it), q's and k's norms (and with
-    # ``keep_normalized`` q and k normalized, as for a backward), k's operands, the output's left operand
+    # the forward's: G from g (``read_gate``: G given, as the gate's kernel forms it), q and k normalized, k's operands,
+    # the output's left operand
     assert stage == "front", stage
     G = d["G"] if cfg.pop("read_gate", False) else None
-    keep = cfg.pop("keep_normalized", False)
-    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", sc, d["gated_q"].dtype, safe, cfg, G=G,
-                         keep_normalized=keep)
+    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", sc, d["gated_q"].dtype, safe, cfg, G=G)
 
 
 def profile(names, jobs, stages=None, defaults=False):

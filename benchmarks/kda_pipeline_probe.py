@@ -27,9 +27,8 @@ PREC = "tf32"
 
 def stages(q, k, v, g, beta, o, ht, nseq, config=None, mark=None):
     chunks = make_chunks(nseq, T, None, CHUNK, q.device)
-    _, _, keys, gq, G, flags, norms = front(q, k, g, True, chunks, PREC, K ** -0.5, gated_dtype(q.dtype, PREC), False,
-                                            keep_normalized=False)
-    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, flags, PREC, norms=norms)
+    qn, kn, keys, gq, G, flags = front(q, k, g, True, chunks, PREC, K ** -0.5, gated_dtype(q.dtype, PREC), False)
+    Tm, P = intra(qn, kn, G, beta, chunks, K ** -0.5, flags, PREC)
     if mark is not None:
         mark.record()
     fin, *_ = recurrence(keys, v, G, beta, Tm, None, chunks, PREC, final=True, output=(gq, P, o), states=False,

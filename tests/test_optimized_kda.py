@@ -413,20 +413,14 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64) if cumulative_gate_dtype(dtype) == torch.float64 \
         else None
     left = gated_dtype(dtype, "tf32")
-    qn, kn, keys, gated, G, _, norms = front(q, k, g, l2, chunks, "tf32", scale, left, True, G=G)
+    qn, kn, keys, gated, G, _ = front(q, k, g, l2, chunks, "tf32", scale, left, True, G=G)
     if l2:
-        for mine, x, r in ((qn, q, norms[0]), (kn, k, norms[1])):  # one rounding to dtype after a few fp32 ones
-            assert torch.equal(mine, (x.float() * r[..., None]).to(dtype))  # as intra forms them from the norms
+        for mine, x in ((qn, q), (kn, k)):  # one rounding to dtype after a few fp32 ones
             x = x.double()
             torch.testing.assert_close(mine.double(), x / (x.square().sum(-1, keepdim=True) + EPS).sqrt(),
                                        rtol=torch.finfo(dtype).eps / 2 + 8 * 2.0 ** -24, atol=0)
-        # without a backward to follow, q and k normalized are not stored, and nothing else changes
-        lean = front(q, k, g, l2, chunks, "tf32", scale, left, True, G=G, keep_normalized=False)
-        assert lean.q is None and lean.k is None
-        for x, y in ((lean.gated_q, gated), (lean.G, G), *zip(lean.norms, norms), *zip(lean.keys, keys)):
-            assert (x is None and y is None) or torch.equal(x, y)
     else:
-        assert qn is q and kn is k and norms is None
+        assert qn is q and kn is k
     for x, y in zip(keys, prepare_keys(kn, G, chunks, "tf32")):
         assert (x is None and y is None) or torch.equal(x, y)
     # every row written: rounded once to its dtype, the exponent G to fp32 (``tiles.decay``), what underflows lost
@@ -739,53 +733,6 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision, K):
         assert flags is None
     else:
         assert torch.equal(flags, bits) and bool(bits.any()) == (strong is not False)
-
-
-@pytest.mark.parametrize("dtype, K", [(torch.bfloat16, 40), (torch.float32, 160)])
-def test_intra_from_the_norms_gives_the_factors_of_q_and_k_normalized(dtype, K):
-    """``intra`` given q and k as they come and their rows' inverse norms (``front.Front.norms``; the front stores no
-    normalized q and k where no backward follows) gives T and P of q and k normalized in fp32, to fp32 roundings, in
-    every kernel: the diagonal blocks' dots, the exact walks (strong decay in some rows), the blocks below; bf16 and
-    fp32 (fp64 G), K of one padded block and of two column blocks. Unnormalized rows (norms near 20): a kernel that
-    drops the norms is off by a factor of about 400."""
-    from refcheck.optimized.chunk.tiles import cumulative_gate_dtype
-    from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.chunk_fwd import intra
-    from refcheck.optimized.kda.front import front
-    from refcheck.optimized.kda.gate import gate_cumsum
-    gen = torch.Generator().manual_seed(31)
-    lengths, H = [100, 37], 2
-    T = sum(lengths)
-    q, k = (3 * torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
-    beta = torch.rand(T, H, generator=gen)
-    g = -0.2 * torch.rand(T, H, K, generator=gen)
-    g[20:60, 1] *= 1000.0
-    chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), 64, "cpu")
-    G = (gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)
-         if cumulative_gate_dtype(dtype) == torch.float64 else None)
-    *_, G, flags, norms = front(q, k, g, True, chunks, "ieee", K ** -0.5, torch.float32, False, G=G,
-                                keep_normalized=False)
-    assert bool(flags.any())
-    got = intra(q, k, G, beta, chunks, K ** -0.5, flags, "ieee", norms=norms)
-    want = intra(q.float() * norms[0][..., None], k.float() * norms[1][..., None], G, beta, chunks, K ** -0.5, flags,
-                 "ieee")
-    for x, y in zip(got, want):
-        x, y = x.float(), y.float()
-        assert float((x - y).abs().max()) <= 1e-5 * float(y.abs().max())
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_kda_gives_the_same_bits_with_and_without_a_backward_to_follow(dtype):
-    """Without a backward to follow (grad mode off, or no input that requires grad) the front keeps no normalized q
-    and k (``front.front``'s ``keep_normalized``), and the forward's output and final state are bitwise those of a
-    forward that keeps them; strong decay in some rows (the exact walks), packed sequences."""
-    x, opts = kda_case(T=150, H=2, dtype=dtype, lengths=[100, 50], l2=True, strong=True)
-    with torch.no_grad():
-        lean = optimized.kda(**x, **opts)
-    leaves = {n: t.clone().requires_grad_() for n, t in x.items()}
-    kept = optimized.kda(**leaves, **opts)
-    for a, b in zip(lean, kept):
-        assert torch.equal(a, b.detach())
 
 
 def test_kda_empty_sequences_keep_the_state():

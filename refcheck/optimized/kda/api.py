@@ -102,9 +102,6 @@ class KdaConfig:
     keep: bool
     final: bool
     segments: Segments | None
-    grad: bool
-    """Whether a backward may follow (grad mode on and an input that requires grad): else the front keeps no
-    normalized q and k."""
 
 
 class KdaFunction(torch.autograd.Function):
@@ -123,10 +120,9 @@ class KdaFunction(torch.autograd.Function):
         # G in the front (fp32 for 16-bit q, without the gate's function), else by the gate's kernel
         G = (None if cumulative_gate_dtype(q.dtype) == torch.float32 and not cfg.use_gate else
              gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)))
-        qn, kn, keys, gated_q, G, flags, norms = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale,
-                                                        gated_dtype(q.dtype, cfg.precision), cfg.safe_gate, G=G,
-                                                        keep_normalized=cfg.grad)
-        Tm, P = intra(q, k, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision, norms=norms)
+        qn, kn, keys, gated_q, G, flags = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale,
+                                                 gated_dtype(q.dtype, cfg.precision), cfg.safe_gate, G=G)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision)
         o = torch.empty_like(v)
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                       segments=cfg.segments, output=(gated_q, P, o), states=cfg.keep)
@@ -253,11 +249,9 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
     chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens
     initial_state = kernel_state(initial_state, chunks.num_seqs, H, K, V, q.device)
-    grad = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                           for x in (q, k, v, g, beta, A_log, dt_bias, initial_state))
     cfg = KdaConfig(chunks, scale, safe_gate, None if lower_bound is None else float(lower_bound), use_gate_in_kernel,
                     use_qk_l2norm, precision, use_gather, disable_recompute, output_final_state,
-                    plan(chunks, H, V, segment_chunks), grad)
+                    plan(chunks, H, V, segment_chunks))
     if use_gate_in_kernel:
         A_log = A_log.contiguous()
         dt_bias = None if dt_bias is None else dt_bias.contiguous()

@@ -55,23 +55,9 @@ def ref_row(G_ptr, t0, n, r, h, H, K, cols, cmask):
 
 
 @triton.jit
-def normalized_block(X, rl_ptr, rk_ptr, t0, n, b, c, h, H, BC: tl.constexpr, NORM: tl.constexpr):
-    """Block ``(b, c)`` of A (``rl_ptr`` k's inverse norms) or P (q's) summed from q and k as given, with ``NORM`` that
-    of q and k normalized: ``X_ij r_i r_j``, the left operand's inverse norm of row i of sub-chunk b, k's of row j of
-    sub-chunk c (``[T, H]`` each, ``front.Front.norms``); else X."""
-    if NORM:
-        _, rows_b, live_b, _ = sub_rows(t0, n, b, BC)
-        _, rows_c, live_c, _ = sub_rows(t0, n, c, BC)
-        X = X * load_rowvec(rl_ptr, rows_b, live_b, h, H)[:, None] * load_rowvec(rk_ptr, rows_c, live_c, h, H)[None, :]
-    return X
-
-
-@triton.jit
-def diag_block(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr,
-               DPREC: tl.constexpr, NORM: tl.constexpr):
+def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
     """``(A_ss, P_ss)``: sub-chunk s's diagonal blocks of A (strictly lower) and P (lower, unscaled) by dots against its
-    middle row m (trusted where the sub-chunk's span allows them, ``span_flags``), of q and k normalized with ``NORM``
-    (``normalized_block``)."""
+    middle row m (trusted where the sub-chunk's span allows them, ``span_flags``)."""
     i = tl.arange(0, BC)
     A = tl.zeros((BC, BC), tl.float32)
     P = tl.zeros((BC, BC), tl.float32)
@@ -84,8 +70,6 @@ def diag_block(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.co
         right = tl.trans(k * decay(-d))
         A += tl.dot(k * el, right, input_precision=DPREC)
         P += tl.dot(q * el, right, input_precision=DPREC)
-    A = normalized_block(A, rk_ptr, rk_ptr, t0, n, s, s, h, H, BC, NORM)
-    P = normalized_block(P, rq_ptr, rk_ptr, t0, n, s, s, h, H, BC, NORM)
     return tl.where(i[:, None] > i[None, :], A, 0.0), tl.where(i[:, None] >= i[None, :], P, 0.0)
 
 
@@ -128,11 +112,9 @@ def below_pair(A, P, k_b, q_b, k_c, G_c, G_r, PREC: tl.constexpr):
 
 
 @triton.jit
-def below_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr,
-                 PREC: tl.constexpr, NORM: tl.constexpr):
+def below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     """The six blocks below the diagonal of A and of P (unscaled), ``(b, c)`` for c < b, summed over the channels in
-    blocks of BK against the first row of block b (module docstring), of q and k normalized with ``NORM``
-    (``normalized_block``)."""
+    blocks of BK against the first row of block b (module docstring)."""
     A10 = tl.zeros((BC, BC), tl.float32)
     A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = A10, A10, A10, A10, A10, A10, A10, A10, A10, A10, A10
     for c0 in range(0, K, BK):
@@ -154,18 +136,7 @@ def below_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0, n, h, H, K, BC: tl.con
         A30, P30 = below_pair(A30, P30, k3 * e, q3 * e, k0, G0, G_r, PREC)
         A31, P31 = below_pair(A31, P31, k3 * e, q3 * e, k1, G1, G_r, PREC)
         A32, P32 = below_pair(A32, P32, k3 * e, q3 * e, k2, G2, G_r, PREC)
-    return (normalized_block(A10, rk_ptr, rk_ptr, t0, n, 1, 0, h, H, BC, NORM),
-            normalized_block(A20, rk_ptr, rk_ptr, t0, n, 2, 0, h, H, BC, NORM),
-            normalized_block(A21, rk_ptr, rk_ptr, t0, n, 2, 1, h, H, BC, NORM),
-            normalized_block(A30, rk_ptr, rk_ptr, t0, n, 3, 0, h, H, BC, NORM),
-            normalized_block(A31, rk_ptr, rk_ptr, t0, n, 3, 1, h, H, BC, NORM),
-            normalized_block(A32, rk_ptr, rk_ptr, t0, n, 3, 2, h, H, BC, NORM),
-            normalized_block(P10, rq_ptr, rk_ptr, t0, n, 1, 0, h, H, BC, NORM),
-            normalized_block(P20, rq_ptr, rk_ptr, t0, n, 2, 0, h, H, BC, NORM),
-            normalized_block(P21, rq_ptr, rk_ptr, t0, n, 2, 1, h, H, BC, NORM),
-            normalized_block(P30, rq_ptr, rk_ptr, t0, n, 3, 0, h, H, BC, NORM),
-            normalized_block(P31, rq_ptr, rk_ptr, t0, n, 3, 1, h, H, BC, NORM),
-            normalized_block(P32, rq_ptr, rk_ptr, t0, n, 3, 2, h, H, BC, NORM))
+    return A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32
 
 
 @triton.jit

@@ -119,25 +119,15 @@ def head_row(ptr, t, end, H, K, heads, d, mask):
 
 
 @triton.jit
-def head_operand(x_ptr, r_ptr, t, end, H, K, heads, d, mask, NORM: tl.constexpr):
-    """Token t's row of q or k (fp32, ``head_row``), with ``NORM`` normalized by the heads' inverse norms at r_ptr
-    (``[T, H]``; in fp32, as ``blocks.normalized_block`` scales the sums of the rows as given)."""
-    x = head_row(x_ptr, t, end, H, K, heads, d, mask).to(tl.float32)
-    if NORM:
-        x *= tl.load(r_ptr + t.to(tl.int64) * H + heads, mask=(heads < H) & (t < end), other=0.0)[None, :, None]
-    return x
+def head_rows(q_ptr, k_ptr, G_ptr, t, end, H, K, heads, d, mask):
+    """Token t's k, q (fp32) and G of the program's heads (``head_row``)."""
+    return (head_row(k_ptr, t, end, H, K, heads, d, mask).to(tl.float32),
+            head_row(q_ptr, t, end, H, K, heads, d, mask).to(tl.float32), head_row(G_ptr, t, end, H, K, heads, d, mask))
 
 
 @triton.jit
-def head_rows(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t, end, H, K, heads, d, mask, NORM: tl.constexpr):
-    """Token t's k, q (fp32, ``head_operand``) and G of the program's heads (``head_row``)."""
-    return (head_operand(k_ptr, rk_ptr, t, end, H, K, heads, d, mask, NORM),
-            head_operand(q_ptr, rq_ptr, t, end, H, K, heads, d, mask, NORM), head_row(G_ptr, t, end, H, K, heads, d, mask))
-
-
-@triton.jit
-def diag_walk(X, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0,
-              c0, mine, C: tl.constexpr, ZERO_RIGHT: tl.constexpr, NORM: tl.constexpr):
+def diag_walk(X, q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, first, last, end, H, K, heads, d, m, b0, c0, mine,
+              C: tl.constexpr, ZERO_RIGHT: tl.constexpr):
     """Rows ``first .. last - 1`` (tokens ``t + i``) of the diagonal block at chunk column b0 against its W columns
     ``c0 + j`` (both counted from the block's first row and column), exactly for any decay, one row after another: A's
     into the diagonal blocks' array (``[T, H, 2W]``), P's (scaled) into P's, for the heads where ``mine`` ``[BH]``
@@ -148,10 +138,10 @@ def diag_walk(X, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, scale, t, fi
     W: tl.constexpr = X.shape[0]
     cols = tl.arange(0, W)
     j = cols[:, None, None]
-    k_i, q_i, G_i = head_rows(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t + first, end, H, K, heads, d, m, NORM)
+    k_i, q_i, G_i = head_rows(q_ptr, k_ptr, G_ptr, t + first, end, H, K, heads, d, m)
     for i in range(first, last):
         # the next row's loads issued before this row's sums, so that their latency is not a step of the walk
-        k_n, q_n, G_n = head_rows(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m, NORM)
+        k_n, q_n, G_n = head_rows(q_ptr, k_ptr, G_ptr, t + i + 1, end, H, K, heads, d, m)
         row = ((t + i).to(tl.int64) * H + heads)[None, :]
         out = row * C + b0 + c0 + cols[:, None]
         tl.store(D_ptr + row * (2 * W) + c0 + cols[:, None], tl.sum(k_i * X, axis=2), mask=mine[None, :])
@@ -164,17 +154,16 @@ def diag_walk(X, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, scale, t, fi
 
 
 @triton.jit
-def diag_key(k_ptr, rk_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr, NORM: tl.constexpr):
+def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
     """The decayed keys that start a walk of W columns at row i, the first of them: ``k_i`` in the first column, zeros
     in the others ``[W, BH, BK]``."""
-    k = head_operand(k_ptr, rk_ptr, t + i, end, H, K, heads, d, m, NORM)
+    k = head_row(k_ptr, t + i, end, H, K, heads, d, m).to(tl.float32)
     return k * (tl.arange(0, W) == 0).to(tl.float32)[:, None, None]
 
 
 @triton.jit
-def diag_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale,
-                H, K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
-                NORM: tl.constexpr):
+def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
     A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
     Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
@@ -191,15 +180,15 @@ def diag_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, fla
         if not SAFE:
             dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
-            A, P = diag_block(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC, NORM)
+            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
             store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
             store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
 
 
 @triton.jit
-def exact_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                 C: tl.constexpr, BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, NORM: tl.constexpr):
+def exact_kernel(q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K, C: tl.constexpr,
+                 BC: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr):
     """One sub-chunk s of BH heads (those ``diag_kernel`` did not flag return at once): the diagonal blocks of the
     flagged heads, exactly for any decay (``diag_walk``, K in one tile of BK), A's left in the diagonal blocks' array
     for ``exact_inverse_kernel``. The first half of a block's rows takes its first half of columns only (of the 16 x 16
@@ -224,13 +213,12 @@ def exact_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, flag_ptr, cu
         end = t0 + tl.minimum(n, (s + 1) * BC)
         # three walks of W columns: the first half of the rows against the first half of the columns (P's second
         # half zero), the second half of the rows against it (its columns carried on), then against the second half
-        lo = diag_walk(diag_key(k_ptr, rk_ptr, t, 0, end, H, K, heads, d, m, W, NORM), q_ptr, k_ptr, rq_ptr, rk_ptr,
-                       G_ptr, D_ptr, P_ptr, scale, t, 0, tl.minimum(W, end - t), end, H, K, heads, d, m, s * BC, 0, mine,
-                       C, True, NORM)
-        diag_walk(lo, q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, D_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m,
-                  s * BC, 0, mine, C, False, NORM)
-        diag_walk(diag_key(k_ptr, rk_ptr, t, W, end, H, K, heads, d, m, W, NORM), q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr,
-                  D_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m, s * BC, W, mine, C, False, NORM)
+        lo = diag_walk(diag_key(k_ptr, t, 0, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, 0,
+                       tl.minimum(W, end - t), end, H, K, heads, d, m, s * BC, 0, mine, C, True)
+        diag_walk(lo, q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, W, end - t, end, H, K, heads, d, m, s * BC, 0, mine, C,
+                  False)
+        diag_walk(diag_key(k_ptr, t, W, end, H, K, heads, d, m, W), q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, W,
+                  end - t, end, H, K, heads, d, m, s * BC, W, mine, C, False)
 
 
 @triton.jit
@@ -253,9 +241,8 @@ def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
 
 
 @triton.jit
-def below_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr,
-                 start_ptr, scale, H, K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
-                 T_SCALED: tl.constexpr, NORM: tl.constexpr):
+def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
+                 K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr):
     """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
     blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
     diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``)."""
@@ -263,8 +250,8 @@ def below_kernel(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, rq_ptr, rk_ptr, G_ptr, t0,
-                                                                              n, h, H, K, BC, BK, PREC, NORM)
+    A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
+                                                                              BC, BK, PREC)
     store_below(P_ptr, scale * P10, scale * P20, scale * P21, scale * P30, scale * P31, scale * P32, t0, n, h, H, C, BC)
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
@@ -337,7 +324,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
 
 
 def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | None, precision: str,
-          config: dict | None = None, norms: tuple[torch.Tensor, torch.Tensor] | None = None):
+          config: dict | None = None):
     """``(T, P)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each: T a ``scaled.Stored``,
     fp32 or under "tf32" row-scaled fp16 (the serial passes read it as a "tf32" dot's operand, ``chunk.scaled``), P
     fp32. ``flags``: without safe_gate the sub-chunks the front flagged (int32 ``[NC, H]``, bit s for sub-chunk s,
@@ -345,9 +332,6 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     chunk's alike, ``chunk_bwd.grads``); None under safe_gate. The diagonal blocks (``diag_kernel``; T's into an array
     of their own, ``[T, H, 16]``), without safe_gate the flagged ones exactly (``exact_kernel``) and their inverses
     (``exact_inverse_kernel``), then the blocks below them and T whole (``below_kernel``).
-    ``norms``: the inverse norms of q's and k's rows (``use_qk_l2norm``, ``front.Front``; q and k as given): every
-    kernel here normalizes the rows it loads as the front stores them (``l2norm.normalized_rows``), so that the front
-    need not store them for a forward without gradients; None: q and k as they are.
     ``config`` overrides their launches (``{"diag": {...}, "exact": {...}, "inverse": {...}, "below": {...}}``:
     ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
@@ -361,9 +345,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     D = torch.empty(total, H, SUB, device=k.device, dtype=torch.float32)  # T's diagonal blocks (first A's: exact)
     if not (chunks.num_chunks and H):
         return T, P
-    args = (q, k, *(norms or (G, G)), G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start,
-            scale, H, K)
-    fixed = dict(C=chunks.size, BC=SUB, NORM=norms is not None)
+    args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
+    fixed = dict(C=chunks.size, BC=SUB)
     dprec = diag_precision(precision)
 
     def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
@@ -372,11 +355,11 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
         cfg = exact_launch(K) | config.get("exact", {})
-        launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args[:5] + args[6:],
+        launch(exact_kernel, (chunks.num_chunks * NB, triton.cdiv(H, cfg["BH"])), args[:3] + args[4:],
                fixed | dict(BK=padded(K)), [cfg])
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
-               dict(C=chunks.size, BC=SUB, DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
-    launch(below_kernel, (chunks.num_chunks, H), args[:8] + (T.data, T.scale_ptr()) + args[9:],
+               fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
+    launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
            fixed | dict(PREC=precision, T_SCALED=T.scaled), [narrow(BELOW_LAUNCH | config.get("below", {}))])
     return T, P
 

@@ -6,19 +6,16 @@ channels (``l2norm``):
 
     G      = the chunk-local cumulative sum of g   fp32 (``gate.chunk_cumsum``; given instead for fp32 inputs, whose G
                                                  is fp64, and for the gate's function in the kernel: ``gate.gate_cumsum``)
-    qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied), and
-                                         r_q, r_k fp32
+    qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied)
     kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.decays``, ``prepared.store_key_operands``)
     gq     = scale qn e^G                the output's state term's left operand (``tiles.gated_left``;
                                          ``chunk_fwd.recurrence``'s ``output``), in ``gated_dtype``
     flags  = the sub-chunks whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``; without
              safe_gate), for ``intra``
 
-G is stored for ``intra``, the serial pass and the backward; r_q and r_k for ``intra``, which forms qn and kn from q
-and k as this kernel does (``l2norm.normalized_rows``); qn and kn for the backward only (not where no gradient is
-wanted: 0.27 of the 1.33 GB this kernel moved at the size below). kg, kd and gq are formed from qn and kn as stored
-(rounded to q's dtype first) and G read back, so they are bitwise what ``prepare_keys`` and ``gated_left`` form from
-the stored G, qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written
+G, qn and kn are stored for ``intra``, the serial pass and the backward; kg, kd and gq are formed from them as stored
+(qn and kn rounded to q's dtype first, G read back), so they are bitwise what ``prepare_keys`` and ``gated_left`` form
+from the stored G, qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written
 and read back: measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128), 0.137 + 0.266 ms apart, 0.340 here.
 G is summed by tensor-core dots (``tl.cumsum`` over the rows of this kernel's ``[64, 128]`` tiles, spread over its 8
 warps, took 0.34 ms more, ``results/kda_front_h200_session24.txt``), stored, and read back after a barrier: held in
@@ -49,7 +46,7 @@ from .blocks import NB, span_flags
 from .gate import chunk_cumsum
 from .l2norm import EPS, inverse_norm
 
-FRONT_LAUNCH = PREPARE_LAUNCH | dict(maxnreg=128)
+FRONT_LAUNCH = PREPARE_LAUNCH
 """As ``prepare_kernel``'s, whose tiles and stores it forms with q's and the norms: measured on an H200 (bf16, B=8,
 T=4096, H=16, K=128) 0.340 ms at 8 warps (128 registers), 0.340 at 16, 0.536 at 4; two load stages 0.340. With G
 summed in it: 0.412 at 8 warps (128 registers), 0.511 at 16, 0.726 at 4, 0.412 at two load stages."""
@@ -72,18 +69,15 @@ def sum_squares(x_ptr, x, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.conste
 
 
 @triton.jit
-def normalized(x_ptr, out_ptr, r_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB: tl.constexpr, NKB: tl.constexpr,
-               L2NORM: tl.constexpr, STORE: tl.constexpr):
-    """The program's fp32 tile of x as the serial pass's operands take it: with ``L2NORM`` ``x r`` rounded to x's
-    dtype, r stored into r_ptr (``[T, H]``; by each of a row's column blocks alike) and, with ``STORE``, ``x r`` into
-    out_ptr; else x."""
+def normalized(x_ptr, out_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB: tl.constexpr, NKB: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """The program's fp32 tile of x as the forward's kernels read it: with ``L2NORM`` ``x r`` stored into out_ptr
+    (in its dtype) and returned as stored; else x."""
     x = load_tile(x_ptr, rows, rmask, h, H, K, cols, cmask)
     if L2NORM:
-        r = inverse_norm(sum_squares(x_ptr, x, rows, rmask, h, H, K, KB, NKB), eps)
-        tl.store(r_ptr + (rows.to(tl.int64) * H + h)[:, None], r[:, None], mask=rmask[:, None])
-        y = (x * r[:, None]).to(x_ptr.dtype.element_ty)
-        if STORE:
-            store_tile(out_ptr, y, rows, rmask, h, H, K, cols, cmask)
+        y = (x * inverse_norm(sum_squares(x_ptr, x, rows, rmask, h, H, K, KB, NKB), eps)[:, None]).to(
+            out_ptr.dtype.element_ty)
+        store_tile(out_ptr, y, rows, rmask, h, H, K, cols, cmask)
         x = y.to(tl.float32)
     return x
 
@@ -98,10 +92,9 @@ def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.cons
 
 
 @triton.jit
-def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, rq_ptr, rk_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr,
-                 flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr,
-                 NKB: tl.constexpr, L2NORM: tl.constexpr, STORE_NORMALIZED: tl.constexpr, CUMSUM: tl.constexpr,
-                 FLAGS: tl.constexpr):
+def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, flag_ptr, cu_ptr,
+                 seq_ptr, start_ptr, scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                 L2NORM: tl.constexpr, CUMSUM: tl.constexpr, FLAGS: tl.constexpr):
     """One chunk, head and column block: with ``CUMSUM`` G from g (``store_chunk_gate``), with ``FLAGS`` the sub-chunks
     whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``); kn and k's operands, then qn and the
     output's left operand (the module docstring)."""
@@ -117,11 +110,9 @@ def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, rq_ptr, rk_ptr, kg_
     if FLAGS:
         span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C, C // NB)
     eG, eD = decays(G, load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask))
-    k = normalized(k_ptr, kn_ptr, rk_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM,
-                   STORE_NORMALIZED)
+    k = normalized(k_ptr, kn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
-    q = normalized(q_ptr, qn_ptr, rq_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM,
-                   STORE_NORMALIZED)
+    q = normalized(q_ptr, qn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_tile(gq_ptr, gated_left(q, eG, scale, gq_ptr.dtype.element_ty), rows, rmask, h, H, K, cols, cmask)
 
 
@@ -138,35 +129,27 @@ def gated_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
 
 
 class Front(NamedTuple):
-    """What the forward's front forms (``[T, H, K]`` each): q and k as the backward reads them (normalized where
-    ``use_qk_l2norm``, None where the front did not keep them; else as given), k's prepared operands, the output's left
-    operand ``scale q e^G`` and the cumulative gate G; without safe_gate the sub-chunks flagged for exact sums (int32
-    ``[NC, H]``, ``blocks.span_flags``; else None); and where ``use_qk_l2norm`` the rows' inverse norms ``(r_q, r_k)``
-    (fp32 ``[T, H]`` each; else None), from which ``chunk_fwd.intra`` forms the normalized q and k as stored."""
+    """What the forward's front forms (``[T, H, K]`` each): q and k as the forward reads them (normalized, or as
+    given), k's prepared operands, the output's left operand ``scale q e^G`` and the cumulative gate G; and without
+    safe_gate the sub-chunks flagged for exact sums (int32 ``[NC, H]``, ``blocks.span_flags``; else None)."""
 
-    q: torch.Tensor | None
-    k: torch.Tensor | None
+    q: torch.Tensor
+    k: torch.Tensor
     keys: PreparedKeys
     gated_q: torch.Tensor
     G: torch.Tensor
     flags: torch.Tensor | None
-    norms: tuple[torch.Tensor, torch.Tensor] | None
 
 
 def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype, safe: bool,
-          config: dict | None = None, G: torch.Tensor | None = None, keep_normalized: bool = True) -> Front:
+          config: dict | None = None, G: torch.Tensor | None = None) -> Front:
     """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
     log-decay g ``[T, H, K]`` (any kernel dtype), whose fp32 cumulative gate it forms (``store_chunk_gate``), or ``G``
     given (``gate.gate_cumsum``: an fp64 G, or the gate's function formed first; g is not read then, and may be None);
-    ``gated_dtype``: the output's left operand's; ``safe``: safe_gate's promise (no flags); ``keep_normalized``: store
-    the normalized q and k (for the backward; the forward's kernels form them from the norms): without them the B=8
-    forward's front moves 1.06 GB where it moved 1.33 (bf16, T=4096, H=16, K=128). ``config`` overrides the launch
-    (``num_warps``, ``num_stages``)."""
+    ``gated_dtype``: the output's left operand's; ``safe``: safe_gate's promise (no flags). ``config`` overrides the
+    launch (``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
-    keep = l2norm and keep_normalized
-    qn, kn = (torch.empty_like(q), torch.empty_like(k)) if keep else (q, k) if not l2norm else (None, None)
-    norms = (torch.empty(total, H, device=k.device, dtype=torch.float32),
-             torch.empty(total, H, device=k.device, dtype=torch.float32)) if l2norm else None
+    qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
     keys = allocate_keys(total, H, K, precision, k.device)
     gated_q = torch.empty(q.shape, device=q.device, dtype=gated_dtype)
     cumsum = G is None
@@ -175,9 +158,8 @@ def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, scale: float, g
     KB, NKB = state_blocks(K, maximum=SCALE_BLOCK)
     if chunks.num_chunks and H:
         launch(front_kernel, (chunks.num_chunks, H, NKB),
-               (q, k, G if g is None else g, G, *(x if x is not None else G for x in (qn, kn, *(norms or (G, G)))),
-                keys.kg, keys.sg, keys.kd, keys.sd, gated_q, G if flags is None else flags, chunks.cu, chunks.seq,
-                chunks.start, scale, EPS, H, K),
-               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, STORE_NORMALIZED=keep, CUMSUM=cumsum, FLAGS=not safe),
+               (q, k, G if g is None else g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q,
+                G if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, EPS, H, K),
+               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum, FLAGS=not safe),
                [FRONT_LAUNCH | (config or {})])
-    return Front(qn, kn, keys, gated_q, G, flags, norms)
+    return Front(qn, kn, keys, gated_q, G, flags)
