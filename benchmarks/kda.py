@@ -66,7 +66,7 @@ SHAPES = {
     "B8_T4096_strong": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None, gate="strong"),
     "grads": dict(B=2, T=2048, H=16, K=128, V=128, lengths=None),  # gradient_errors
     "tiny": dict(B=1, T=70, H=1, K=128, V=128, lengths=None),  # CPU dry runs of --profile-one (a chunk and a part)
-    # fp16 inputs (the others are bf16): the forward's output operand ``scale q e^G`` in fp16 (``front.gated_dtype``)
+    # fp16 inputs (the others are bf16)
     "B8_T4096_fp16": dict(B=8, T=4096, H=16, K=128, V=128, lengths=None, dtype=torch.float16),
 }
 TIMED = ("B8_T4096", "B1_T32768", "varlen8_T32768", "B8_T4096_strong")
@@ -600,21 +600,20 @@ def profile_data(name):
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda import chunk_bwd, chunk_fwd
-    from refcheck.optimized.kda.front import front, gated_dtype
+    from refcheck.optimized.kda.front import front
     s = SHAPES[name]
     x, cu = shape_inputs(name)
     flat = {n: t.reshape(s["B"] * s["T"], *t.shape[2:]).contiguous() for n, t in x.items()}
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     scale = s["K"] ** -0.5
-    q, k, _, gated_q, G, flags = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", scale,
-                                       gated_dtype(flat["v"].dtype, "tf32"), False)
+    q, k, _, G, flags = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", False)
     T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, flags, "tf32")
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
     dh, dY, _ = chunk_bwd.dstate(keys, G, flat["beta"], T, P, do, None, ch, scale, "tf32", False, scaled=True)
     return dict(flat=flat, ch=ch, q=q, k=k, G=G, T=T, P=P, flags=flags, keys=keys, hs=hs, U=U, do=do, dh=dh, dY=dY,
-                scale=scale, gated_q=gated_q)
+                scale=scale)
 
 
 def profile_stage(d, stage, cfg, safe, gather):
@@ -642,10 +641,9 @@ def profile_stage(d, stage, cfg, safe, gather):
                                             segments=segs, transitions=trans, config=cfg)
     if stage.startswith("recurrence"):  # the forward's pass with its output (keep: the states and U stored, fp32)
         keep = stage == "recurrence_keep"
-        o, gq = torch.empty_like(f["v"]), d["gated_q"].float() if keep else d["gated_q"]
+        o = torch.empty_like(f["v"])
         return lambda: chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=not keep,
-                                            segments=segs, config=cfg, output=(gq, d["P"], o),
-                                            states=keep)
+                                            segments=segs, config=cfg, output=(d["P"], o, sc), states=keep)
     if stage.startswith("dstate"):  # alone, or with the forward's segment maps (step 1 on the values alone)
         return lambda: chunk_bwd.dstate(keys, d["G"], f["beta"], d["T"], d["P"], d["do"], None, ch, sc, "tf32",
                                         False, scaled=True, segments=segs, transitions=trans, config=cfg)
@@ -661,7 +659,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     # the output's left operand
     assert stage == "front", stage
     G = d["G"] if cfg.pop("read_gate", False) else None
-    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", sc, d["gated_q"].dtype, safe, cfg, G=G)
+    return lambda: front(f["q"], f["k"], f["g"], True, ch, "tf32", safe, cfg, G=G)
 
 
 def profile(names, jobs, stages=None, defaults=False):

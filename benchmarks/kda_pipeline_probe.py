@@ -19,7 +19,7 @@ from kda import make_inputs  # noqa: E402
 
 from refcheck.optimized.common import make_chunks  # noqa: E402
 from refcheck.optimized.kda.chunk_fwd import CHUNK, intra, recurrence  # noqa: E402
-from refcheck.optimized.kda.front import front, gated_dtype  # noqa: E402
+from refcheck.optimized.kda.front import front  # noqa: E402
 
 B, T, H, K, V = 8, 4096, 16, 128, 128
 PREC = "tf32"
@@ -27,11 +27,11 @@ PREC = "tf32"
 
 def stages(q, k, v, g, beta, o, ht, nseq, config=None, mark=None):
     chunks = make_chunks(nseq, T, None, CHUNK, q.device)
-    qn, kn, keys, gq, G, flags = front(q, k, g, True, chunks, PREC, K ** -0.5, gated_dtype(q.dtype, PREC), False)
+    qn, kn, keys, G, flags = front(q, k, g, True, chunks, PREC, False)
     Tm, P = intra(qn, kn, G, beta, chunks, K ** -0.5, flags, PREC)
     if mark is not None:
         mark.record()
-    fin, *_ = recurrence(keys, v, G, beta, Tm, None, chunks, PREC, final=True, output=(gq, P, o), states=False,
+    fin, *_ = recurrence(keys, v, G, beta, Tm, None, chunks, PREC, final=True, output=(P, o, K ** -0.5), states=False,
                          config=config)
     ht.copy_(fin)
 

@@ -26,7 +26,7 @@ def front_flags(q, k, G, chunks):
     """The sub-chunks flagged for exact diagonal sums (``blocks.span_flags``), as the forward's front finds them before
     ``intra``, for tests that call ``intra`` alone."""
     from refcheck.optimized.kda.front import front
-    return front(q, k, None, False, chunks, "tf32", 1.0, torch.float32, False, G=G).flags
+    return front(q, k, None, False, chunks, "tf32", False, G=G).flags
 
 
 def rel(x, ref):
@@ -311,41 +311,60 @@ def test_tf32_nearest_is_cvt_rna_and_keeps_inf_and_nan():
         assert torch.equal(y.view(torch.int32), torch.from_numpy(want).view(torch.int32)), prec
 
 
+def half_state_model(S: torch.Tensor, KB: int, BV: int) -> torch.Tensor:
+    """S ``[H, K, V]`` as the forward pass's dots take it (``state.half_blocks``), in float64: each ``[KB, BV]`` block
+    over the power of two p at or above its largest magnitude, rounded to fp16, times p."""
+    out = torch.empty_like(S, dtype=torch.float64)
+    for r in range(0, S.shape[1], KB):
+        for c in range(0, S.shape[2], BV):
+            blk = S[:, r:r + KB, c:c + BV].double()
+            m = blk.abs().amax(dim=(1, 2), keepdim=True)
+            p = torch.where(m > 0, 2.0 ** torch.ceil(torch.log2(m.clamp_min(2.0 ** -126))), 1.0)
+            out[:, r:r + KB, c:c + BV] = (blk / p).to(torch.float16).double() * p
+    return out
+
+
 @pytest.mark.parametrize("block", [16, 32, 64])
 def test_forward_pass_output_is_its_operands_products(block):
-    """The forward's output formed in its serial pass (``chunk_fwd.recurrence``'s ``output``), ``O = Qg S0 + P U`` of
-    every chunk, against float64 products of the operands as the pass's "tf32" dots take them: Qg and the entry state
-    S0 truncated by the dot, P and U rounded to nearest first (``tiles.tf32_nearest``; truncated, o's error against
-    float64 grew from 1.17e-3 to 1.78e-3 on an H200, fp32 inputs). Within fp32 accumulation of them, so that a
-    truncated P or U fails it; packed sequences with partial and empty chunks, value blocks of 16, 32 and 64 (V = 48:
-    the last one partial), h and U stored alongside (``states``) as ``disable_recompute`` stores them."""
+    """The forward's output formed in its serial pass (``chunk_fwd.recurrence``'s ``output``), ``O = scale Qg S0 + P
+    U`` of every chunk, against float64 products of the operands as the pass's dots take them: Qg prepared (fp16, row
+    scales), the entry state S0 in fp16 by ``[KB, BV]`` blocks over their powers of two (``half_state_model``), P and
+    U rounded to nearest at "tf32" first (``tiles.tf32_nearest``; truncated, o's error against float64 grew from
+    1.17e-3 to 1.78e-3 on an H200, fp32 inputs). Within fp32 accumulation of them, so that a truncated P or U, or a
+    state block rounded otherwise, fails it; states from 1e-6 to 2e5 (fp16 ends at 65504: without its power of two a
+    block overflows or sinks into fp16's subnormals); packed sequences with partial and empty chunks, two state
+    blocks (K = 128), value blocks of 16, 32 and 64 (V = 48: the last one partial), h and U stored alongside
+    (``states``) as ``disable_recompute`` stores them."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.chunk_fwd import intra, recurrence
+    from refcheck.optimized.kda.chunk_fwd import intra, recurrence, state_width
     from refcheck.optimized.kda.gate import gate_cumsum
     gen = torch.Generator().manual_seed(7)
-    lengths, H, K, V, C = [37, 0, 100], 2, 32, 48, 64
-    T = sum(lengths)
+    lengths, H, K, V, C = [37, 0, 100], 2, 128, 48, 64
+    T, scale = sum(lengths), K ** -0.5
     q, k = (F.normalize(torch.randn(T, H, K, generator=gen), dim=-1) for _ in range(2))
     v = torch.randn(T, H, V, generator=gen)
     beta = torch.rand(T, H, generator=gen)
-    h0 = torch.randn(len(lengths), H, K, V, generator=gen)
+    h0 = torch.randn(len(lengths), H, K, V, generator=gen) * torch.tensor([2e5, 1.0, 1e-6])[:, None, None, None]
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), C, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
-    gated = (K ** -0.5 * q * G.exp()).float()
-    Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, front_flags(q, k, G, chunks), "tf32")
+    keys = prepare_keys(k, G, chunks, "tf32", q=q)
+    Tm, P = intra(q, k, G, beta, chunks, scale, front_flags(q, k, G, chunks), "tf32")
     o = torch.full_like(v, float("nan"))
-    _, hs, U, _ = recurrence(prepare_keys(k, G, chunks, "tf32"), v, G, beta, Tm, h0, chunks, "tf32", final=False,
-                             config=dict(BV=block), output=(gated, P, o))
+    _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, "tf32", final=False, config=dict(BV=block),
+                             output=(P, o, scale))
     assert not (hs.scaled or U.scaled) and bool(o.isfinite().all())
+    KB = keys.state_rows(state_width(False))
+    assert KB < K  # two blocks, each over its own power of two
+    Qg = keys.qg.double() * keys.sq.double()  # one scale block (K <= SCALE_BLOCK)
     for c in range(chunks.num_chunks):
         t0 = int(chunks.start[c])
         n = min(int(chunks.cu[int(chunks.seq[c]) + 1]) - t0, C)
         rows = slice(t0, t0 + n)
-        S = hs.data[c].double()  # [H, K, V]
-        Qg, Pc, Uc = gated[rows].transpose(0, 1), P[rows, :, :n].transpose(0, 1), U.data[rows].transpose(0, 1)
-        model = tf32_model(Qg, False) @ tf32_model(S, False) + tf32_model(Pc, True) @ tf32_model(Uc, True)
-        size = Qg.double().abs() @ S.abs() + Pc.double().abs() @ Uc.double().abs()
+        S = hs.data[c]  # [H, K, V]
+        Qc, Pc, Uc = Qg[rows].transpose(0, 1), P[rows, :, :n].transpose(0, 1), U.data[rows].transpose(0, 1)
+        model = scale * Qc @ half_state_model(S, KB, block) + tf32_model(Pc, True) @ tf32_model(Uc, True)
+        size = scale * Qc.abs() @ S.double().abs() + Pc.double().abs() @ Uc.double().abs()
         assert torch.equal(tf32_model(Uc, True), Uc.double())  # U as stored: rounded already
         assert bool(((o[rows].transpose(0, 1).double() - model).abs() <= 2.0 ** -20 * size).all()), c
 
@@ -374,11 +393,10 @@ def test_serial_passes_read_a_row_scaled_t_as_its_values():
     assert Tm.scaled and Tm.data.dtype == torch.float16 and bool((Tm.scales >= 1).all())
     Tm = Stored(Tm.data, Tm.scales * 2.0 ** torch.randint(-3, 7, Tm.scales.shape, generator=gen), Tm.block)
     keys = prepare_keys(k, G, chunks, "tf32", q=q)
-    gated = (K ** -0.5 * q * G.exp()).to(torch.bfloat16)
     runs = []
     for t in (Tm, Stored(Tm.float())):
         o = torch.full_like(v, float("nan"))
-        ht, hs, U, _ = recurrence(keys, v, G, beta, t, h0, chunks, "tf32", final=True, output=(gated, P, o))
+        ht, hs, U, _ = recurrence(keys, v, G, beta, t, h0, chunks, "tf32", final=True, output=(P, o, K ** -0.5))
         dh, dY, dh0 = dstate(keys, G, beta, t, P, do, dht, chunks, K ** -0.5, "tf32", True)
         runs.append([ht, hs.data, U.data, o, dh.data, dY.data, dh0])
     for x, y in zip(*runs):
@@ -389,21 +407,20 @@ def test_serial_passes_read_a_row_scaled_t_as_its_values():
                                          (torch.bfloat16, 256, True), (torch.bfloat16, 100, False),
                                          (torch.float16, 64, False)])
 def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
-    """The forward's front (``kda.front``) forms in one kernel q and k normalized and what ``prepare_keys`` forms apart,
-    and the output's left operand ``scale q e^G`` (``front.gated_dtype``: 16-bit for 16-bit inputs), which the serial
-    pass reads in place of q and G: packed sequences with partial and empty chunks, decay strong enough to underflow
-    (into fp16's subnormals), bf16, fp16 and fp32 (fp64 G), K padded and of two scale blocks (where a row's norm spans
-    both). q and k are ``x / sqrt(sum x^2 + eps)`` to their rounding, k's operands bitwise those that ``prepare_keys``
-    forms from the front's k, the left operand ``scale q e^G`` rounded once on every row."""
+    """The forward's front (``kda.front``) forms in one kernel q and k normalized and what ``prepare_keys`` forms apart
+    from them, k's operands and the output's left operand ``q e^G``: packed sequences with partial and empty chunks,
+    decay strong enough to underflow (into fp16's subnormals), bf16, fp16 and fp32 (fp64 G), K padded and of two scale
+    blocks (where a row's norm spans both). q and k are ``x / sqrt(sum x^2 + eps)`` to their rounding, the operands and
+    their row scales bitwise those that ``prepare_keys`` forms from the front's q and k."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.chunk.tiles import cumulative_gate_dtype
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.front import front, gated_dtype
+    from refcheck.optimized.kda.front import front
     from refcheck.optimized.kda.gate import gate_cumsum
     from refcheck.optimized.kda.l2norm import EPS
     gen = torch.Generator().manual_seed(17)
     lengths, H = [37, 0, 100, 70], 2
-    T, scale = sum(lengths), K ** -0.5
+    T = sum(lengths)
     q, k = (3 * torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
     if not l2:
         q, k = (F.normalize(x.float(), dim=-1).to(dtype) for x in (q, k))
@@ -412,8 +429,7 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
     # fp32 inputs: G (fp64) from the gate's kernel; 16-bit: the front's own
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64) if cumulative_gate_dtype(dtype) == torch.float64 \
         else None
-    left = gated_dtype(dtype, "tf32")
-    qn, kn, keys, gated, G, _ = front(q, k, g, l2, chunks, "tf32", scale, left, True, G=G)
+    qn, kn, keys, G, _ = front(q, k, g, l2, chunks, "tf32", True, G=G)
     if l2:
         for mine, x in ((qn, q), (kn, k)):  # one rounding to dtype after a few fp32 ones
             x = x.double()
@@ -421,14 +437,9 @@ def test_front_gives_the_bits_of_its_separate_steps(dtype, K, l2):
                                        rtol=torch.finfo(dtype).eps / 2 + 8 * 2.0 ** -24, atol=0)
     else:
         assert qn is q and kn is k
-    for x, y in zip(keys, prepare_keys(kn, G, chunks, "tf32")):
-        assert (x is None and y is None) or torch.equal(x, y)
-    # every row written: rounded once to its dtype, the exponent G to fp32 (``tiles.decay``), what underflows lost
-    exact = qn.double() * torch.exp(G.double()) * scale
-    eps = max(torch.finfo(left).eps / 2, 2.0 ** -22)  # one rounding to its dtype, or fp32's few
-    subnormal = torch.finfo(left).smallest_normal * torch.finfo(left).eps / 2  # half a subnormal step (fp16: 2^-25)
-    bound = exact.abs() * (eps + G.double().abs() * 2.0 ** -23) + max(2.0 ** -126, subnormal)
-    assert bool(((gated.double() - exact).abs() <= bound).all()) and bool((exact.abs() < 2.0 ** -126).any())
+    assert keys.qg is not None and bool((keys.qg == 0).any())  # q e^G underflowed somewhere
+    for x, y in zip(keys, prepare_keys(kn, G, chunks, "tf32", q=qn)):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -440,7 +451,7 @@ def test_the_fronts_cumulative_gate_is_within_three_ulps_of_the_exact_sums(dtype
     chunks, the front's largest errors are 1.6, 2.5 and 2.2 ulps for bf16, fp16 and fp32 g, a sequential sum's 1.5,
     3.0 and 6.2."""
     from refcheck.optimized.common import make_chunks
-    from refcheck.optimized.kda.front import front, gated_dtype
+    from refcheck.optimized.kda.front import front
     gen = torch.Generator().manual_seed(29)
     lengths, H, K = [70, 0, 100, 7], 2, 64
     T = sum(lengths)
@@ -448,23 +459,13 @@ def test_the_fronts_cumulative_gate_is_within_three_ulps_of_the_exact_sums(dtype
     chunks = make_chunks(1, T, starts, 64, "cpu")
     g = (-torch.rand(T, H, K, generator=gen) * 10.0 ** torch.randint(-3, 1, (T, H, K), generator=gen)).to(dtype)
     q, k = (torch.randn(T, H, K, generator=gen).to(torch.bfloat16) for _ in range(2))
-    G = front(q, k, g, True, chunks, "tf32", K ** -0.5, gated_dtype(q.dtype, "tf32"), True).G
+    G = front(q, k, g, True, chunks, "tf32", True).G
     exact = torch.empty(T, H, K, dtype=torch.float64)
     for s, e in zip(starts[:-1].tolist(), starts[1:].tolist()):
         for t0 in range(s, e, 64):
             exact[t0:min(t0 + 64, e)] = g[t0:min(t0 + 64, e)].double().cumsum(0)
     ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(2.0 ** -126))) - 23)
     assert bool(((G.double() - exact).abs() <= 3 * ulp).all())
-
-
-def test_the_outputs_left_operand_is_16_bit_only_where_the_dot_takes_tf32():
-    """``scale q e^G`` is rounded to a 16-bit input's dtype (exact in "tf32", which would truncate it in fp32) and
-    stays fp32 for fp32 inputs and under "ieee" and "tf32x3", which take the product as it is."""
-    from refcheck.optimized.kda.front import gated_dtype
-    assert [gated_dtype(d, "tf32") for d in (torch.bfloat16, torch.float16, torch.float32)] == [
-        torch.bfloat16, torch.float16, torch.float32]
-    assert {gated_dtype(d, p) for d in (torch.bfloat16, torch.float16, torch.float32) for p in ("ieee", "tf32x3")} == {
-        torch.float32}
 
 
 @pytest.mark.parametrize("precision", ["tf32", "ieee"])
@@ -495,14 +496,13 @@ def test_serial_passes_give_the_bits_of_pointer_loads_through_tma(precision):
     Tm, P = intra(q, k, G, beta, chunks, K ** -0.5, flags, precision)
     keys = prepare_keys(k, G, chunks, precision, q=q)
     assert tma_operands(None, *((x, [64, 1, 32]) for x in (keys.kg, v, do)), (Tm.data, [64, 1, 64]))[0]
-    gated = (K ** -0.5 * q * G.exp()).to(torch.bfloat16)  # the forward's output term's left operand, bf16 inputs
     runs = []
     for tma in (True, False):
         ht, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=True,
                                   scaled=row_scaled(precision), config=dict(TMA=tma))
         o = torch.full_like(v, float("nan"))  # the forward's pass with its output, as the forward runs it
         recurrence(keys, v, G, beta, Tm, h0, chunks, precision, final=False, config=dict(TMA=tma),
-                   output=(gated, P, o), states=False)
+                   output=(P, o, K ** -0.5), states=False)
         dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, chunks, K ** -0.5, precision, True,
                              scaled=row_scaled(precision), config=dict(TMA=tma))
         dx = grads(q, k, v, g, G, beta, hs, dh, U, dY, do, None, None, None, chunks, K ** -0.5, flags, False, precision,

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..common import Chunks, Selection, launch, padded
-from .scaled import scale_rows, store_scaled
+from .scaled import pow2_at_or_above, pow2_reciprocal, scale_rows, store_scaled
 from .tiles import decay, load_gate, load_gate_row, load_rows, load_rows_stored, load_tile, row_offsets, selected
 
 
@@ -204,14 +204,20 @@ def rows_dot(Z, S, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: 
 
 
 @triton.jit
-def gated_rows_dot(O, S, x, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
-    """``O + x_b S_b``, ``[C, BV]``, for block kb of an operand x stored as it is (``tiles.load_rows_stored``; KDA's
-    ``scale q e^G``, 16-bit for 16-bit inputs, ``kda.front.gated_dtype``), at ``PREC`` (a 16-bit x exact in "tf32").
-    A 16-bit dot with the state rounded to x's dtype, as KDA's output pass took the states it stored in bf16, was
-    faster (H200, B=8, T=4096, H=16, K=V=128: the pass 0.412 -> 0.388 ms) but computed garbage at value blocks of 32
-    (Triton 3.6: o ~1e37 at B=2, T=1024, bf16; an illegal memory access in a profile run)."""
+def half_block(S):
+    """``(S / p, p)``: a state block over the power of two p at or above its largest magnitude, in fp16 (``half_dot``):
+    every entry to a relative error of 2^-11 down to 2^-14 p, below it to an absolute error of at most 2^-25 p."""
+    p = pow2_at_or_above(tl.max(tl.abs(S)))
+    return (S * pow2_reciprocal(p)).to(tl.float16), p
+
+
+@triton.jit
+def half_dot(Z, Sh, p, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, TMA: tl.constexpr):
+    """``Z + x_b S_b`` (``rows_dot``) for an fp16 prepared operand ``x_b = Diag(s) X_b`` and a state block as
+    ``half_block`` gives it, ``S_b = p Sh``: ``Z + (p s) (X_b Sh)``, an fp16 dot (twice the tensor cores' rate of a
+    "tf32" one, whose fp32 operand keeps the same 11 significant bits, truncated)."""
     X = load_rows_stored(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA)
-    return tl.dot(X.to(tl.float32), S, O, input_precision=PREC)
+    return Z + (p * s)[:, None] * tl.dot(X, Sh)
 
 
 @triton.jit
@@ -282,18 +288,32 @@ def read_blocks(S0, S1, S2, S3, Z, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K, 
 
 
 @triton.jit
-def gated_blocks(O, S0, S1, S2, S3, x, t0, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.constexpr,
-                 PREC: tl.constexpr, TMA: tl.constexpr):
-    """``O + x S`` for an operand x stored as it is (``gated_rows_dot`` of every block): KDA's output term
-    ``scale (q e^G) S`` in its forward pass."""
-    O = gated_rows_dot(O, S0, x, t0, rows, rmask, h, H, K, 0, KB, PREC, TMA)
+def half_blocks(S0, S1, S2, S3, NKB: tl.constexpr):
+    """``half_block`` of blocks 0..3 (block 0's again past ``NKB``): ``(Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3)``."""
+    Sh0, p0 = half_block(S0)
+    Sh1, Sh2, Sh3, p1, p2, p3 = Sh0, Sh0, Sh0, p0, p0, p0
     if NKB > 1:
-        O = gated_rows_dot(O, S1, x, t0, rows, rmask, h, H, K, 1, KB, PREC, TMA)
+        Sh1, p1 = half_block(S1)
     if NKB > 2:
-        O = gated_rows_dot(O, S2, x, t0, rows, rmask, h, H, K, 2, KB, PREC, TMA)
+        Sh2, p2 = half_block(S2)
     if NKB > 3:
-        O = gated_rows_dot(O, S3, x, t0, rows, rmask, h, H, K, 3, KB, PREC, TMA)
-    return O
+        Sh3, p3 = half_block(S3)
+    return Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3
+
+
+@triton.jit
+def read_half_blocks(Z, Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K,
+                     KB: tl.constexpr, NKB: tl.constexpr, TMA: tl.constexpr):
+    """``Z + x S`` for an fp16 prepared operand x and the state's blocks as ``half_blocks`` gives them (``half_dot``
+    of every block)."""
+    Z = half_dot(Z, Sh0, p0, x, s0, t0, rows, rmask, h, H, K, 0, KB, TMA)
+    if NKB > 1:
+        Z = half_dot(Z, Sh1, p1, x, s1, t0, rows, rmask, h, H, K, 1, KB, TMA)
+    if NKB > 2:
+        Z = half_dot(Z, Sh2, p2, x, s2, t0, rows, rmask, h, H, K, 2, KB, TMA)
+    if NKB > 3:
+        Z = half_dot(Z, Sh3, p3, x, s3, t0, rows, rmask, h, H, K, 3, KB, TMA)
+    return Z
 
 
 @triton.jit

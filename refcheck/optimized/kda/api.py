@@ -23,7 +23,7 @@ from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, SideStream, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from .chunk_bwd import dstate, dstate_outputs, grads
 from .chunk_fwd import CHUNK, below_kernel, intra, recurrence, recurrence_outputs
-from .front import front, gated_dtype
+from .front import front
 from .gate import gate_backward, gate_cumsum, gate_forward_kernel
 from .l2norm import l2norm_backward
 
@@ -112,20 +112,18 @@ class KdaFunction(torch.autograd.Function):
         q, k, v, g = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v, g))
         beta = beta.reshape(B * T, H).contiguous()
         # the output formed in the serial pass (``chunk_fwd.recurrence``'s ``output``), its state term's left operand
-        # ``scale q e^G`` from the front (``front``: with q and k normalized and the pass's operands), 16-bit for
-        # 16-bit inputs under "tf32" (``front.gated_dtype``); kept for the backward (``disable_recompute``), the
-        # states and U fp32 (else recomputed there)
+        # ``q e^G`` prepared by the front (``front``: with q and k normalized and the pass's other operands); kept for
+        # the backward (``disable_recompute``), the states and U fp32 (else recomputed there)
         gate_args: tuple[torch.Tensor | None, torch.Tensor | None, float | None] = (
             (A_log, dt_bias, cfg.lower_bound) if cfg.use_gate else (None, None, None))
         # G in the front (fp32 for 16-bit q, without the gate's function), else by the gate's kernel
         G = (None if cumulative_gate_dtype(q.dtype) == torch.float32 and not cfg.use_gate else
              gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)))
-        qn, kn, keys, gated_q, G, flags = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.scale,
-                                                 gated_dtype(q.dtype, cfg.precision), cfg.safe_gate, G=G)
+        qn, kn, keys, G, flags = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.safe_gate, G=G)
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision)
         o = torch.empty_like(v)
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
-                                      segments=cfg.segments, output=(gated_q, P, o), states=cfg.keep)
+                                      segments=cfg.segments, output=(P, o, cfg.scale), states=cfg.keep)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *kept,

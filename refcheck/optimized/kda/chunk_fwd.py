@@ -39,10 +39,11 @@ from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
-    gated_blocks,
+    half_blocks,
     launch_serial,
     load_blocks,
     read_blocks,
+    read_half_blocks,
     serial_chunk,
     serial_config,
     serial_program,
@@ -271,16 +272,17 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu
 
 @triton.jit
 def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0_ptr, ht_ptr, hs, hs_s_ptr, u_ptr,
-                      u_s_ptr, qg, P, o_ptr, cu_ptr, off_ptr, sel_ptr, H, K, V, W, C: tl.constexpr, KB: tl.constexpr,
-                      NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                      STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
-                      T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-                      SELECT: tl.constexpr):
+                      u_s_ptr, qg, sq_ptr, P, o_ptr, cu_ptr, off_ptr, sel_ptr, scale, H, K, V, W, C: tl.constexpr,
+                      KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
+                      HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
+                      T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr,
+                      TMA: tl.constexpr, SELECT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
-    at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = Qg S0 + P U`` into o (``Qg = scale q
-    e^G``, 16-bit for 16-bit inputs, ``front.gated_dtype``, ``state.gated_blocks``; P fp32).
-    ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
+    at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32).
+    ``Kg``, ``Kd`` and ``Qg = q e^G`` prepared (``chunk.prepared``, Qg's scales at ``sq_ptr``); with ``HALF`` (fp16
+    operands) the dots of Kg and Qg take the state in fp16, each block over its own power of two
+    (``state.half_blocks``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
     ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
     (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
     zeros drop them from ``Diag(beta) Z``, Kd's zero row scales from the update, P's zeros above the diagonal from
@@ -298,16 +300,28 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         values = load_rows(v, t0, rows, rmask, h, H, V, tl.program_id(0) * BV, BV, TMA)
         sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
         sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
+        if OUTPUT:
+            sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
+            sq0, sq1, sq2, sq3 = scale * sq0, scale * sq1, scale * sq2, scale * sq3
         g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(hs, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, SCALED,
                          TMA)
-        Z = values - read_blocks(S0, S1, S2, S3, tl.zeros((C, BV), tl.float32), kg, sg0, sg1, sg2, sg3, t0, rows, rmask,
-                                 h, H, K, KB, NKB, FIRST=True, PREC=PREC, TMA=TMA)
-        if OUTPUT:
-            O = gated_blocks(tl.zeros((C, BV), tl.float32), S0, S1, S2, S3, qg, t0, rows, rmask, h, H, K, KB, NKB,
-                             PREC, TMA)
+        zero = tl.zeros((C, BV), tl.float32)
+        if HALF:
+            Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3 = half_blocks(S0, S1, S2, S3, NKB)
+            Z = values - read_half_blocks(zero, Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3, kg, sg0, sg1, sg2, sg3, t0, rows,
+                                          rmask, h, H, K, KB, NKB, TMA)
+            if OUTPUT:
+                O = read_half_blocks(zero, Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3, qg, sq0, sq1, sq2, sq3, t0, rows, rmask,
+                                     h, H, K, KB, NKB, TMA)
+        else:
+            Z = values - read_blocks(S0, S1, S2, S3, zero, kg, sg0, sg1, sg2, sg3, t0, rows, rmask, h, H, K, KB, NKB,
+                                     FIRST=True, PREC=PREC, TMA=TMA)
+            if OUTPUT:
+                O = read_blocks(S0, S1, S2, S3, zero, qg, sq0, sq1, sq2, sq3, t0, rows, rmask, h, H, K, KB, NKB,
+                                FIRST=True, PREC=PREC, TMA=TMA)
         Tc = load_rows_scaled(T, t_s_ptr, t0, rows, rmask, h, H, C, 0, C, C, 1, T_SCALED, TMA)
         # rounded to nearest for the dots that take it (the update's, the output's), which would truncate it
         U = tf32_nearest(tl.dot(Tc, beta[:, None] * Z, input_precision=PREC), PREC)
@@ -383,17 +397,20 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
                scaled: bool = False, segments: Segments | None = None, transitions: Transitions | None = None,
                config: dict | None = None, select: Selection | None = None,
                stored: tuple[Stored, Stored, torch.Tensor | None] | None = None,
-               output: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None, states: bool = True):
+               output: tuple[torch.Tensor, torch.Tensor, float] | None = None, states: bool = True):
     """Walk the chunks, on the operands ``prepare_keys`` formed from k and G and ``intra``'s T. Returns ``(final state,
     h, U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` and U ``[T, H, V]``, both ``scaled.Stored`` (None where not ``states``), fp32 or with ``scaled``
     row-scaled fp16 (``chunk.scaled``: for "tf32" dots only); ``segments``: the sequences cut into segments that run
     side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
-    ``output``: ``(Qg, P, o)``, the forward's output formed in the pass, ``O = Qg S0 + P U`` into o (Qg = ``scale q
-    e^G``, ``front.gated_dtype``; P ``intra``'s). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128,
-    the pass and the output, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass
-    storing h in bf16 and U row-scaled, an output kernel reading them), 0.619 fused with T in fp32 (123 KB of shared
-    memory, one program an SM), 0.412 with T row-scaled fp16 (115.6 KB, two an SM; the forward 1.645 -> 1.449 ms).
+    ``output``: ``(P, o, scale)``, the forward's output formed in the pass, ``O = scale Qg S0 + P U`` into o (``Qg =
+    q e^G`` prepared, ``keys.qg``; P ``intra``'s). Where the prepared operands are fp16 ("tf32"), the dots of Kg and Qg
+    take the state in fp16 by blocks (``state.half_blocks``): measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128)
+    0.409 -> 0.361 ms for the pass with its output, where the state truncated to tf32 by the dot kept 11 significant
+    bits as fp16 keeps them (``results/kda_kernels_half_state_h200_session28.txt``). The output in the pass, measured
+    on an H200 (same shape, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass storing
+    h in bf16 and U row-scaled, an output kernel reading them), 0.619 fused with T in fp32 (123 KB of shared memory,
+    one program an SM), 0.412 with T row-scaled fp16 (115.6 KB, two an SM; the forward 1.645 -> 1.449 ms).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)
     is ``chunk.segments``' step 3 alone (no final state). ``config`` overrides the launch (``BV``, ``TMA``,
     ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
@@ -410,7 +427,10 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     else:  # placeholders no launch writes (h's shaped as its descriptor's array)
         hs, U, ht = Stored(torch.empty(1, K, V, device=dev)), Stored(v), None
     KB, C = keys.state_rows(width), chunks.size
-    qg, P, o = output if output is not None else (keys.kg, T.data, v)  # pointers no launch reads without output
+    assert output is None or keys.qg is not None, "the output's pass reads q e^G prepared (keys.qg)"
+    # pointers no launch reads without output
+    qg, sq = (keys.qg, keys.sq) if output is not None else (keys.kg, keys.sg)
+    P, o, scale = output if output is not None else (T.data, v, 1.0)
 
     def walk(over: Chunks, h0, W: int, steps: bool, store_final: bool | None = None, select: Selection | None = None,
              ht: torch.Tensor | None = None):
@@ -423,10 +443,11 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
             ht = torch.empty(over.num_seqs, H, K, W, device=dev, dtype=torch.float32)
         launch_serial(recurrence_kernel,
                       (kg, keys.sg, kd, keys.sd, vd, G, beta, Td, T.scale_ptr(), h0 if h0 is not None else hs.data,
-                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), qgd, Pd, o,
-                       over.cu, over.offsets, over.cu if select is None else select.seqs, H, K, V, W),
+                       ht if store_final else hs.data, hd, hs.scale_ptr(), U.data, U.scale_ptr(), qgd, sq, Pd, o,
+                       over.cu, over.offsets, over.cu if select is None else select.seqs, scale, H, K, V, W),
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, SCALED=scaled,
                            T_SCALED=T.scaled, OUTPUT=steps and output is not None,
+                           HALF=keys.kg.dtype == torch.float16,
                            PREC=precision, TMA=tma, SELECT=select is not None)
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht

@@ -8,14 +8,14 @@ channels (``l2norm``):
                                                  is fp64, and for the gate's function in the kernel: ``gate.gate_cumsum``)
     qn, kn = q r_q, k r_k               in q's dtype (``use_qk_l2norm``; else q and k as given, not copied)
     kg, kd = kn e^G, kn e^{G_last - G}   row-scaled (``prepared.decays``, ``prepared.store_key_operands``)
-    gq     = scale qn e^G                the output's state term's left operand (``tiles.gated_left``;
-                                         ``chunk_fwd.recurrence``'s ``output``), in ``gated_dtype``
+    qg     = qn e^G                      row-scaled (``prepared.store_prepared``): the output's state term's left
+                                         operand (``chunk_fwd.recurrence``'s ``output``)
     flags  = the sub-chunks whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``; without
              safe_gate), for ``intra``
 
-G, qn and kn are stored for ``intra``, the serial pass and the backward; kg, kd and gq are formed from them as stored
-(qn and kn rounded to q's dtype first, G read back), so they are bitwise what ``prepare_keys`` and ``gated_left`` form
-from the stored G, qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written
+G, qn and kn are stored for ``intra``, the serial pass and the backward; kg, kd and qg are formed from them as stored
+(qn and kn rounded to q's dtype first, G read back), so they are bitwise what ``prepare_keys`` forms from the stored
+G, qn and kn. Formed apart (``l2norm.l2norm_forward`` twice, then the operands), qn and kn were written
 and read back: measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128), 0.137 + 0.266 ms apart, 0.340 here.
 G is summed by tensor-core dots (``tl.cumsum`` over the rows of this kernel's ``[64, 128]`` tiles, spread over its 8
 warps, took 0.34 ms more, ``results/kda_front_h200_session24.txt``), stored, and read back after a barrier: held in
@@ -38,9 +38,10 @@ from ..chunk.prepared import (
     allocate_keys,
     decays,
     store_key_operands,
+    store_prepared,
 )
 from ..chunk.state import state_blocks
-from ..chunk.tiles import chunk_rows, gated_left, load_gate, load_gate_row, load_tile, store_tile, tile_ptrs
+from ..chunk.tiles import chunk_rows, load_gate, load_gate_row, load_tile, store_tile, tile_ptrs
 from ..common import Chunks, launch
 from .blocks import NB, span_flags
 from .gate import chunk_cumsum
@@ -92,12 +93,12 @@ def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.cons
 
 
 @triton.jit
-def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, gq_ptr, flag_ptr, cu_ptr,
-                 seq_ptr, start_ptr, scale, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, flag_ptr,
+                 cu_ptr, seq_ptr, start_ptr, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
                  L2NORM: tl.constexpr, CUMSUM: tl.constexpr, FLAGS: tl.constexpr):
     """One chunk, head and column block: with ``CUMSUM`` G from g (``store_chunk_gate``), with ``FLAGS`` the sub-chunks
-    whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``); kn and k's operands, then qn and the
-    output's left operand (the module docstring)."""
+    whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``); kn and k's operands, then qn and its
+    operand (the module docstring)."""
     c = tl.program_id(0)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
@@ -113,53 +114,39 @@ def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_
     k = normalized(k_ptr, kn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
     q = normalized(q_ptr, qn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
-    store_tile(gq_ptr, gated_left(q, eG, scale, gq_ptr.dtype.element_ty), rows, rmask, h, H, K, cols, cmask)
-
-
-def gated_dtype(dtype: torch.dtype, precision: str) -> torch.dtype:
-    """The dtype of the output's left operand ``scale q e^G`` for inputs of ``dtype``: theirs where they are 16-bit and
-    the serial pass's dot is "tf32", fp32 otherwise. That dot truncates an fp32 operand to tf32's 10 bits; bf16 and
-    fp16 (8 and 10 bits, rounded to nearest) are exact in it, and take half the shared memory: at fp16 inputs the
-    pass with an fp32 operand needed 132 KB, one program an SM, where 115.6 KB fit two (H200, B=8, T=4096, H=16,
-    K=V=128, ``results/kda_kernels_fp16_h200_session26.txt``: the pass 0.631 -> 0.410 ms, the front 0.372 -> 0.334,
-    the forward 1.725 -> 1.467 as bf16's 1.471; o's error against float64 6.1e-4 -> 6.0e-4). fp16 keeps its relative
-    accuracy down to 6.1e-5; the entries below it (at K = 128 and unit q, decays under about e^-7) lose it, each at an
-    absolute error of at most 2^-25. "ieee" and "tf32x3" take the fp32 product as it is."""
-    return dtype if dtype in (torch.bfloat16, torch.float16) and precision == "tf32" else torch.float32
+    store_prepared(qg_ptr, sq_ptr, q * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
 
 
 class Front(NamedTuple):
     """What the forward's front forms (``[T, H, K]`` each): q and k as the forward reads them (normalized, or as
-    given), k's prepared operands, the output's left operand ``scale q e^G`` and the cumulative gate G; and without
-    safe_gate the sub-chunks flagged for exact sums (int32 ``[NC, H]``, ``blocks.span_flags``; else None)."""
+    given), the serial pass's prepared operands (``k e^G``, ``k e^{G_last - G}`` and ``q e^G``, ``chunk.prepared``) and
+    the cumulative gate G; and without safe_gate the sub-chunks flagged for exact sums (int32 ``[NC, H]``,
+    ``blocks.span_flags``; else None)."""
 
     q: torch.Tensor
     k: torch.Tensor
     keys: PreparedKeys
-    gated_q: torch.Tensor
     G: torch.Tensor
     flags: torch.Tensor | None
 
 
-def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, scale: float, gated_dtype: torch.dtype, safe: bool,
-          config: dict | None = None, G: torch.Tensor | None = None) -> Front:
+def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, safe: bool, config: dict | None = None,
+          G: torch.Tensor | None = None) -> Front:
     """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
     log-decay g ``[T, H, K]`` (any kernel dtype), whose fp32 cumulative gate it forms (``store_chunk_gate``), or ``G``
     given (``gate.gate_cumsum``: an fp64 G, or the gate's function formed first; g is not read then, and may be None);
-    ``gated_dtype``: the output's left operand's; ``safe``: safe_gate's promise (no flags). ``config`` overrides the
-    launch (``num_warps``, ``num_stages``)."""
+    ``safe``: safe_gate's promise (no flags). ``config`` overrides the launch (``num_warps``, ``num_stages``)."""
     total, H, K = k.shape
     qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
-    keys = allocate_keys(total, H, K, precision, k.device)
-    gated_q = torch.empty(q.shape, device=q.device, dtype=gated_dtype)
+    keys = allocate_keys(total, H, K, precision, k.device, with_q=True)
     cumsum = G is None
     G = torch.empty(k.shape, device=k.device, dtype=torch.float32) if G is None else G
     flags = None if safe else torch.zeros(chunks.num_chunks, H, device=k.device, dtype=torch.int32)
     KB, NKB = state_blocks(K, maximum=SCALE_BLOCK)
     if chunks.num_chunks and H:
         launch(front_kernel, (chunks.num_chunks, H, NKB),
-               (q, k, G if g is None else g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, gated_q,
-                G if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, EPS, H, K),
+               (q, k, G if g is None else g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, keys.qg, keys.sq,
+                G if flags is None else flags, chunks.cu, chunks.seq, chunks.start, EPS, H, K),
                dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum, FLAGS=not safe),
                [FRONT_LAUNCH | (config or {})])
-    return Front(qn, kn, keys, gated_q, G, flags)
+    return Front(qn, kn, keys, G, flags)
