@@ -311,16 +311,15 @@ def test_tf32_nearest_is_cvt_rna_and_keeps_inf_and_nan():
         assert torch.equal(y.view(torch.int32), torch.from_numpy(want).view(torch.int32)), prec
 
 
-def half_state_model(S: torch.Tensor, KB: int, BV: int) -> torch.Tensor:
-    """S ``[H, K, V]`` as the forward pass's dots take it (``state.half_blocks``), in float64: each ``[KB, BV]`` block
-    over the power of two p at or above its largest magnitude, rounded to fp16, times p."""
+def half_state_model(S: torch.Tensor, BV: int) -> torch.Tensor:
+    """S ``[H, K, V]`` as the forward pass's dots take it (``state.half_state``), in float64: each value block of BV
+    columns over the power of two p at or above its largest magnitude, rounded to fp16, times p."""
     out = torch.empty_like(S, dtype=torch.float64)
-    for r in range(0, S.shape[1], KB):
-        for c in range(0, S.shape[2], BV):
-            blk = S[:, r:r + KB, c:c + BV].double()
-            m = blk.abs().amax(dim=(1, 2), keepdim=True)
-            p = torch.where(m > 0, 2.0 ** torch.ceil(torch.log2(m.clamp_min(2.0 ** -126))), 1.0)
-            out[:, r:r + KB, c:c + BV] = (blk / p).to(torch.float16).double() * p
+    for c in range(0, S.shape[2], BV):
+        blk = S[:, :, c:c + BV].double()
+        m = blk.abs().amax(dim=(1, 2), keepdim=True)
+        p = torch.where(m > 0, 2.0 ** torch.ceil(torch.log2(m.clamp_min(2.0 ** -126))), 1.0)
+        out[:, :, c:c + BV] = (blk / p).to(torch.float16).double() * p
     return out
 
 
@@ -328,11 +327,11 @@ def half_state_model(S: torch.Tensor, KB: int, BV: int) -> torch.Tensor:
 def test_forward_pass_output_is_its_operands_products(block):
     """The forward's output formed in its serial pass (``chunk_fwd.recurrence``'s ``output``), ``O = scale Qg S0 + P
     U`` of every chunk, against float64 products of the operands as the pass's dots take them: Qg prepared (fp16, row
-    scales), the entry state S0 in fp16 by ``[KB, BV]`` blocks over their powers of two (``half_state_model``), P and
+    scales), the entry state S0 in fp16 over a power of two a value block (``half_state_model``), P and
     U rounded to nearest at "tf32" first (``tiles.tf32_nearest``; truncated, o's error against float64 grew from
     1.17e-3 to 1.78e-3 on an H200, fp32 inputs). Within fp32 accumulation of them, so that a truncated P or U, or a
-    state block rounded otherwise, fails it; states from 1e-6 to 2e5 (fp16 ends at 65504: without its power of two a
-    block overflows or sinks into fp16's subnormals); packed sequences with partial and empty chunks, two state
+    state rounded otherwise, fails it; states from 1e-6 to 2e5 (fp16 ends at 65504: without its power of two a state
+    overflows or sinks into fp16's subnormals); packed sequences with partial and empty chunks, two state
     blocks (K = 128), value blocks of 16, 32 and 64 (V = 48: the last one partial), h and U stored alongside
     (``states``) as ``disable_recompute`` stores them."""
     from refcheck.optimized.chunk.prepared import prepare_keys
@@ -354,8 +353,7 @@ def test_forward_pass_output_is_its_operands_products(block):
     _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, "tf32", final=False, config=dict(BV=block),
                              output=(P, o, scale))
     assert not (hs.scaled or U.scaled) and bool(o.isfinite().all())
-    KB = keys.state_rows(state_width(False))
-    assert KB < K  # two blocks, each over its own power of two
+    assert keys.state_rows(state_width(False)) < K  # two state blocks, one power of two
     Qg = keys.qg.double() * keys.sq.double()  # one scale block (K <= SCALE_BLOCK)
     for c in range(chunks.num_chunks):
         t0 = int(chunks.start[c])
@@ -363,7 +361,7 @@ def test_forward_pass_output_is_its_operands_products(block):
         rows = slice(t0, t0 + n)
         S = hs.data[c]  # [H, K, V]
         Qc, Pc, Uc = Qg[rows].transpose(0, 1), P[rows, :, :n].transpose(0, 1), U.data[rows].transpose(0, 1)
-        model = scale * Qc @ half_state_model(S, KB, block) + tf32_model(Pc, True) @ tf32_model(Uc, True)
+        model = scale * Qc @ half_state_model(S, block) + tf32_model(Pc, True) @ tf32_model(Uc, True)
         size = scale * Qc.abs() @ S.double().abs() + Pc.double().abs() @ Uc.double().abs()
         assert torch.equal(tf32_model(Uc, True), Uc.double())  # U as stored: rounded already
         assert bool(((o[rows].transpose(0, 1).double() - model).abs() <= 2.0 ** -20 * size).all()), c

@@ -204,23 +204,6 @@ def rows_dot(Z, S, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, FIRST: 
 
 
 @triton.jit
-def half_block(S):
-    """``(S / p, p)``: a state block over the power of two p at or above its largest magnitude, in fp16 (``half_dot``):
-    every entry to a relative error of 2^-11 down to 2^-14 p, below it to an absolute error of at most 2^-25 p."""
-    p = pow2_at_or_above(tl.max(tl.abs(S)))
-    return (S * pow2_reciprocal(p)).to(tl.float16), p
-
-
-@triton.jit
-def half_dot(Z, Sh, p, x, s, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, TMA: tl.constexpr):
-    """``Z + x_b S_b`` (``rows_dot``) for an fp16 prepared operand ``x_b = Diag(s) X_b`` and a state block as
-    ``half_block`` gives it, ``S_b = p Sh``: ``Z + (p s) (X_b Sh)``, an fp16 dot (twice the tensor cores' rate of a
-    "tf32" one, whose fp32 operand keeps the same 11 significant bits, truncated)."""
-    X = load_rows_stored(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA)
-    return Z + (p * s)[:, None] * tl.dot(X, Sh)
-
-
-@triton.jit
 def update_block(dS, Y, x, s, gamma, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, DECAY: tl.constexpr,
                  FIRST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """Block kb: ``dS_b + x_b^T Y`` for a prepared operand ``x_b = Diag(s) X_b`` (as in ``rows_dot``), after
@@ -288,32 +271,65 @@ def read_blocks(S0, S1, S2, S3, Z, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K, 
 
 
 @triton.jit
-def half_blocks(S0, S1, S2, S3, NKB: tl.constexpr):
-    """``half_block`` of blocks 0..3 (block 0's again past ``NKB``): ``(Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3)``."""
-    Sh0, p0 = half_block(S0)
-    Sh1, Sh2, Sh3, p1, p2, p3 = Sh0, Sh0, Sh0, p0, p0, p0
+def half_state(S0, S1, S2, S3, NKB: tl.constexpr):
+    """``(Sh0, Sh1, Sh2, Sh3, p)``: the state's blocks over the power of two p at or above its largest magnitude, in
+    fp16 (blocks past ``NKB``: block 0's), for ``read_half_state``: every entry to a relative error of 2^-11 down to
+    2^-14 p, below it to an absolute error of at most 2^-25 p. A "tf32" dot keeps the same 11 significant bits of the
+    fp32 state, truncated, at half an fp16 dot's rate."""
+    m = tl.abs(S0)
     if NKB > 1:
-        Sh1, p1 = half_block(S1)
+        m = tl.maximum(m, tl.abs(S1))
     if NKB > 2:
-        Sh2, p2 = half_block(S2)
+        m = tl.maximum(m, tl.abs(S2))
     if NKB > 3:
-        Sh3, p3 = half_block(S3)
-    return Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3
+        m = tl.maximum(m, tl.abs(S3))
+    p = pow2_at_or_above(tl.max(m))
+    r = pow2_reciprocal(p)
+    Sh0 = (S0 * r).to(tl.float16)
+    Sh1, Sh2, Sh3 = Sh0, Sh0, Sh0
+    if NKB > 1:
+        Sh1 = (S1 * r).to(tl.float16)
+    if NKB > 2:
+        Sh2 = (S2 * r).to(tl.float16)
+    if NKB > 3:
+        Sh3 = (S3 * r).to(tl.float16)
+    return Sh0, Sh1, Sh2, Sh3, p
 
 
 @triton.jit
-def read_half_blocks(Z, Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K,
-                     KB: tl.constexpr, NKB: tl.constexpr, TMA: tl.constexpr):
-    """``Z + x S`` for an fp16 prepared operand x and the state's blocks as ``half_blocks`` gives them (``half_dot``
-    of every block)."""
-    Z = half_dot(Z, Sh0, p0, x, s0, t0, rows, rmask, h, H, K, 0, KB, TMA)
+def half_product(x, Sh, acc, t0, rows, rmask, h, H, K, kb, KB: tl.constexpr, TMA: tl.constexpr):
+    """``acc + X_b Sh_b``: block kb of an fp16 prepared operand as stored (its row scales left out) times block kb of
+    the state as ``half_state`` gives it, an fp16 dot."""
+    return tl.dot(load_rows_stored(x, t0, rows, rmask, h, H, K, kb * KB, KB, TMA), Sh, acc)
+
+
+@triton.jit
+def read_half_state(Z, Sh0, Sh1, Sh2, Sh3, p, x, s0, s1, s2, s3, t0, rows, rmask, h, H, K, KB: tl.constexpr,
+                    NKB: tl.constexpr, SB: tl.constexpr, TMA: tl.constexpr):
+    """``Z + x S`` (``read_blocks``) for an fp16 prepared operand ``x = Diag(s) X`` and the state as ``half_state``
+    gives it, ``S = p Sh``: the blocks' products accumulated in their dots within each scale block of ``SB`` columns
+    (whose blocks share their row scales), then ``Z + Diag(p s) (X Sh)`` once a scale block."""
+    acc = half_product(x, Sh0, tl.zeros(Z.shape, tl.float32), t0, rows, rmask, h, H, K, 0, KB, TMA)
+    s = s0
     if NKB > 1:
-        Z = half_dot(Z, Sh1, p1, x, s1, t0, rows, rmask, h, H, K, 1, KB, TMA)
+        if KB % SB == 0:
+            Z = Z + (p * s)[:, None] * acc
+            acc = tl.zeros(Z.shape, tl.float32)
+        acc = half_product(x, Sh1, acc, t0, rows, rmask, h, H, K, 1, KB, TMA)
+        s = s1
     if NKB > 2:
-        Z = half_dot(Z, Sh2, p2, x, s2, t0, rows, rmask, h, H, K, 2, KB, TMA)
+        if (2 * KB) % SB == 0:
+            Z = Z + (p * s)[:, None] * acc
+            acc = tl.zeros(Z.shape, tl.float32)
+        acc = half_product(x, Sh2, acc, t0, rows, rmask, h, H, K, 2, KB, TMA)
+        s = s2
     if NKB > 3:
-        Z = half_dot(Z, Sh3, p3, x, s3, t0, rows, rmask, h, H, K, 3, KB, TMA)
-    return Z
+        if (3 * KB) % SB == 0:
+            Z = Z + (p * s)[:, None] * acc
+            acc = tl.zeros(Z.shape, tl.float32)
+        acc = half_product(x, Sh3, acc, t0, rows, rmask, h, H, K, 3, KB, TMA)
+        s = s3
+    return Z + (p * s)[:, None] * acc
 
 
 @triton.jit

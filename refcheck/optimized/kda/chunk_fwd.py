@@ -39,11 +39,11 @@ from ..chunk.segments import Segments, Transitions, run
 from ..chunk.state import (
     block_gammas,
     block_scales,
-    half_blocks,
+    half_state,
     launch_serial,
     load_blocks,
     read_blocks,
-    read_half_blocks,
+    read_half_state,
     serial_chunk,
     serial_config,
     serial_program,
@@ -282,7 +282,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
     at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32).
     ``Kg``, ``Kd`` and ``Qg = q e^G`` prepared (``chunk.prepared``, Qg's scales at ``sq_ptr``); with ``HALF`` (fp16
     operands) the dots of Kg and Qg take the state in fp16, each block over its own power of two
-    (``state.half_blocks``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
+    (``state.half_state``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
     ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
     (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
     zeros drop them from ``Diag(beta) Z``, Kd's zero row scales from the update, P's zeros above the diagonal from
@@ -310,12 +310,12 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
                          TMA)
         zero = tl.zeros((C, BV), tl.float32)
         if HALF:
-            Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3 = half_blocks(S0, S1, S2, S3, NKB)
-            Z = values - read_half_blocks(zero, Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3, kg, sg0, sg1, sg2, sg3, t0, rows,
-                                          rmask, h, H, K, KB, NKB, TMA)
+            Sh0, Sh1, Sh2, Sh3, p = half_state(S0, S1, S2, S3, NKB)
+            Z = read_half_state(values, Sh0, Sh1, Sh2, Sh3, p, kg, -sg0, -sg1, -sg2, -sg3, t0, rows, rmask, h, H, K, KB,
+                                NKB, SB, TMA)
             if OUTPUT:
-                O = read_half_blocks(zero, Sh0, Sh1, Sh2, Sh3, p0, p1, p2, p3, qg, sq0, sq1, sq2, sq3, t0, rows, rmask,
-                                     h, H, K, KB, NKB, TMA)
+                O = read_half_state(zero, Sh0, Sh1, Sh2, Sh3, p, qg, sq0, sq1, sq2, sq3, t0, rows, rmask, h, H, K, KB,
+                                    NKB, SB, TMA)
         else:
             Z = values - read_blocks(S0, S1, S2, S3, zero, kg, sg0, sg1, sg2, sg3, t0, rows, rmask, h, H, K, KB, NKB,
                                      FIRST=True, PREC=PREC, TMA=TMA)
@@ -405,7 +405,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
     ``output``: ``(P, o, scale)``, the forward's output formed in the pass, ``O = scale Qg S0 + P U`` into o (``Qg =
     q e^G`` prepared, ``keys.qg``; P ``intra``'s). Where the prepared operands are fp16 ("tf32"), the dots of Kg and Qg
-    take the state in fp16 by blocks (``state.half_blocks``): measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128)
+    take the state in fp16 by blocks (``state.half_state``): measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128)
     0.409 -> 0.361 ms for the pass with its output, where the state truncated to tf32 by the dot kept 11 significant
     bits as fp16 keeps them (``results/kda_kernels_half_state_h200_session28.txt``). The output in the pass, measured
     on an H200 (same shape, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass storing
