@@ -15,7 +15,7 @@ import torch
 from refcheck.references.contract import check_scale, check_shape, check_tensor
 from refcheck.references.kda import check_kda_inputs
 
-from ..chunk.prepared import prepare_keys
+from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import Stored, row_scaled
 from ..chunk.segments import Segments, Transitions, plan
 from ..chunk.state import sequence_groups
@@ -125,9 +125,12 @@ class KdaFunction(torch.autograd.Function):
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                       segments=cfg.segments, output=(P, o, cfg.scale), states=cfg.keep)
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
-        # over segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *kept,
-                              *(trans or ()))
+        # kept: the front's prepared operands, the backward's own (``prepare_keys`` of qn, kn and G, bitwise), three
+        # [T, H, K] (fp16 under "tf32") that spare it their preparation (0.28 ms at B=8, T=4096, H=16, K=V=128 on an
+        # H200); over
+        # segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *keys,
+                              *kept, *(trans or ()))
         ctx.cfg = cfg
         ctx.shape = (B, T)
         return o.view(B, T, H, V), ht
@@ -136,11 +139,11 @@ class KdaFunction(torch.autograd.Function):
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
         q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, flags, *rest = ctx.saved_tensors
+        keys, rest = PreparedKeys(*rest[:len(PreparedKeys._fields)]), rest[len(PreparedKeys._fields):]
         Tm = Stored(Td, Ts, Td.shape[-1])
         kept, trans = rest[:2] if cfg.keep else (), Transitions(*rest[-2:]) if cfg.segments is not None else None
         B, T = ctx.shape
         do = do.reshape(v.shape).contiguous()
-        keys = prepare_keys(kn, G, cfg.chunks, cfg.precision, q=qn)
         scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
         # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
         # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
