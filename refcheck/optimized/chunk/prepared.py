@@ -1,7 +1,8 @@
 """Decayed operands of KDA's serial state passes, formed in parallel before them: ``k e^G``,
-``k e^{G_last - G}`` and (the backward's) ``q e^G`` per chunk, stored row-scaled in the precision the
-passes' dots use. The backward's are formed here (``prepare_keys``); the forward forms k's in the kernel that
-normalizes q and k (``kda.front``), through the same ``chunk_decays`` and ``store_key_operands``.
+``k e^{G_last - G}`` and ``q e^G`` per chunk, stored row-scaled in the precision the passes' dots use. The forward
+forms them in the kernel that normalizes q and k (``kda.front``, through ``decays``, ``store_key_operands`` and
+``store_prepared``) and the backward reads the forward's; ``prepare_keys`` forms them apart, from q, k and G as
+stored (the front's reference in the tests, and the benchmarks' stage).
 
 The serial kernels walk the chunks of a sequence one after another, so each chunk's latency adds up: a
 step that loads k and G, forms ``e^G`` and ``e^{G_last - G}`` on ``[C, K]`` tiles and only then reaches
@@ -153,9 +154,9 @@ def allocate_keys(total: int, H: int, K: int, precision: str, device, with_q: bo
 
 
 def prepare_keys(k, G, chunks: Chunks, precision: str, q=None, config: dict | None = None) -> PreparedKeys:
-    """The operands of KDA's state passes from k (and q: the backward's) and the cumulative gate G; ``config``
-    overrides the launch (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default). The forward
-    forms its own where it normalizes q and k (``kda.front``)."""
+    """The operands of KDA's state passes from k (and q) and the cumulative gate G; ``config`` overrides the launch
+    (``num_warps``; ``SB``: the scales' column blocks, ``SCALE_BLOCK`` by default). The op forms them where it
+    normalizes q and k (``kda.front``), bitwise these."""
     total, H, K = k.shape
     config = dict(config or {})
     keys = allocate_keys(total, H, K, precision, k.device, q is not None, config.pop("SB", SCALE_BLOCK))

@@ -421,7 +421,7 @@ def dstate(keys: PreparedKeys, G, beta, T: Stored, P, do, dht, chunks: Chunks, s
            stored: tuple[Stored, Stored, torch.Tensor | None] | None = None):
     """``(dh [NC, H, K, V], dY [T, H, V], dh0 [N, H, K, V] or None)``: dh and dY ``scaled.Stored``, fp32 or with
     ``scaled`` row-scaled fp16 (``chunk.scaled``: for "tf32" dots only), dh0 fp32; on the operands
-    ``prepare_keys`` formed from k, q and G. ``segments``: the sequences cut into segments that run side
+    prepared from k, q and G (``chunk.prepared``). ``segments``: the sequences cut into segments that run side
     by side (``chunk.segments``); ``transitions``: the forward pass's over them, whose maps transposed are this
     pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``TMA``, ``num_warps``,
     ``num_stages``; ``KB``: the state blocks' rows, at most the operands' scale block). Blocks of 64 by default: 128 took

@@ -398,16 +398,18 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
                config: dict | None = None, select: Selection | None = None,
                stored: tuple[Stored, Stored, torch.Tensor | None] | None = None,
                output: tuple[torch.Tensor, torch.Tensor, float] | None = None, states: bool = True):
-    """Walk the chunks, on the operands ``prepare_keys`` formed from k and G and ``intra``'s T. Returns ``(final state,
+    """Walk the chunks, on the operands prepared from k and G (``chunk.prepared``) and ``intra``'s T. Returns ``(final state,
     h, U, transitions)``: the fp32 final state ``[N, H, K, V]`` (None unless ``final``), the entry states h
     ``[NC, H, K, V]`` and U ``[T, H, V]``, both ``scaled.Stored`` (None where not ``states``), fp32 or with ``scaled``
     row-scaled fp16 (``chunk.scaled``: for "tf32" dots only); ``segments``: the sequences cut into segments that run
     side by side (``chunk.segments``), whose ``Transitions`` come last (None without segments).
     ``output``: ``(P, o, scale)``, the forward's output formed in the pass, ``O = scale Qg S0 + P U`` into o (``Qg =
     q e^G`` prepared, ``keys.qg``; P ``intra``'s). Where the prepared operands are fp16 ("tf32"), the dots of Kg and Qg
-    take the state in fp16 by blocks (``state.half_state``): measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128)
-    0.409 -> 0.361 ms for the pass with its output, where the state truncated to tf32 by the dot kept 11 significant
-    bits as fp16 keeps them (``results/kda_kernels_half_state_h200_session28.txt``). The output in the pass, measured
+    take the state in fp16 over a power of two (``state.half_state``; a "tf32" dot truncated it to the same 11
+    significant bits): measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the pass with its output) 0.410 ->
+    0.394 ms, at B=1, T=32768 over segments 0.970 -> 0.923; a power of two a state block, each block's product scaled
+    apart, 0.490 (spilling); the state cast to fp16 with no scale (not safe: fp16 ends at 65504) 0.361, and every dot
+    of the pass in fp16 so 0.313 (``results/kda_kernels_half_state_h200_session28.txt``). The output in the pass, measured
     on an H200 (same shape, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass storing
     h in bf16 and U row-scaled, an output kernel reading them), 0.619 fused with T in fp32 (123 KB of shared memory,
     one program an SM), 0.412 with T row-scaled fp16 (115.6 KB, two an SM; the forward 1.645 -> 1.449 ms).
