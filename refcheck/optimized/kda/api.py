@@ -215,7 +215,9 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
                   as much memory as bf16 q, k, v and g together at K = V; saves the pass, about
                   0.6 ms at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
                   ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the forward's
-                  intra-chunk kernel (0.9 ms there) for half the memory of the inputs.
+                  intra-chunk kernel (0.9 ms there) for half the memory of the inputs; and the serial passes'
+                  operands ``k e^G``, ``k e^{G_last - G}``, ``q e^G`` (``[T, H, K]`` each, fp16 under "tf32",
+                  with their row scales): preparing them again took 0.28 ms there.
       segment_chunks: the serial state passes run each sequence in segments of this many chunks side by
                   side (``chunk.segments``: each segment's transition, a scan over them, then each segment
                   from its entry state; the backward reuses the forward's transitions and entry states).
