@@ -127,8 +127,7 @@ class KdaFunction(torch.autograd.Function):
         kept = (hs.data, U.data) if cfg.keep else ()  # fp32, not row-scaled
         # kept: the front's prepared operands, the backward's own (``prepare_keys`` of qn, kn and G, bitwise), three
         # [T, H, K] (fp16 under "tf32") that spare it their preparation (0.28 ms at B=8, T=4096, H=16, K=V=128 on an
-        # H200); over
-        # segments, each one's map and entry state (a few MB): the backward's passes skip finding them again
+        # H200); over segments, each one's map and entry state (a few MB): the backward's passes skip finding them
         ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *keys,
                               *kept, *(trans or ()))
         ctx.cfg = cfg

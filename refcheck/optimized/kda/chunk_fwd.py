@@ -281,8 +281,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
     at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32).
     ``Kg``, ``Kd`` and ``Qg = q e^G`` prepared (``chunk.prepared``, Qg's scales at ``sq_ptr``); with ``HALF`` (fp16
-    operands) the dots of Kg and Qg take the state in fp16, each block over its own power of two
-    (``state.half_state``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
+    operands) the dots of Kg and Qg take the state in fp16 over a power of two (``state.half_state``,
+    ``state.read_half_state``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
     ``kg``, ``kd``, ``v``, ``T``, ``qg``, ``P`` and ``hs`` are pointers, or with ``TMA`` descriptors
     (``tiles.load_rows``, ``state.store_state``): the loaded rows past a sequence's end enter Z, U and O, but beta's
     zeros drop them from ``Diag(beta) Z``, Kd's zero row scales from the update, P's zeros above the diagonal from
