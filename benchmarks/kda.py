@@ -607,7 +607,7 @@ def profile_data(name):
     ch = make_chunks(s["B"], s["T"], cu, CHUNK, flat["q"].device)
     scale = s["K"] ** -0.5
     q, k, _, G, flags = front(flat["q"], flat["k"], flat["g"], True, ch, "tf32", False)
-    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, flags, "tf32")
+    T, P = chunk_fwd.intra(q, k, G, flat["beta"], ch, scale, flags, "tf32", unit_rows=True)
     keys = prepare_keys(k, G, ch, "tf32", q=q)
     _, hs, U, _ = chunk_fwd.recurrence(keys, flat["v"], G, flat["beta"], T, None, ch, "tf32", final=False, scaled=True)
     do = torch.randn_like(flat["v"])
@@ -631,7 +631,7 @@ def profile_stage(d, stage, cfg, safe, gather):
     segs = split(ch, n) if n else None
     if stage == "intra":
         return lambda: chunk_fwd.intra(d["q"], d["k"], d["G"], f["beta"], ch, sc, None if safe else d["flags"], "tf32",
-                                       cfg)
+                                       unit_rows=True, config=cfg)
     # the forward's segment maps and entry states, for the backward's passes over the same segments
     trans = (chunk_fwd.recurrence(keys, f["v"], d["G"], f["beta"], d["T"], None, ch, "tf32", final=False,
                                   segments=segs)[3] if segs is not None and stage.endswith("_from_forward") else None)

@@ -28,7 +28,7 @@ PREC = "tf32"
 def stages(q, k, v, g, beta, o, ht, nseq, config=None, mark=None):
     chunks = make_chunks(nseq, T, None, CHUNK, q.device)
     qn, kn, keys, G, flags = front(q, k, g, True, chunks, PREC, False)
-    Tm, P = intra(qn, kn, G, beta, chunks, K ** -0.5, flags, PREC)
+    Tm, P = intra(qn, kn, G, beta, chunks, K ** -0.5, flags, PREC, unit_rows=True)
     if mark is not None:
         mark.record()
     fin, *_ = recurrence(keys, v, G, beta, Tm, None, chunks, PREC, final=True, output=(P, o, K ** -0.5), states=False,

@@ -323,8 +323,8 @@ def half_state_model(S: torch.Tensor, BV: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("block", [16, 32, 64])
-def test_forward_pass_output_is_its_operands_products(block):
+@pytest.mark.parametrize("block, unit_rows", [(16, False), (32, False), (64, False), (32, True)])
+def test_forward_pass_output_is_its_operands_products(block, unit_rows):
     """The forward's output formed in its serial pass (``chunk_fwd.recurrence``'s ``output``), ``O = scale Qg S0 + P
     U`` of every chunk, against float64 products of the operands as the pass's dots take them: Qg prepared (fp16, row
     scales), the entry state S0 in fp16 over a power of two a value block (``half_state_model``), P and
@@ -333,7 +333,8 @@ def test_forward_pass_output_is_its_operands_products(block):
     state rounded otherwise, fails it; states from 1e-6 to 2e5 (fp16 ends at 65504: without its power of two a state
     overflows or sinks into fp16's subnormals); packed sequences with partial and empty chunks, two state
     blocks (K = 128), value blocks of 16, 32 and 64 (V = 48: the last one partial), h and U stored alongside
-    (``states``) as ``disable_recompute`` stores them."""
+    (``states``) as ``disable_recompute`` stores them; with ``unit_rows`` P in fp16 (``chunk_fwd.p_dtype``), whose
+    values the "tf32" rounding keeps."""
     from refcheck.optimized.chunk.prepared import prepare_keys
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra, recurrence, state_width
@@ -348,7 +349,8 @@ def test_forward_pass_output_is_its_operands_products(block):
     chunks = make_chunks(1, T, torch.tensor([0] + lengths).cumsum(0), C, "cpu")
     G = gate_cumsum(-torch.rand(T, H, K, generator=gen), None, None, None, chunks)
     keys = prepare_keys(k, G, chunks, "tf32", q=q)
-    Tm, P = intra(q, k, G, beta, chunks, scale, front_flags(q, k, G, chunks), "tf32")
+    Tm, P = intra(q, k, G, beta, chunks, scale, front_flags(q, k, G, chunks), "tf32", unit_rows=unit_rows)
+    assert P.dtype == (torch.float16 if unit_rows else torch.float32)
     o = torch.full_like(v, float("nan"))
     _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, chunks, "tf32", final=False, config=dict(BV=block),
                              output=(P, o, scale))
@@ -671,22 +673,27 @@ def test_packed_chunk_tables_are_reused_until_cu_seqlens_changes():
 STRONG_EVERYWHERE = (slice(None), slice(None))  # every head and channel
 
 
-@pytest.mark.parametrize("lengths, strong, safe, precision, K", [
-    ([150], False, False, "ieee", 40),
-    ([40, 0, 27, 83], STRONG_EVERYWHERE, False, "ieee", 40),  # strong decay where sequences end inside chunks
-    ([150], STRONG_EVERYWHERE, False, "tf32", 40),
-    ([150], (slice(None), slice(32, None)), False, "ieee", 40),  # past the channels diag_kernel's first tile holds
-    ([150], (slice(None), slice(140, None)), False, "ieee", 160),  # in the second of the front's column blocks alone
-    ([150], (1, slice(None)), False, "ieee", 40),  # one head of an exact_kernel program flagged, the others' blocks kept
-    ([77, 73], False, True, "tf32x3", 40),
+@pytest.mark.parametrize("lengths, strong, safe, precision, K, unit_rows", [
+    ([150], False, False, "ieee", 40, False),
+    ([40, 0, 27, 83], STRONG_EVERYWHERE, False, "ieee", 40, False),  # strong decay where sequences end inside chunks
+    ([150], STRONG_EVERYWHERE, False, "tf32", 40, False),
+    ([150], (slice(None), slice(32, None)), False, "ieee", 40, False),  # past the channels diag_kernel's first tile holds
+    ([150], (slice(None), slice(140, None)), False, "ieee", 160, False),  # in the second of the front's column blocks
+    ([150], (1, slice(None)), False, "ieee", 40, True),  # one head of an exact_kernel program flagged, the others kept
+    ([77, 73], False, True, "tf32x3", 40, True),
+    # the blocks below the diagonal by fp16 dots, P fp16 (``chunk_fwd.half_pairs``), with and without flags
+    ([150], False, False, "tf32", 40, True),
+    ([40, 0, 27, 83], STRONG_EVERYWHERE, False, "tf32", 160, True),
 ])
-def test_intra_factors_match_float64(lengths, strong, safe, precision, K):
+def test_intra_factors_match_float64(lengths, strong, safe, precision, K, unit_rows):
     """``chunk_fwd.intra``'s T and P, row by row, against float64: per chunk ``A_ij = sum_d k_id k_jd e^{G_id - G_jd}``
     (j < i), ``P_ij = scale sum_d q_id k_jd e^{G_id - G_jd}`` (j <= i), ``T = (I + Diag(beta) A)^{-1}``, zeros above
     the diagonal; the flags mark exactly the sub-chunks whose decay exceeds ``DIAG_SPAN`` (the strong decay's here, none at
     the weak one; found by the front, ``front_flags``). ``strong``: the heads and channels whose decay is strong in rows
     20-59. Three heads: an exact rows' program takes four at K = 40 (``chunk_fwd.exact_launch``), so one lane of heads
-    is masked off; at K = 160 the front's programs take two column blocks of 128."""
+    is masked off; at K = 160 the front's programs take two column blocks of 128. ``unit_rows``: q's and k's rows of
+    unit length (they are here) declared, so that under "tf32" the blocks below the diagonal are summed by fp16 dots
+    and P is fp16 (``chunk_fwd.half_pairs``, ``p_dtype``)."""
     from refcheck.optimized.common import make_chunks
     from refcheck.optimized.kda.chunk_fwd import intra
     from refcheck.optimized.kda.gate import gate_cumsum
@@ -702,13 +709,16 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision, K):
     G = gate_cumsum(g, None, None, None, chunks, dtype=torch.float64)
     scale = K ** -0.5
     flags = None if safe else front_flags(q, k, G, chunks)
-    Tm, P = intra(q, k, G, beta, chunks, scale, flags, precision)
+    Tm, P = intra(q, k, G, beta, chunks, scale, flags, precision, unit_rows=unit_rows)
     assert Tm.scaled == (precision == "tf32")
+    assert P.dtype == (torch.float16 if unit_rows and precision == "tf32" else torch.float32)
     if Tm.scaled:  # each row's largest entry in [1/2, 1] of its scale
         peak = Tm.data.float().abs().amax(-1)
         assert bool(((peak > 0.5) & (peak <= 1)).all())
     Tm = Tm.float()
-    tol = 1e-5 if precision != "tf32" else 2e-3
+    # fp16 pairs (unit_rows): P within 4.1e-4, T 2.5e-4 (truncating "tf32" dots: 8.2e-4, 4.0e-4); their operands rounded
+    # to bf16 instead reach 2.1e-3
+    tol = 1e-5 if precision != "tf32" else 1e-3 if unit_rows else 2e-3
     bits = torch.zeros(chunks.num_chunks, H, dtype=torch.int32)  # bit b: sub-chunk b's decay exceeds DIAG_SPAN
     for c in range(chunks.num_chunks):
         t0 = int(chunks.start[c])
@@ -731,6 +741,17 @@ def test_intra_factors_match_float64(lengths, strong, safe, precision, K):
         assert flags is None
     else:
         assert torch.equal(flags, bits) and bool(bits.any()) == (strong is not False)
+
+
+def test_fp16_pairs_and_p_only_where_their_operands_fit():
+    """``chunk_fwd.half_pairs``: fp16 dots for the blocks below the diagonal only under "tf32" and with rows of unit
+    length (every operand in [-1, 1]); ``p_dtype``: P in fp16 only there and where ``|P| <= |scale|`` fits fp16 and keeps
+    its subnormals below a "tf32" rounding of its largest entries (``|scale|`` in [2^-8, 2^8])."""
+    from refcheck.optimized.kda.chunk_fwd import half_pairs, p_dtype
+    assert half_pairs(True, "tf32") and not half_pairs(False, "tf32")
+    assert not (half_pairs(True, "tf32x3") or half_pairs(True, "ieee"))
+    assert p_dtype(True, 128 ** -0.5) == p_dtype(True, -1.0) == p_dtype(True, 2.0 ** 8) == torch.float16
+    assert p_dtype(True, 2.0 ** -9) == p_dtype(True, 300.0) == p_dtype(False, 0.1) == torch.float32
 
 
 def test_kda_empty_sequences_keep_the_state():

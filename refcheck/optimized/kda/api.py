@@ -120,7 +120,7 @@ class KdaFunction(torch.autograd.Function):
         G = (None if cumulative_gate_dtype(q.dtype) == torch.float32 and not cfg.use_gate else
              gate_cumsum(g, *gate_args, cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)))
         qn, kn, keys, G, flags = front(q, k, g, cfg.l2norm, cfg.chunks, cfg.precision, cfg.safe_gate, G=G)
-        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision, unit_rows=cfg.l2norm)
         o = torch.empty_like(v)
         ht, hs, U, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                       segments=cfg.segments, output=(P, o, cfg.scale), states=cfg.keep)

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ..chunk.scaled import pow2_at_or_above, pow2_reciprocal
-from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile
+from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile, tf32_nearest
 from .subchunk import DIAG_SPAN, level_pairs, sub_rows
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
@@ -67,9 +67,9 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
         q, k, G = sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, cols, cmask, BC)
         d = G - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K, cols, cmask)
         el = decay(d)
-        right = tl.trans(k * decay(-d))
-        A += tl.dot(k * el, right, input_precision=DPREC)
-        P += tl.dot(q * el, right, input_precision=DPREC)
+        right = tf32_nearest(tl.trans(k * decay(-d)), DPREC)
+        A += tl.dot(tf32_nearest(k * el, DPREC), right, input_precision=DPREC)
+        P += tl.dot(tf32_nearest(q * el, DPREC), right, input_precision=DPREC)
     return tl.where(i[:, None] > i[None, :], A, 0.0), tl.where(i[:, None] >= i[None, :], P, 0.0)
 
 
@@ -98,23 +98,37 @@ def unit_inverse(L, BC: tl.constexpr, DPREC: tl.constexpr):
     i = tl.arange(0, BC)
     X = (i[:, None] == i[None, :]).to(tl.float32) - tl.where(level_pairs(1, BC), L, 0.0)
     for lvl in tl.static_range(1, 4):
-        E = tl.where(level_pairs(1 << lvl, BC), L, 0.0)
-        X = X - tl.dot(tl.dot(X, E, input_precision=DPREC), X, input_precision=DPREC)
+        E = tf32_nearest(tl.where(level_pairs(1 << lvl, BC), L, 0.0), DPREC)
+        Xr = tf32_nearest(X, DPREC)
+        X = X - tl.dot(tf32_nearest(tl.dot(Xr, E, input_precision=DPREC), DPREC), Xr, input_precision=DPREC)
     return X
 
 
 @triton.jit
-def below_pair(A, P, k_b, q_b, k_c, G_c, G_r, PREC: tl.constexpr):
+def pair_operand(x, HALF: tl.constexpr):
+    """An operand of the blocks below the diagonal (an fp32 tile): with ``HALF`` rounded to fp16 (``below_blocks``)."""
+    if HALF:
+        x = x.to(tl.float16)
+    return x
+
+
+@triton.jit
+def below_pair(A, P, k_b, q_b, k_c, G_c, G_r, PREC: tl.constexpr, HALF: tl.constexpr):
     """Add one channel block to the blocks ``(b, c)`` of A and P, c < b: the left operands ``k_b``, ``q_b`` carry
-    ``e^{G_i - G_r}`` already, the right one ``e^{G_r - G_j}`` is formed here from block c's k and G."""
-    right = tl.trans(k_c * decay(G_r - G_c))
+    ``e^{G_i - G_r}`` already (``pair_operand``s), the right one ``e^{G_r - G_j}`` is formed here from block c's k and
+    G."""
+    right = pair_operand(tl.trans(k_c * decay(G_r - G_c)), HALF)
     return A + tl.dot(k_b, right, input_precision=PREC), P + tl.dot(q_b, right, input_precision=PREC)
 
 
 @triton.jit
-def below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+def below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                 HALF: tl.constexpr):
     """The six blocks below the diagonal of A and of P (unscaled), ``(b, c)`` for c < b, summed over the channels in
-    blocks of BK against the first row of block b (module docstring)."""
+    blocks of BK against the first row of block b (module docstring). With ``HALF`` (q's and k's rows of unit length)
+    the dots take their operands rounded to fp16: every factor of an operand lies in [-1, 1] (the decays in (0, 1]), so
+    each keeps fp16's 11 significant bits rounded to nearest (a "tf32" dot truncates its fp32 operands to as many)
+    down to 2^-14, below it an absolute 2^-25."""
     A10 = tl.zeros((BC, BC), tl.float32)
     A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = A10, A10, A10, A10, A10, A10, A10, A10, A10, A10, A10
     for c0 in range(0, K, BK):
@@ -126,16 +140,19 @@ def below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.c
         q3, k3, G3 = sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, 3, h, H, K, cols, cmask, BC)
         G_r = ref_row(G_ptr, t0, n, BC, h, H, K, cols, cmask)
         e = decay(G1 - G_r)
-        A10, P10 = below_pair(A10, P10, k1 * e, q1 * e, k0, G0, G_r, PREC)
+        kb, qb = pair_operand(k1 * e, HALF), pair_operand(q1 * e, HALF)
+        A10, P10 = below_pair(A10, P10, kb, qb, k0, G0, G_r, PREC, HALF)
         G_r = ref_row(G_ptr, t0, n, 2 * BC, h, H, K, cols, cmask)
         e = decay(G2 - G_r)
-        A20, P20 = below_pair(A20, P20, k2 * e, q2 * e, k0, G0, G_r, PREC)
-        A21, P21 = below_pair(A21, P21, k2 * e, q2 * e, k1, G1, G_r, PREC)
+        kb, qb = pair_operand(k2 * e, HALF), pair_operand(q2 * e, HALF)
+        A20, P20 = below_pair(A20, P20, kb, qb, k0, G0, G_r, PREC, HALF)
+        A21, P21 = below_pair(A21, P21, kb, qb, k1, G1, G_r, PREC, HALF)
         G_r = ref_row(G_ptr, t0, n, 3 * BC, h, H, K, cols, cmask)
         e = decay(G3 - G_r)
-        A30, P30 = below_pair(A30, P30, k3 * e, q3 * e, k0, G0, G_r, PREC)
-        A31, P31 = below_pair(A31, P31, k3 * e, q3 * e, k1, G1, G_r, PREC)
-        A32, P32 = below_pair(A32, P32, k3 * e, q3 * e, k2, G2, G_r, PREC)
+        kb, qb = pair_operand(k3 * e, HALF), pair_operand(q3 * e, HALF)
+        A30, P30 = below_pair(A30, P30, kb, qb, k0, G0, G_r, PREC, HALF)
+        A31, P31 = below_pair(A31, P31, kb, qb, k1, G1, G_r, PREC, HALF)
+        A32, P32 = below_pair(A32, P32, kb, qb, k2, G2, G_r, PREC, HALF)
     return A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32
 
 
@@ -225,7 +242,7 @@ def store_below(ptr, X10, X20, X21, X30, X31, X32, t0, n, h, H, C: tl.constexpr,
 def store_zeros_right(ptr, t0, n, s, h, H, C: tl.constexpr, BC: tl.constexpr):
     """Zeros into sub-chunk s's rows right of its diagonal block (the blocks above the diagonal)."""
     p, mask = block_ptrs(ptr, t0, n, s, 0, h, H, C, BC)
-    zero = tl.zeros((BC, BC), tl.float32)
+    zero = tl.zeros((BC, BC), ptr.dtype.element_ty)
     for c in range(s + 1, C // BC):
         tl.store(p + c * BC, zero, mask=mask)
 

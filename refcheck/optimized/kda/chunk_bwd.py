@@ -529,7 +529,8 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     ddt = torch.zeros(NC, H, K, device=dev, dtype=f32) if use_gate else None
     safe = flags is None
     flag_ptr = dL if safe else flags  # read where not safe only
-    paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision, DPREC=diag_precision(precision))
+    paths = dict(C=C, BC=SUB, SAFE=safe, USE_GATHER=use_gather, PREC=precision,
+                 DPREC=diag_precision(precision, q.dtype))
 
     def state_blocks_of(step):  # grads_state's operands by its step's blocks (``common.tma_operands``)
         BK, BV = step["BK"], step["BV"]

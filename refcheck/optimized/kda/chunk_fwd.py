@@ -50,7 +50,7 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_rows, load_rowvec, store_tile, tf32_nearest
+from ..chunk.tiles import chunk_span, decay, load_rows, load_rows_stored, load_rowvec, store_tile, tf32_nearest
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
@@ -75,10 +75,16 @@ launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.61
 0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303. At most 128 registers
 0.603 against 0.605 (``results/kda_profile_intra_maxnreg_h200_session26.txt``)."""
 BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
-"""``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums): ``intra`` 0.575 ms at channel blocks
-of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first profile's 0.938 at 2 warps
-for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609. Its registers capped
-(255 now; ``maxnreg``): 192 0.616 against 0.605, 168 0.645, 128 0.936 (``kda_profile_intra_maxnreg_h200_session26.txt``)."""
+"""``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums) where its sums are "tf32" dots: ``intra``
+0.575 ms at channel blocks of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first
+profile's 0.938 at 2 warps for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609.
+Its registers capped (255 now; ``maxnreg``): 192 0.616 against 0.605, 168 0.645, 128 0.936
+(``kda_profile_intra_maxnreg_h200_session26.txt``)."""
+BELOW_HALF_LAUNCH = BELOW_LAUNCH | dict(BK=32)
+"""``below_kernel``'s launch where its sums are fp16 dots (``half_pairs``; their operands take half the registers):
+measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``intra`` with the diagonal blocks at "tf32",
+``results/kda_profile_intra_half_h200_session29.txt``) 0.489 ms at channel blocks of 32, 0.529 at 16, 0.732 at 64; 0.613
+at 2 warps, one load stage 0.736, three 0.533; at most 192 registers 0.535, 168 0.553, 128 0.736."""
 INVERSE_LAUNCH = dict(num_warps=1)
 """``exact_inverse_kernel``'s launch (``[16, 16]`` dots): 72 registers at 1 warp; the only one timed (its kernel's
 docstring)."""
@@ -146,9 +152,9 @@ def diag_walk(X, q_ptr, k_ptr, G_ptr, D_ptr, P_ptr, scale, t, first, last, end, 
         row = ((t + i).to(tl.int64) * H + heads)[None, :]
         out = row * C + b0 + c0 + cols[:, None]
         tl.store(D_ptr + row * (2 * W) + c0 + cols[:, None], tl.sum(k_i * X, axis=2), mask=mine[None, :])
-        tl.store(P_ptr + out, scale * tl.sum(q_i * X, axis=2), mask=mine[None, :])
+        tl.store(P_ptr + out, (scale * tl.sum(q_i * X, axis=2)).to(P_ptr.dtype.element_ty), mask=mine[None, :])
         if ZERO_RIGHT:
-            tl.store(P_ptr + out + W, tl.zeros((W, heads.shape[0]), tl.float32), mask=mine[None, :])
+            tl.store(P_ptr + out + W, tl.zeros((W, heads.shape[0]), P_ptr.dtype.element_ty), mask=mine[None, :])
         X = tl.where(j + c0 == i + 1, k_n, X * decay(G_n - G_i))  # the columns j > i + 1 stay zero
         k_i, q_i, G_i = k_n, q_n, G_n
     return X
@@ -243,16 +249,18 @@ def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
 
 @triton.jit
 def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
-                 K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr):
+                 K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr,
+                 HALF: tl.constexpr):
     """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
     blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
-    diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``)."""
+    diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``); with ``HALF`` the
+    blocks' sums by fp16 dots (``blocks.below_blocks``)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
-                                                                              BC, BK, PREC)
+                                                                              BC, BK, PREC, HALF)
     store_below(P_ptr, scale * P10, scale * P20, scale * P21, scale * P30, scale * P31, scale * P32, t0, n, h, H, C, BC)
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
@@ -328,8 +336,10 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         if STEPS:
             store_tile_scaled(u_ptr, u_s_ptr, U, rows, rmask, h, H, V, vv, vmask, SCALED)
         if OUTPUT:
-            O = tl.dot(tf32_nearest(load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA), PREC), U, O,
-                       input_precision=PREC)
+            Pc = load_rows_stored(P, t0, rows, rmask, h, H, C, 0, C, TMA)
+            if Pc.dtype != tl.float16:  # fp16 (``p_dtype``) holds 11 significant bits, as the dot takes them
+                Pc = tf32_nearest(Pc.to(tl.float32), PREC)
+            O = tl.dot(Pc.to(tl.float32), U, O, input_precision=PREC)
             store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask)
         S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd, sd0, sd1, sd2, sd3, g0, g1, g2, g3, t0, rows, rmask, h,
                                        H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC, TMA=TMA)
@@ -337,11 +347,26 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
 
+def half_pairs(unit_rows: bool, precision: str) -> bool:
+    """Whether ``below_kernel`` sums the blocks below the diagonal by fp16 dots (``blocks.below_blocks``): under
+    "tf32", where q's and k's rows are of unit length (``use_qk_l2norm``), so that every operand lies in [-1, 1]."""
+    return unit_rows and precision == "tf32"
+
+
+def p_dtype(half: bool, scale: float) -> torch.dtype:
+    """P's dtype: fp16 where its sums are fp16 dots (``half_pairs``: ``|P_ij| <= |scale|``) and the scale lies in
+    ``[2^-8, 2^8]``, so that P fits fp16 and its subnormals (an absolute 2^-25) stay below a "tf32" rounding of the
+    largest entries (a relative 2^-11 of ``|scale|``); else fp32. The serial passes read P as a "tf32" dot's operand,
+    rounded to 11 significant bits, fp16's."""
+    return torch.float16 if half and 2.0 ** -8 <= abs(scale) <= 2.0 ** 8 else torch.float32
+
+
 def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | None, precision: str,
-          config: dict | None = None):
+          unit_rows: bool = False, config: dict | None = None):
     """``(T, P)``: the inverse factor and the scaled Aqk of every chunk, ``[T, H, C]`` each: T a ``scaled.Stored``,
     fp32 or under "tf32" row-scaled fp16 (the serial passes read it as a "tf32" dot's operand, ``chunk.scaled``), P
-    fp32. ``flags``: without safe_gate the sub-chunks the front flagged (int32 ``[NC, H]``, bit s for sub-chunk s,
+    in ``p_dtype`` (fp16 with ``unit_rows``, q's and k's rows of unit length, under "tf32": ``half_pairs``).
+    ``flags``: without safe_gate the sub-chunks the front flagged (int32 ``[NC, H]``, bit s for sub-chunk s,
     ``front.front``, ``blocks.span_flags``), whose diagonal blocks are summed exactly (the backward sums a flagged
     chunk's alike, ``chunk_bwd.grads``); None under safe_gate. The diagonal blocks (``diag_kernel``; T's into an array
     of their own, ``[T, H, 16]``), without safe_gate the flagged ones exactly (``exact_kernel``) and their inverses
@@ -355,13 +380,14 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     config = config or {}
     safe = flags is None
     T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
-    P = torch.empty(total, H, chunks.size, device=k.device, dtype=torch.float32)
+    half = half_pairs(unit_rows, precision)
+    P = torch.empty(total, H, chunks.size, device=k.device, dtype=p_dtype(half, scale))
     D = torch.empty(total, H, SUB, device=k.device, dtype=torch.float32)  # T's diagonal blocks (first A's: exact)
     if not (chunks.num_chunks and H):
         return T, P
     args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB)
-    dprec = diag_precision(precision)
+    dprec = diag_precision(precision, q.dtype)
 
     def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
         return cfg | dict(BK=min(cfg["BK"], padded(K)))
@@ -374,7 +400,8 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
-           fixed | dict(PREC=precision, T_SCALED=T.scaled), [narrow(BELOW_LAUNCH | config.get("below", {}))])
+           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half),
+           [narrow((BELOW_HALF_LAUNCH if half else BELOW_LAUNCH) | config.get("below", {}))])
     return T, P
 
 

@@ -50,10 +50,11 @@ kernel from 3.26 to 7.03 ms under strong decay and both kernels 0.03-0.07 ms slo
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from ..chunk.tiles import decay, load_gate, load_rowvec, load_tile
+from ..chunk.tiles import decay, load_gate, load_rowvec, load_tile, tf32_nearest
 
 
 @triton.jit
@@ -122,13 +123,21 @@ def same_block(C: tl.constexpr, BC: tl.constexpr):
     return (i // BC) == (j // BC)
 
 
-def diag_precision(precision: str) -> str:
-    """Precision of the dots inside diagonal sub-chunk blocks (``DPREC``): the SAFE path's pair sums
-    and the doubling steps of ``unit_lower_inverse``. Under strong decay those blocks carry most of
-    the weight of every pair sum, so "tf32" is raised to "tf32x3" there (the general path sums the
-    pairs exactly in fp32). Measured: it brings safe_gate's tf32 errors down to the
-    general path's (o 1.8e-3 -> 1.1e-3, dg 4.2e-3 -> 1.1e-3, fp32 inputs, lower_bound -5)."""
-    return "tf32x3" if precision == "tf32" else precision
+def diag_precision(precision: str, inputs: torch.dtype = torch.float32) -> str:
+    """Precision of the dots inside diagonal sub-chunk blocks (``DPREC``): the pair sums against the middle row
+    and the doubling steps of ``blocks.unit_inverse``. Under strong decay those blocks carry most of
+    the weight of every pair sum, so for fp32 ``inputs`` "tf32" is raised to "tf32x3" there. Measured: it brings
+    safe_gate's tf32 errors down to the general path's (o 1.8e-3 -> 1.1e-3, dg 4.2e-3 -> 1.1e-3, fp32 inputs,
+    lower_bound -5). For bf16 inputs, whose rounding (2^-9) dominates, "tf32" stays, its operands rounded to nearest
+    (``tiles.tf32_nearest``; a "tf32" dot truncates them). Measured in the faithful interpreter (KDA forward and
+    backward, B=1, T=256, H=2, K=V=128, use_qk_l2norm, log-decays down to -5), errors against float64 at "tf32x3" /
+    "tf32" truncating / "tf32" rounded to nearest: bf16 o 2.36e-3 / 2.53e-3 / 2.39e-3, dq 2.39e-3 / 2.60e-3 / 2.42e-3,
+    dg 1.95e-3 / 2.00e-3 / 1.99e-3, the others within 1%; fp16 (rounded to 2^-11 as "tf32" is) o 5.9e-4 -> 6.9e-4 and
+    dg 5.2e-4 -> 6.3e-4 rounded to nearest, so fp16 keeps "tf32x3". GLA's calls keep the fp32 rule (``inputs`` left
+    out)."""
+    if precision != "tf32":
+        return precision
+    return "tf32" if inputs == torch.bfloat16 else "tf32x3"
 
 
 @triton.jit
@@ -217,11 +226,11 @@ def sub_diag(dL_ptr, dP_ptr, k, x1, x2, G, G_ptr, t0, n, s, h, H, K, cols, cmask
     d = tl.where(diag, G - sub_ref(G, G_ptr, t0, n, s, h, H, K, cols, cmask, BC // 2, BC, USE_GATHER), 0.0)
     el = decay(d)
     er = decay(-d)
-    M1 = load_tile(dL_ptr, rows, live & diag, h, H, C, i, i < C)
-    M2 = load_tile(dP_ptr, rows, live & diag, h, H, C, i, i < C)
-    ke = k * er
-    Q = tl.dot(tl.trans(M1), x1 * el, input_precision=DPREC)
-    Q = tl.dot(tl.trans(M2), x2 * el, Q, input_precision=DPREC)
+    M1 = tf32_nearest(load_tile(dL_ptr, rows, live & diag, h, H, C, i, i < C), DPREC)
+    M2 = tf32_nearest(load_tile(dP_ptr, rows, live & diag, h, H, C, i, i < C), DPREC)
+    ke = tf32_nearest(k * er, DPREC)
+    Q = tl.dot(tl.trans(M1), tf32_nearest(x1 * el, DPREC), input_precision=DPREC)
+    Q = tl.dot(tl.trans(M2), tf32_nearest(x2 * el, DPREC), Q, input_precision=DPREC)
     return (el * tl.dot(M1, ke, input_precision=DPREC), el * tl.dot(M2, ke, input_precision=DPREC), er * Q)
 
 
