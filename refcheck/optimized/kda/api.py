@@ -212,8 +212,9 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
       disable_recompute: keep the forward's chunk states ``h [NC, H, K, V]`` and U for the backward
                   instead of recomputing them there by a second pass of the state recurrence (fp32:
                   as much memory as bf16 q, k, v and g together at K = V; saves the pass, about
-                  0.6 ms at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk (fp32
-                  ``[T, H, 64]`` each) are always kept: recomputing them cost as much as the forward's
+                  0.6 ms at B=8, T=4096, H=16, K=V=128 on an H200). The WY factors T and Aqk
+                  (``[T, H, 64]`` each; under "tf32" T row-scaled fp16, Aqk fp16 with use_qk_l2norm, else
+                  fp32: ``chunk_fwd.intra``) are always kept: recomputing them cost as much as the forward's
                   intra-chunk kernel (0.9 ms there) for half the memory of the inputs; and the serial passes'
                   operands ``k e^G``, ``k e^{G_last - G}``, ``q e^G`` (``[T, H, K]`` each, fp16 under "tf32",
                   with their row scales): preparing them again took 0.28 ms there.
