@@ -11,8 +11,8 @@ cumulative log-decay ``[C, K]``, ``Kg = k e^G``, ``Qg = scale q e^G``, ``Kd = k 
     S1 = Diag(gamma) S0 + Kd^T U
 
 ``intra`` computes T and P for every chunk in parallel (``[T, H, C]``, row t of a chunk holds its row of the
-chunk matrix; T row-scaled fp16 under "tf32", P fp32 or fp16, ``p_dtype``), by sub-chunk blocks (``blocks``): the diagonal blocks a
-sub-chunk a program, the blocks below them and the solve a chunk a program (``intra``);
+chunk matrix; T row-scaled fp16 under "tf32", P fp32 or fp16, ``p_dtype``), by sub-chunk blocks (``blocks``): the
+diagonal blocks a sub-chunk a program, the blocks below them and the solve a chunk a program (``intra``);
 ``recurrence`` walks the chunks of each sequence in order, one program per (value block, sequence, head),
 keeping S in registers, and forms each chunk's U and, in the forward, its O (where U is: h and U are not stored;
 the backward recomputes them with the same kernel, which then stores them). A long single sequence has few
@@ -287,7 +287,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
                       TMA: tl.constexpr, SELECT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
-    at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32 or fp16, ``p_dtype``).
+    at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32 or
+    fp16, ``p_dtype``).
     ``Kg``, ``Kd`` and ``Qg = q e^G`` prepared (``chunk.prepared``, Qg's scales at ``sq_ptr``); with ``HALF`` (fp16
     operands) the dots of Kg and Qg take the state in fp16 over a power of two (``state.half_state``,
     ``state.read_half_state``); T with ``T_SCALED`` row-scaled (scales at ``t_s_ptr``, ``intra``).
