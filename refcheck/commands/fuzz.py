@@ -73,6 +73,7 @@ class LawResult:
     examples: int = 0
     shrink_runs: int = 0
     failure: Failure | None = None
+    others: list[Failure] = field(default_factory=list)   # distinct failures beside ``failure``, each minimal
     flaky: bool = False
     out_of_time: bool = False
     notes: dict[str, int] = field(default_factory=dict)
@@ -101,7 +102,8 @@ class LawResult:
         if self.failure is None and self.warm_up is not None:
             return "CRASHED in warm-up" if self.warm_up.startswith("crashed:") else "FALSIFIED in warm-up"
         if self.failure is not None:
-            return "FALSIFIED" + (" (flaky: passed on replay)" if self.flaky else "")
+            distinct = f" ({1 + len(self.others)} distinct)" if self.others else ""
+            return "FALSIFIED" + distinct + (" (flaky: passed on replay)" if self.flaky else "")
         if not self.examples:
             return "not run (no time left)"
         return "holds" + (" (time limit)" if self.out_of_time else "")
@@ -211,10 +213,11 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     except Exception as err:
         if not failures:
             raise
-        # the final replay of the minimal example raised ``err``; Flaky wraps one that did not fail again
-        found = [f for f in failures if f.error is err]
-        result.failure = found[-1] if found else result.failure
-        result.flaky = not found
+        # the final replay of each distinct failure's minimal example raised ``err`` (an exception group of
+        # them where there are several: ``laws.violation``); Flaky wraps one that did not fail again
+        replayed = [f for e in laws.distinct_failures(err) for f in failures if f.error is e]
+        result.failure, result.others = (replayed[0], replayed[1:]) if replayed else (result.failure, [])
+        result.flaky = not replayed
     result.seconds = time.monotonic() - started
     if not failures:
         result.search_seconds = result.seconds
@@ -223,22 +226,26 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
 
 # --- the reproducer --------------------------------------------------------------------------------
 
-def reproducer_name(op: str, law_name: str) -> str:
-    return f"refcheck-repro-{op}-{law_name}.py"
+def reproducer_name(op: str, law_name: str, index: int = 0) -> str:
+    """The reproducer's file name; the second and later distinct failures of a law get ``-2``, ``-3``, ..."""
+    return f"refcheck-repro-{op}-{law_name}{'' if index == 0 else f'-{index + 1}'}.py"
 
 
-def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: str) -> str:
+def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: str,
+               failure: Failure | None = None) -> str:
     """The text of a standalone script that reruns the minimal failing example of ``result``
-    (``refcheck.engine.reproduce.law``, with the user's import root and budget files): it raises (exit
-    status 1) while the law is still broken and prints that it holds once fixed."""
+    (``failure``: one of its distinct failures, default the first; ``refcheck.engine.reproduce.law``, with
+    the user's import root and budget files): it raises (exit status 1) while the law is still broken and
+    prints that it holds once fixed."""
     from ..engine.reproduce import impl_arguments, import_root
     from ..model import budgets as budgets_mod
 
-    assert result.failure is not None   # a reproducer is written for a falsified law only
-    example, law = result.failure.example, result.law
+    failure = failure or result.failure
+    assert failure is not None   # a reproducer is written for a falsified law only
+    example, law = failure.example, result.law
     header = [f"refcheck fuzz reproducer: law {law.name} ({law.number}) falsified for {impl.op} by {impl.target}",
               f"found by: {command}", "", "run it alone:  python <this file>  (raises while the bug is there)", "",
-              *result.failure.text.splitlines()]
+              *failure.text.splitlines()]
     root = import_root(impl)
     paths = budgets_mod.user_paths()
     spec, keywords = impl_arguments(impl)
@@ -444,13 +451,13 @@ def _search_unit(law_name: str, impl, max_examples: int, database: str, mode: st
     from ..engine import laws as laws_mod
     from ..strategies import profiles
     profiles.register()
-    settings = hsettings(hsettings.get_profile("fuzz"), max_examples=max_examples, report_multiple_bugs=False,
+    settings = hsettings(hsettings.get_profile("fuzz"), max_examples=max_examples, report_multiple_bugs=True,
                          database=DirectoryBasedExampleDatabase(database))
     result = search(laws_mod.law(law_name), impl, settings, limits=case_limits(impl, device), mode=mode,
                     device=device, strict=strict, deadlines=Deadlines.after(seconds), seed=seed, buckets=buckets)
     if result.failure is not None:
-        failure = result.failure
-        result.failure = Failure(failure.example, RuntimeError(failure.text), failure.text)
+        result.failure, *result.others = [Failure(f.example, RuntimeError(f.text), f.text)
+                                          for f in (result.failure, *result.others)]
     return result
 
 
@@ -512,7 +519,7 @@ def run(args) -> int:
     profiles.register()
     base = hsettings.get_profile("fuzz")
     database = str(args.database or os.environ.get(profiles.EXAMPLE_DB_ENV) or DATABASE)
-    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=False,
+    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=True,
                          database=DirectoryBasedExampleDatabase(database))
     strict = args.strict_bitwise or laws_mod.strict_default()
     out = Console(highlight=False, soft_wrap=True)
@@ -565,14 +572,17 @@ def run(args) -> int:
     for r in falsified:
         if r.failure is None:           # a crash or a warm-up's failure, printed above
             continue
-        path = args.out_dir / reproducer_name(impl.op, r.law.name)
-        path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args)))
-        found = "smallest example when time ran out" if r.out_of_time else "minimal example"
-        out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
-                  f"({found} after {_count(r.shrink_runs, 'shrink run')})"
-                  + (" - flaky: it passed when replayed" if r.flaky else "") + ":")
-        out.print(r.failure.text, markup=False)
-        out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
+        distinct = [r.failure, *r.others]
+        for i, failure in enumerate(distinct):
+            path = args.out_dir / reproducer_name(impl.op, r.law.name, i)
+            path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args), failure=failure))
+            found = "smallest example when time ran out" if r.out_of_time else "minimal example"
+            which = f", distinct failure {i + 1} of {len(distinct)}" if len(distinct) > 1 else ""
+            out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
+                      f"({found} after {_count(r.shrink_runs, 'shrink run')}{which})"
+                      + (" - flaky: it passed when replayed" if r.flaky else "") + ":")
+            out.print(failure.text, markup=False)
+            out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
     elapsed, total = time.monotonic() - started, _count(sum(r.examples for r in results), "example")
     if falsified:
         out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({total}, {elapsed:.0f} s): "

@@ -10,6 +10,7 @@ same question.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -19,7 +20,8 @@ import torch
 from ..model import budgets as budgets_mod
 from ..model import registry
 from ..model.case import DTYPE_NAMES, Case
-from ..model.metrics import rel_rms, rel_rms_denominator
+from ..model.metrics import rel_rms
+from ..model.monte_carlo import random_rounding
 from ..model.ops import Inputs, OpCard, card
 
 CHUNKED_TRUTH_MIN_T = 256
@@ -38,10 +40,8 @@ class Measurement:
     naive_error: float | None = None
     naive_form: str = ""
     dtype: str = ""
-    cancellation: float = 0.0
-    natural_scale: float = 0.0
     computing: Measurement | None = None
-    floored_to: str = ""   # the stored dtype whose ulp raised the bound (``rounding_floor``), where it did
+    monte_carlo: MonteCarloBound | None = None   # the second stage, where the first did not hold
 
     @property
     def passed(self) -> bool:
@@ -51,19 +51,42 @@ class Measurement:
     def explanation(self) -> str:
         """What the bound is made of (``Budget.explain``, and a cancellation's allowance)."""
         text = self.budget.explain(self.naive_error, self.naive_form, self.dtype)
-        if self.floored_to:
-            text += f", raised to one ulp of {self.floored_to} (the least bound of a naive_ratio budget)"
         if self.computing is not None:
             text += f" + {self.computing.bound:.1e} for computing it in {self.computing.dtype} ({self.computing.explanation})"
-        if self.cancellation:
-            text += (f" + {self.cancellation:.1e} ({CANCELLATION_ULPS} ulps of the terms it is a difference "
-                     f"of, {self.natural_scale:.1e})")
+        if self.monte_carlo is not None:
+            text = f"{self.monte_carlo.explanation}; the first stage gave {self.first_bound:.2e} = {text}"
         return text
+
+    @property
+    def first_bound(self) -> float:
+        """The cheap bound (factor x naive error + slack, or the fixed one), before the Monte Carlo stage."""
+        return self.bound if self.monte_carlo is None else self.monte_carlo.first
 
     @property
     def headroom(self) -> float:
         """bound / error: how many times the error could grow before failing (inf when exact)."""
         return math.inf if self.error == 0 else self.bound / self.error
+
+
+@dataclass(frozen=True)
+class MonteCarloBound:
+    """The second stage of a ``naive_ratio`` bound (``monte_carlo_bound``): ``factor`` x the Monte Carlo
+    error of the reference on the case + ``ulps`` x eps of the stored dtype; ``first`` is the bound of
+    the first stage it replaced (it is only ever larger)."""
+
+    bound: float
+    error: float
+    form: str
+    dtype: str        # the precision modelled ("fp32", "tf32 dots", "bf16")
+    stored: str       # the output's stored dtype, whose eps is the floor
+    settings: budgets_mod.MonteCarlo
+    first: float = 0.0
+
+    @property
+    def explanation(self) -> str:
+        return (f"{self.settings.factor:g} x the Monte Carlo {self.dtype} error of the reference on this case "
+                f"({self.settings.samples} samples, {self.form} form), {self.error:.1e}, + {self.settings.ulps:g} ulp of "
+                f"{self.stored} [monte_carlo]")
 
 
 @dataclass
@@ -82,6 +105,14 @@ class Verdict:
     @property
     def passed(self) -> bool:
         return not self.problems and all(m.passed for m in self.measurements)
+
+    @property
+    def signature(self) -> str:
+        """Which failure this is: the first output over its bound and the dtype of that bound
+        (``"dq fp32"``), or ``"contract"`` for a problem (an output missing, a wrong dtype); empty when passed."""
+        if self.problems:
+            return "contract"
+        return next((f"{m.output} {m.dtype}" for m in self.measurements if not m.passed), "")
 
     def reproducer(self, device: str = "cpu") -> str:
         """A one-liner that measures this point again and fails while it is over budget
@@ -214,49 +245,6 @@ def naive_outputs(case: Case, grads: bool = True, outputs: tuple[str, ...] | Non
                     grads=grads, cotangents=lambda o: upstream_gradients(op, case, o, outputs))
 
 
-def rounding_floor(dtype: torch.dtype) -> float:
-    """The least bound a ``naive_ratio`` budget gives an output stored in ``dtype``: one ulp of the dtype at 1
-    (``eps``, two unit roundoffs), what a result rounded once more than the naive form's can err by. The naive error
-    is the yardstick of what rounding in the dtype costs, but on an output of a few elements it is luck: the naive
-    form's single value may land within a hundredth of an ulp of the truth, where a correct kernel that rounds an
-    intermediate to the dtype lands one ulp away (simple_gla fp16, K = 1, T = 1: dk 6.7e-4 against a naive 1.8e-5
-    and a bound of 1.7e-4; an fp16 ulp is 4.9e-4 to 9.8e-4 of the value). On outputs of many elements the naive
-    error averages over its roundings and the factor times it is above this floor."""
-    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-
-
-CANCELLATION_ULPS = 16
-"""Where an output is a difference of larger terms (``OpCard.natural_scales``) and its truth is no
-larger than this many unit roundoffs of the precision mode's float32 arithmetic
-(``MODE_UNIT_ROUNDOFF``) of their size, it is 0 at that precision (a gate gradient at T = 1
-without an initial state), and an error of that size is allowed: the residue a correct kernel
-leaves when it forms the difference, which no naive form shows there (they differentiate the
-recurrence and get an exact 0)."""
-
-MODE_UNIT_ROUNDOFF = {"ieee": 2.0 ** -24, "tf32x3": 2.0 ** -24, "tf32": 2.0 ** -11}
-"""Unit roundoff of a precision mode's float32 products: tf32 keeps 10 mantissa bits of each
-operand, tf32x3 recovers about float32's."""
-
-
-def cancellation_allowance(case: Case, name: str, out: torch.Tensor, ref: dict[str, torch.Tensor],
-                           floor: float, mode: str = "ieee") -> tuple[float, float]:
-    """``(allowance, scale)``: what the bound of output ``name`` gains (relative, as ``rel_rms``
-    measures) where its truth ``ref[name]`` vanishes at float32 precision of the terms it is a
-    difference of (``CANCELLATION_ULPS``), and their natural size; ``(0, scale)`` where the truth
-    is larger, ``(0, 0)`` for an output that is no such difference."""
-    op = card(case.op)
-    natural = op.natural_scales.get(name)
-    if natural is None:
-        return 0.0, 0.0
-    scale = natural(op.make_inputs(case, ref[name].device), ref)
-    residue = CANCELLATION_ULPS * MODE_UNIT_ROUNDOFF[mode] * scale
-    truth = ref[name].detach().double()
-    truth = truth[torch.isfinite(truth)]
-    if truth.numel() and float(truth.norm()) / math.sqrt(truth.numel()) > residue:
-        return 0.0, scale
-    return residue / rel_rms_denominator(out, ref[name], floor), scale
-
-
 def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
               outputs: tuple[str, ...] | None = None) -> tuple[float | None, str]:
     """The naive error of output ``name`` on ``case``: the largest relative RMS error against the
@@ -278,6 +266,90 @@ def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
     return errors[form], form
 
 
+def unit_roundoffs(case: Case, mode: str) -> tuple[float, float, str]:
+    """``(u, u of dots, name)``: the unit roundoff of the case's input dtype, and of its matrix
+    products (tf32's 2^-11 for fp32 inputs in mode tf32; tf32x3 keeps about fp32's)."""
+    u = torch.finfo(case.torch_dtype).eps / 2
+    if case.dtype == "fp32" and mode == "tf32":
+        return u, 2.0 ** -11, "fp32 (tf32 dots)"
+    return u, u, case.dtype
+
+
+MONTE_CARLO_FORMS = {"recurrent": "reference", "chunked": "chunked_reference"}
+"""The forms a Monte Carlo evaluation runs (as ``yardstick`` runs the naive ones): the reference as
+written and, where the op has one, its chunk form with decays differenced as kernels form them."""
+
+
+@lru_cache(maxsize=64)
+def monte_carlo_outputs(case: Case, grads: bool, outputs: tuple[str, ...] | None, form: str, mode: str,
+                        samples: int) -> tuple[dict[str, torch.Tensor], ...]:
+    """``samples`` evaluations of the float64 reference (in ``form``) on the case under Monte Carlo
+    arithmetic at the precision of the case's dtype and ``mode`` (``refcheck.model.monte_carlo``), with
+    the truth's cotangents; seeded by the case, so reproducible; cached."""
+    op = card(case.op)
+    fn = op.reference
+    if form == "chunked":
+        chunked = op.chunked_reference
+        assert chunked is not None
+
+        def fn(*args, **options):
+            return chunked(*args, decays="differenced", **options)
+    inputs = op.make_inputs(case, REFERENCE_DEVICE).to_float64()
+    base = truth(case, grads, outputs)
+    cotangents = {n: g.to(torch.float64) for n, g in upstream_gradients(op, case, base, outputs).items()}
+    u, u_dot, _ = unit_roundoffs(case, mode)
+    results = []
+    for k in range(samples):
+        seed = (case.seed * 1_000_003 + k * 7_919 + len(form)) % 2 ** 62
+        with random_rounding(u, seed, u_dot):
+            results.append(evaluate(fn, op, inputs, grads=grads, cotangents=cotangents))
+    return tuple(results)
+
+
+def monte_carlo_error(case: Case, name: str, floor: float, mode: str, *, grads: bool = True,
+                      outputs: tuple[str, ...] | None = None,
+                      budgets: budgets_mod.Budgets | None = None) -> tuple[float | None, str]:
+    """What rounding in the case's precision costs output ``name`` on this case, whatever the order of
+    operations: the RMS over Monte Carlo samples of their relative RMS error against the float64 truth
+    (``rel_rms``, floor ``floor``), the larger of the forms (``MONTE_CARLO_FORMS``), and which form.
+    A form with a non-finite sample is no yardstick; ``(None, "")`` when none is."""
+    settings = (budgets or budgets_mod.load()).monte_carlo
+    assert settings is not None
+    base = truth(case, grads, outputs)
+    op = card(case.op)
+    errors = {}
+    for form, attr in MONTE_CARLO_FORMS.items():
+        if getattr(op, attr) is None or name not in base:
+            continue
+        runs = monte_carlo_outputs(case, grads, outputs, form, mode, settings.samples)
+        each = [rel_rms(r[name], base[name], floor) if name in r else math.inf for r in runs]
+        if all(math.isfinite(e) for e in each):
+            errors[form] = math.sqrt(sum(e * e for e in each) / len(each))
+    if not errors:
+        return None, ""
+    form = max(errors, key=errors.__getitem__)
+    return errors[form], form
+
+
+def monte_carlo_bound(case: Case, name: str, stored: torch.dtype, mode: str, floor: float, *, grads: bool = True,
+                      outputs: tuple[str, ...] | None = None,
+                      budgets: budgets_mod.Budgets | None = None) -> MonteCarloBound | None:
+    """The second stage of a ``naive_ratio`` bound on output ``name``: ``factor`` x its Monte Carlo
+    error (``monte_carlo_error``) + ``ulps`` x eps of its ``stored`` dtype (``[monte_carlo]`` of the
+    budgets). Only asked for where an output exceeds the first stage, so its cost (``samples``
+    float64 evaluations per form, cached per case) is paid before calling a kernel wrong, not on
+    every example. None where no form gives a finite error."""
+    budgets = budgets or budgets_mod.load()
+    settings = budgets.monte_carlo
+    assert settings is not None
+    error, form = monte_carlo_error(case, name, floor, mode, grads=grads, outputs=outputs, budgets=budgets)
+    if error is None:
+        return None
+    eps = torch.finfo(stored).eps if stored.is_floating_point else 0.0
+    return MonteCarloBound(settings.factor * error + settings.ulps * eps, error, form, unit_roundoffs(case, mode)[2],
+                           DTYPE_NAMES.get(stored, str(stored)), settings)
+
+
 def output_dtype(case: Case, name: str) -> torch.dtype:
     """The contract dtype of an output: ``o`` in the input dtype, every other output (states, lse,
     gates) float32."""
@@ -287,7 +359,6 @@ def output_dtype(case: Case, name: str) -> torch.dtype:
 def computed_twin(case: Case) -> Case:
     """``case`` with its gates drawn in the case's dtype: the naive error there is what computing
     a gate gradient costs before it is stored in a coarser gate dtype (``budget_dtype``)."""
-    import dataclasses
     return dataclasses.replace(case, draw=tuple(sorted({**dict(case.draw), "gate_dtype": case.dtype}.items())))
 
 
@@ -341,15 +412,15 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
         limit = bound_of(impl, case, name, budget_dtype(case, name, out[name]), mode, grads=grads,
                          budgets=budgets)
         limit.error = rel_rms(out[name], ref[name], floor=limit.budget.floor)
-        least = rounding_floor(out[name].dtype)
-        if limit.budget.metric == "naive_ratio" and limit.bound < least:
-            limit.bound, limit.floored_to = least, DTYPE_NAMES.get(out[name].dtype, str(out[name].dtype))
         if limit.dtype != case.dtype:    # computed in the case's dtype, then stored coarser: both add
             limit.computing = bound_of(impl, computed_twin(case), name, case.dtype, mode, grads=grads, budgets=budgets)
             limit.bound += limit.computing.bound
-        limit.cancellation, limit.natural_scale = cancellation_allowance(case, name, out[name], ref,
-                                                                         limit.budget.floor, mode)
-        limit.bound += limit.cancellation
+        if not limit.passed and limit.budget.metric == "naive_ratio":   # before calling it wrong: the second stage
+            second = monte_carlo_bound(case, name, out[name].dtype, mode, limit.budget.floor, grads=grads,
+                                       outputs=cotangent_names(op, registry.provides(impl)), budgets=budgets)
+            if second is not None and second.bound > limit.bound:
+                limit.monte_carlo = dataclasses.replace(second, first=limit.bound)
+                limit.bound = second.bound
         verdict.measurements.append(limit)
     return verdict
 

@@ -30,6 +30,15 @@ Keys: ``metric`` (``rel_rms`` or ``naive_ratio``), one number per mode (``ieee``
 numbers, structured: ``worst``, ``draws``, ``of``, ``case``, ``before``). One key per line keeps a
 pull request's diff to one short line per moved number.
 
+One table is no op: ``[monte_carlo]`` sets the second stage of every ``naive_ratio`` bound, the
+yardstick that does not depend on one evaluation order (``refcheck.engine.verify.monte_carlo_bound``)::
+
+    [monte_carlo]
+    samples = 8        # seeded Monte Carlo arithmetic evaluations of the reference, per form
+    factor = 16        # bound = factor x their error + ulps x the stored dtype's eps
+    ulps = 1
+    reason = "..."
+
 Budget files layer: the defaults shipped with refcheck first, then each ``--budgets FILE`` (or the
 ``REFCHECK_BUDGETS`` environment variable, paths joined by ``os.pathsep``) replaces or adds whole
 entries. Every file is validated before any kernel runs; a bad one is a ``BudgetError`` naming
@@ -63,6 +72,23 @@ MEASURED_KEYS: dict[str, type | tuple[type, ...]] = {"worst": (int, float), "dra
                                                      "before": (int, float)}
 """Fields of ``measured``: the worst error (rel_rms) or ratio (naive_ratio) measured, over how many
 draws, of what (implementations, strategy), the worst case, and the number before a change."""
+
+
+MONTE_CARLO = "monte_carlo"
+"""The table of ``MonteCarlo``'s settings (no op has this name)."""
+MONTE_CARLO_KEYS = {"samples": int, "factor": (int, float), "ulps": (int, float), "reason": str,
+                    "measured": dict}
+
+
+@dataclass(frozen=True)
+class MonteCarlo:
+    """The second stage of a ``naive_ratio`` bound: ``factor`` x the Monte Carlo error of the reference
+    on the case (``samples`` evaluations per form) + ``ulps`` x the eps of the output's stored dtype."""
+
+    samples: int = 8
+    factor: float = 16.0
+    ulps: float = 1.0
+    reason: str = ""
 
 
 class BudgetError(ValueError):
@@ -112,6 +138,7 @@ class Budgets:
 
     paths: tuple[Path, ...]
     entries: dict[tuple[str, str, str, str | None], dict]
+    monte_carlo: MonteCarlo | None = None   # None: the file sets none (the defaults always do)
 
     def entry(self, op: str, output: str, dtype: str, impl: str | None = None) -> dict:
         entry = self.entries.get((op, output, dtype, impl)) or self.entries.get((op, output, dtype, None))
@@ -192,6 +219,7 @@ def parse(text: str, where: str, ops: dict[str, tuple[str, ...]]) -> Budgets:
     except tomllib.TOMLDecodeError as err:
         raise BudgetError(f"{where}: not valid TOML: {err}") from None
     entries: dict[tuple[str, str, str, str | None], dict] = {}
+    monte_carlo = _monte_carlo(where, data.pop(MONTE_CARLO)) if MONTE_CARLO in data else None
     for op, outputs in data.items():
         if op not in ops:
             raise BudgetError(f"{where}: [{op}] unknown op; known ops: {', '.join(ops)}")
@@ -214,7 +242,30 @@ def parse(text: str, where: str, ops: dict[str, tuple[str, ...]]) -> Budgets:
                     entries[(op, output, dtype, None)] = _check_entry(where, key, base)
                 for impl, sub in guards.items():
                     entries[(op, output, dtype, impl)] = _check_entry(where, f"{key}.{impl}", sub)
-    return Budgets((Path(where),), entries)
+    return Budgets((Path(where),), entries, monte_carlo)
+
+
+def _monte_carlo(where: str, table) -> MonteCarlo:
+    """The ``[monte_carlo]`` table, validated: positive numbers, a whole number of samples, a reason."""
+    if not isinstance(table, dict):
+        raise BudgetError(f"{where}: [{MONTE_CARLO}] expected a table")
+    unknown = set(table) - set(MONTE_CARLO_KEYS)
+    if unknown:
+        raise BudgetError(f"{where}: [{MONTE_CARLO}] unknown key(s) {sorted(unknown)}; allowed: {sorted(MONTE_CARLO_KEYS)}")
+    for name, kind in MONTE_CARLO_KEYS.items():
+        value = table.get(name)
+        if name in ("samples", "factor", "ulps", "reason") and value is None:
+            raise BudgetError(f"{where}: [{MONTE_CARLO}] missing {name}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise BudgetError(f"{where}: [{MONTE_CARLO}] {name}: wrong type {type(value).__name__}")
+    if table["samples"] < 2:
+        raise BudgetError(f"{where}: [{MONTE_CARLO}] samples must be at least 2, got {table['samples']}")
+    for name in ("factor", "ulps"):
+        if not _number(table[name]) or table[name] <= 0:
+            raise BudgetError(f"{where}: [{MONTE_CARLO}] {name} must be a positive number, got {table[name]!r}")
+    if not table["reason"].strip():
+        raise BudgetError(f"{where}: [{MONTE_CARLO}] missing reason")
+    return MonteCarlo(table["samples"], float(table["factor"]), float(table["ulps"]), table["reason"])
 
 
 def _outputs() -> dict[str, tuple[str, ...]]:
@@ -243,10 +294,14 @@ def check_complete(budgets: Budgets) -> None:
 def _layered(paths: tuple[str, ...]) -> Budgets:
     layers = [_read(Path(p)) for p in paths]
     entries: dict = {}
+    monte_carlo = None
     for layer in layers:
         entries.update(layer.entries)
-    merged = Budgets(tuple(Path(p) for p in paths), entries)
+        monte_carlo = layer.monte_carlo or monte_carlo
+    merged = Budgets(tuple(Path(p) for p in paths), entries, monte_carlo)
     check_complete(merged)
+    if monte_carlo is None:
+        raise BudgetError(f"{merged.paths[0]}: no [{MONTE_CARLO}] table (the second stage of every naive_ratio bound)")
     return merged
 
 

@@ -68,9 +68,9 @@ def kda_operands(q, k, v, g, beta, *, scale, use_qk_l2norm, safe_gate, lower_bou
     scale = check_scale(scale, kd)
     dt = q.dtype
     q, k, v, g, beta = (x.to(dt) for x in (q, k, v, g, beta))
-    if use_gate_in_kernel:
+    if use_gate_in_kernel:   # lower_bound * sigmoid(.) or -softplus(.): in the safe range by construction
         g = kda_gate(g, A_log, dt_bias, lower_bound)
-    if safe_gate and not (bool((g <= 0).all()) and bool((g >= lower_bound).all())):
+    elif safe_gate and not (bool((g <= 0).all()) and bool((g >= lower_bound).all())):
         raise ValueError(f"g: safe_gate promises lower_bound ({lower_bound}) <= g <= 0")
     if use_qk_l2norm:
         q, k = l2norm(q), l2norm(k)

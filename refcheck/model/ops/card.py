@@ -174,8 +174,6 @@ class OpCard:
                     depend on (default: queries after the cut)
     empty_outputs:  ``(case, inputs, length, sequence, provides) -> outputs`` of a packed sequence
                     without tokens (trait ``varlen``)
-    natural_scales: by output name, ``(inputs, truth) -> float``: the size of what that output is a
-                    difference of, used as the floor of its relative error (``natural_floor``)
     implementations: ours and the peers' (the naive forms are added for every card by the registry)
     """
 
@@ -196,7 +194,6 @@ class OpCard:
     causal: Callable[[Case], bool] | None = None
     after: Callable[[Case, int], dict[str, torch.Tensor]] = _after_cut
     empty_outputs: Callable | None = None
-    natural_scales: Mapping[str, Callable[[Inputs, Mapping[str, torch.Tensor]], float]] = field(default_factory=dict)
     implementations: tuple[Implementation, ...] = ()
 
     def __post_init__(self):

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 import torch
 from hypothesis import strategies as st
 
-from refcheck import references
 from refcheck.references.kda import l2norm
 
 from ...strategies import (
@@ -67,40 +66,6 @@ def linear_tensors(case: Case, device, *, gate_shape: Callable, with_beta: bool,
     if drawn.get("initial_state"):
         tensors["initial_state"] = normal(gen, (n, h, k, v), device, 0.5)
     return tensors, gen
-
-
-def gate_gradient_scales(inputs: Inputs, truth: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """The natural size of the gradients that reach a log-decay gate: the gradient of the decay is
-    a reverse cumulative sum over time of ``q * dq - k * dk`` (summed over channels for a scalar
-    gate), exactly 0 where no state precedes the decay (T = 1 without an initial state), where a
-    correct kernel that forms the difference returns its rounding residue. Its size is
-    ``|q * dq| + |k * dk|`` (reduced to the decay's shape); carried back through KDA's in-kernel
-    gate (``references.kda_gate``, whose partials keep one sign) it gives the size of ``dg``,
-    ``dA_log`` and ``ddt_bias``. RMS of each, in float64, by gradient name ({} without dq, dk)."""
-    if "dq" not in truth or "dk" not in truth:
-        return {}
-    t = inputs.tensors
-    size = (t["q"].double() * truth["dq"].double()).abs() + (t["k"].double() * truth["dk"].double()).abs()
-    while size.dim() > t["g"].dim():
-        size = size.sum(-1)
-    if not inputs.options.get("use_gate_in_kernel"):
-        return {"dg": _rms(size)}
-    leaves = {n: t[n].double().detach().requires_grad_() for n in ("g", "A_log", "dt_bias") if n in t}
-    decay = references.kda_gate(leaves["g"], leaves["A_log"], leaves.get("dt_bias"), inputs.options.get("lower_bound"))
-    grads = torch.autograd.grad(decay, list(leaves.values()), grad_outputs=size.to(decay.device))
-    return {"d" + n: _rms(g) for n, g in zip(leaves, grads)}
-
-
-def _rms(x: torch.Tensor) -> float:
-    return float(x.double().square().mean().sqrt()) if x.numel() else 0.0
-
-
-def _gate_gradient_scale(name: str) -> Callable[[Inputs, Mapping[str, torch.Tensor]], float]:
-    """``OpCard.natural_scales`` entry of gate gradient ``name`` (``gate_gradient_scales``)."""
-    return lambda inputs, truth: gate_gradient_scales(inputs, truth).get(name, 0.0)
-
-
-GATE_GRADIENT_SCALES = {name: _gate_gradient_scale(name) for name in ("dg", "dA_log", "ddt_bias")}
 
 
 # --- cases ---------------------------------------------------------------------------------------
@@ -233,5 +198,4 @@ def linear_card(name: str, *, reference, chunked_reference, differentiable: tupl
         traits=frozenset({"varlen", "state", "causal", "decay_gate"}),
         grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
         token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
-        causal=lambda case: True, empty_outputs=empty_linear_outputs,
-        natural_scales=GATE_GRADIENT_SCALES, implementations=implementations)
+        causal=lambda case: True, empty_outputs=empty_linear_outputs, implementations=implementations)
