@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "refcheck"
 
 LAYERS = (
     ("refcheck.references", "refcheck.optimized", "refcheck.runtime"),
-    ("refcheck.model.case", "refcheck.model.implementation", "refcheck.model.metrics", "refcheck.model.targets",
-     "refcheck.strategies"),
+    ("refcheck.model.case", "refcheck.model.implementation", "refcheck.model.metrics", "refcheck.model.monte_carlo",
+     "refcheck.model.targets", "refcheck.strategies"),
     ("refcheck.model.ops",),
     ("refcheck.model.registry", "refcheck.model.budgets", "refcheck.model.naive"),
     ("refcheck.engine",),

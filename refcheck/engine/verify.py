@@ -267,17 +267,31 @@ def yardstick(case: Case, name: str, floor: float, *, grads: bool = True,
 
 
 def unit_roundoffs(case: Case, mode: str) -> tuple[float, float, str]:
-    """``(u, u of dots, name)``: the unit roundoff of the case's input dtype, and of its matrix
-    products (tf32's 2^-11 for fp32 inputs in mode tf32; tf32x3 keeps about fp32's)."""
+    """``(u, u of dots, name)``: the unit roundoff of the case's input dtype, and of its matrix products.
+    For fp32 inputs in mode tf32 both are tf32's ``2^-11``: every quantity a kernel derives from a tf32
+    dot carries its error (a gate gradient formed as ``q * dq - k * dk`` from tf32 ``dq``, ``dk`` leaves
+    a residue of 2^-11 of its terms, which no float64 formula forms); tf32x3 keeps about fp32's."""
     u = torch.finfo(case.torch_dtype).eps / 2
     if case.dtype == "fp32" and mode == "tf32":
-        return u, 2.0 ** -11, "fp32 (tf32 dots)"
+        return 2.0 ** -11, 2.0 ** -11, "tf32"
     return u, u, case.dtype
 
 
-MONTE_CARLO_FORMS = {"recurrent": "reference", "chunked": "chunked_reference"}
-"""The forms a Monte Carlo evaluation runs (as ``yardstick`` runs the naive ones): the reference as
-written and, where the op has one, its chunk form with decays differenced as kernels form them."""
+MONTE_CARLO_RECURRENT_MAX_T = 64
+"""Up to this sequence length the Monte Carlo stage runs the recurrent form beside the chunked one; past it
+the chunk form alone (a step-by-step float64 recurrence of T = 200, forward and backward, takes seconds:
+8 samples of it cost as much as a law's whole example budget). The degenerate cases whose roundings one
+evaluation order hides (one token, one key, a state that meets no decay) are short."""
+
+
+def monte_carlo_forms(case: Case) -> tuple[str, ...]:
+    """The forms a Monte Carlo evaluation runs (as ``yardstick`` runs the naive ones): the reference as
+    written (where the op has no chunk form, or the sequence is short: ``MONTE_CARLO_RECURRENT_MAX_T``)
+    and its chunk form as kernels compute it (``OpCard.chunk_options``)."""
+    if card(case.op).chunked_reference is None:
+        return ("recurrent",)
+    short = case.dim.get("T", 0) <= MONTE_CARLO_RECURRENT_MAX_T
+    return ("recurrent", "chunked") if short else ("chunked",)
 
 
 @lru_cache(maxsize=64)
@@ -293,7 +307,7 @@ def monte_carlo_outputs(case: Case, grads: bool, outputs: tuple[str, ...] | None
         assert chunked is not None
 
         def fn(*args, **options):
-            return chunked(*args, decays="differenced", **options)
+            return chunked(*args, **op.chunk_options, **options)
     inputs = op.make_inputs(case, REFERENCE_DEVICE).to_float64()
     base = truth(case, grads, outputs)
     cotangents = {n: g.to(torch.float64) for n, g in upstream_gradients(op, case, base, outputs).items()}
@@ -311,16 +325,13 @@ def monte_carlo_error(case: Case, name: str, floor: float, mode: str, *, grads: 
                       budgets: budgets_mod.Budgets | None = None) -> tuple[float | None, str]:
     """What rounding in the case's precision costs output ``name`` on this case, whatever the order of
     operations: the RMS over Monte Carlo samples of their relative RMS error against the float64 truth
-    (``rel_rms``, floor ``floor``), the larger of the forms (``MONTE_CARLO_FORMS``), and which form.
+    (``rel_rms``, floor ``floor``), the larger of the forms (``monte_carlo_forms``), and which form.
     A form with a non-finite sample is no yardstick; ``(None, "")`` when none is."""
     settings = (budgets or budgets_mod.load()).monte_carlo
     assert settings is not None
     base = truth(case, grads, outputs)
-    op = card(case.op)
     errors = {}
-    for form, attr in MONTE_CARLO_FORMS.items():
-        if getattr(op, attr) is None or name not in base:
-            continue
+    for form in monte_carlo_forms(case) if name in base else ():
         runs = monte_carlo_outputs(case, grads, outputs, form, mode, settings.samples)
         each = [rel_rms(r[name], base[name], floor) if name in r else math.inf for r in runs]
         if all(math.isfinite(e) for e in each):

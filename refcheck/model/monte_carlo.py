@@ -7,12 +7,18 @@ to C programs): a result ``y`` becomes
 
     y * (1 + u * xi),        xi ~ U[-1, 1], independent per element, seeded
 
-with ``u`` the unit roundoff of the precision being modelled (``2^-8`` for bf16, ``2^-11`` for fp16
-and tf32 dots, ``2^-24`` for fp32). An op that reduces terms (a sum, a matrix product, a cumulative
-sum) rounds every term it adds, so its result also moves by ``u * xi' * sqrt(sum of the terms'
-squares)``: the spread of ``sum_k t_k delta_k`` over independent roundings ``delta_k`` of each
-term, whatever order a kernel adds them in (a one-op perturbation alone would let a sum of large
-terms that cancel come out with the tiny error of its tiny result).
+with ``u`` the unit roundoff of the precision being modelled (``2^-8`` for bf16, ``2^-11`` for fp16,
+``2^-24`` for fp32). What a kernel does inside one op rounds too, at the precision it does it in:
+
+* a matrix product's terms ``a_k b_k`` come from operands rounded to the dot's precision (the input
+  dtype, or tf32's ``2^-11`` for fp32 inputs in that mode): the result moves by
+  ``u_dot * xi' * sqrt(sum_k (a_k b_k)^2)``;
+* a reduction (a sum, a product, a cumulative sum) rounds every partial sum ``S_k`` it forms, in the
+  float32 accumulator kernels use whatever their inputs: it moves by ``u_sum * xi'' * sqrt(sum_k S_k^2)``.
+
+Both are the spread of ``sum_k delta_k t_k`` over independent roundings ``delta_k``: a sum of large
+terms that cancel to a small result moves by the terms' size, not by its own (a one-op perturbation
+alone would give a long dot the error of one rounding, and a cancelling sum almost none).
 
 Ops that move data without arithmetic (views, copies, indexing, concatenation, ``where``, masks,
 max/min, negation) are exact in every precision and are left alone; so are integer and boolean
@@ -25,6 +31,7 @@ bound that holds for any correct kernel (``refcheck.engine.verify.monte_carlo_er
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import torch
@@ -54,50 +61,119 @@ EXACT = frozenset({
 """aten op names (overload packets) whose results are exact: never perturbed."""
 
 
-def _sum_squares(func, args, kwargs) -> torch.Tensor | None:
-    """``sum of the terms' squares`` of a reduction ``func(*args)``, computed by the same reduction
-    of the squared operands (None for an op that adds no terms)."""
-    name = func.overloadpacket.__name__
+PARTIAL_SUMS_LIMIT = 2 ** 24
+"""Elements of the partial sums a matrix product's spread is formed from, at most (``_product_partials``):
+beyond it the inner dimension is taken in blocks (partial sums at block ends, as a tensor-core kernel
+accumulates a tile of products at a time)."""
+
+
+def _sum_partials(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
+    """``sum_k S_k^2`` per output of ``x.sum(dims)``: the squares of its partial sums, added in index order."""
+    dims = sorted(d % x.ndim for d in dims) if dims else list(range(x.ndim))
+    rest = [d for d in range(x.ndim) if d not in dims]
+    moved = x.permute(*rest, *dims).reshape(*[x.shape[d] for d in rest], -1)
+    squares = moved.cumsum(-1).square().sum(-1)
+    if keepdim:
+        squares = squares.reshape([1 if d in dims else x.shape[d] for d in range(x.ndim)])
+    return squares
+
+
+def _product_partials(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``sum_k S_k^2`` per element of ``a @ b`` (``[..., M, K] @ [..., K, N]``), ``S_k`` the partial sums of its
+    products in the order of k; in blocks of the inner dimension where ``PARTIAL_SUMS_LIMIT`` asks."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = a.shape[:-2]
+    block = max(1, math.ceil(math.prod(batch) * m * n * k / PARTIAL_SUMS_LIMIT))
+    blocks = math.ceil(k / block)
+    pad = blocks * block - k
+    if pad:
+        a = torch.nn.functional.pad(a, (0, pad))
+        b = torch.nn.functional.pad(b, (0, 0, 0, pad))
+    parts = torch.einsum("...mcs,...csn->...cmn", a.reshape(*batch, m, blocks, block), b.reshape(*batch, blocks, block, n))
+    return parts.cumsum(-3).square().sum(-3) * block
+
+
+def _term_squares(name: str, args, kwargs) -> torch.Tensor | None:
+    """``sum_k (a_k b_k)^2`` per element of a matrix product: the size of its products, each computed from
+    operands rounded to the dot's precision (None for an op that is no product)."""
+    if name in ("mm", "bmm"):
+        return _product(name, args[0].square(), args[1].square())
+    if name == "mv":
+        return aten.mv(args[0].square(), args[1].square())
+    if name == "dot":
+        return aten.dot(args[0].square(), args[1].square())
+    if name in ("addmm", "baddbmm"):
+        alpha = kwargs.get("alpha", 1)
+        return _product(name, args[1].square(), args[2].square()) * (alpha * alpha)
+    return None
+
+
+def _product(name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return aten.mm(a, b) if name in ("mm", "addmm") else aten.bmm(a, b)
+
+
+def _partial_squares(name: str, args, kwargs, result: torch.Tensor) -> torch.Tensor | None:
+    """``sum_k S_k^2`` per element of a reduction's ``result``: the squares of the partial sums its terms
+    are added through (None for an op that adds no terms). Rounding each partial sum in turn moves the
+    result by ``sum_k delta_k S_k``, whose spread is ``u sqrt(sum_k S_k^2)``: a sum of large terms that
+    cancel to a small result still moves by the terms' size."""
     if name in ("sum", "mean"):
         x = args[0]
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return None
-        out = func(x.square(), *args[1:], **kwargs)
-        if name == "mean":   # mean = sum / n: its terms are x / n
-            n = max(1, x.numel() // max(1, out.numel()))
-            out = out / n
-        return out
-    if name in ("mm", "bmm", "matmul", "dot", "mv"):
-        return func(args[0].square(), args[1].square())
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        squares = _sum_partials(x, dims, keepdim)
+        if name == "mean":   # the terms are x / n
+            squares = squares / max(1, x.numel() // max(1, result.numel())) ** 2
+        return squares.reshape(result.shape) if squares.numel() == result.numel() else None
+    if name in ("mm", "bmm"):
+        return _product_partials(args[0], args[1])
+    if name == "mv":
+        return _product_partials(args[0], args[1].unsqueeze(-1)).squeeze(-1)
+    if name == "dot":
+        return _product_partials(args[0].unsqueeze(0), args[1].unsqueeze(-1)).reshape(())
     if name in ("addmm", "baddbmm"):
         c, a, b = args[:3]
         beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-        inner = aten.mm if name == "addmm" else aten.bmm
-        products = inner(a.square(), b.square()) * (alpha * alpha)
-        return products + torch.broadcast_to(c.square() * (beta * beta), products.shape)
-    if name == "cumsum":
-        return func(args[0].square(), *args[1:], **kwargs)
+        products = _product_partials(a, b) * (alpha * alpha)
+        return products + torch.broadcast_to(c * beta, products.shape).square()
+    if name == "cumsum":   # its results are its partial sums
+        return result.square().cumsum(args[1] if len(args) > 1 else kwargs["dim"])
     return None
 
 
 class RandomRounding(TorchDispatchMode):
     """The dispatch mode of ``random_rounding``: perturbs every inexact floating result."""
 
-    def __init__(self, unit_roundoff: float, seed: int, dot_roundoff: float | None = None):
+    def __init__(self, unit_roundoff: float, seed: int, dot_roundoff: float | None = None,
+                 accumulation_roundoff: float = 2.0 ** -24):
         super().__init__()
         self.u = unit_roundoff
         self.u_dot = unit_roundoff if dot_roundoff is None else dot_roundoff
+        self.u_sum = accumulation_roundoff
         self.gen = torch.Generator().manual_seed(seed)
 
-    def _noise(self, like: torch.Tensor) -> torch.Tensor:
-        xi = torch.rand(like.shape, generator=self.gen, dtype=torch.float64) * 2 - 1
-        return xi.to(like.device, like.dtype)
+    def _noise(self, like: torch.Tensor, u: float) -> torch.Tensor:
+        """``u * xi`` per element, ``xi ~ U[-1, 1]`` from the mode's generator (on the CPU: seeded alike
+        whatever the tensor's device)."""
+        return torch.empty(like.shape, dtype=like.dtype).uniform_(-u, u, generator=self.gen).to(like.device)
 
-    def _perturb(self, y: torch.Tensor, u: float, squares: torch.Tensor | None) -> torch.Tensor:
-        out = y * (1 + u * self._noise(y))
-        if squares is not None and squares.shape == y.shape:
-            spread = u * squares.clamp_min(0).sqrt() * self._noise(y)
-            out = torch.where(torch.isfinite(out) & torch.isfinite(spread), out + spread, out)
+    def _moved(self, out: torch.Tensor, squares: torch.Tensor | None, u: float) -> torch.Tensor:
+        """``out + u xi sqrt(squares)`` where that is finite (``out`` unchanged without ``squares``)."""
+        if squares is None or squares.shape != out.shape:
+            return out
+        step = squares.clamp_min(0).sqrt_().mul_(self._noise(out, u))
+        if bool(torch.isfinite(step).all()):
+            return out.add_(step)
+        return torch.where(torch.isfinite(out) & torch.isfinite(step), out + step, out)
+
+    def _rounded(self, name: str, args, kwargs, result: torch.Tensor) -> torch.Tensor:
+        """One sample of ``result`` rounded: times ``1 + u xi``; a product's terms each by the dot's
+        roundoff, and a reduction's partial sums by the accumulation's (``_partial_squares``)."""
+        out = result * self._noise(result, self.u).add_(1)
+        if name in DOTS:
+            out = self._moved(out, _term_squares(name, args, kwargs), self.u_dot)
+        if name in REDUCTIONS:
+            out = self._moved(out, _partial_squares(name, args, kwargs, result), self.u_sum)
         return out
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -106,33 +182,34 @@ class RandomRounding(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if func.is_view or name in EXACT or name.endswith("_copy"):
             return result
-        u = self.u_dot if name in DOTS else self.u
         if isinstance(result, torch.Tensor):
             if not result.is_floating_point() or result.numel() == 0:
                 return result
-            squares = _sum_squares(func, args, kwargs) if name in REDUCTIONS else None
-            perturbed = self._perturb(result, u, squares)
-            if func._schema.is_mutable or name.endswith("_"):   # in place: write the perturbed value back
+            rounded = self._rounded(name, args, kwargs, result)
+            if func._schema.is_mutable or name.endswith("_"):   # in place: write the rounded value back
                 with torch.no_grad():
-                    result.copy_(perturbed)
+                    result.copy_(rounded)
                 return result
-            return perturbed
+            return rounded
         if isinstance(result, (tuple, list)):
-            return type(result)(self._perturb(r, u, None) if isinstance(r, torch.Tensor) and r.is_floating_point()
-                                and r.numel() else r for r in result)
+            return type(result)(r * self._noise(r, self.u).add_(1) if isinstance(r, torch.Tensor)
+                                and r.is_floating_point() and r.numel() else r for r in result)
         return result
 
 
 DOTS = frozenset({"mm", "bmm", "matmul", "dot", "mv", "addmm", "baddbmm", "linalg_solve_triangular",
                   "triangular_solve"})
 """Products that run on tensor cores in a kernel: rounded at the dot precision (tf32 in that mode)."""
-REDUCTIONS = frozenset({"sum", "mean", "mm", "bmm", "matmul", "dot", "mv", "addmm", "baddbmm", "cumsum"})
-"""Ops that add many terms, each rounded (``_sum_squares``)."""
+REDUCTIONS = frozenset({"sum", "mean", "mm", "bmm", "dot", "mv", "addmm", "baddbmm", "cumsum"})
+"""Ops that add many terms through partial sums, each rounded (``_partial_squares``)."""
 
 
 @contextmanager
-def random_rounding(unit_roundoff: float, seed: int, dot_roundoff: float | None = None):
-    """Inside the block every inexact floating result is perturbed by ``unit_roundoff`` (products of
-    ``DOTS`` by ``dot_roundoff`` where given): one Monte Carlo sample of rounding, seeded."""
-    with RandomRounding(unit_roundoff, seed, dot_roundoff):
+def random_rounding(unit_roundoff: float, seed: int, dot_roundoff: float | None = None,
+                    accumulation_roundoff: float = 2.0 ** -24):
+    """One Monte Carlo sample of rounding, seeded: inside the block every inexact floating result is
+    rounded at ``unit_roundoff``, the products of ``DOTS`` from operands rounded at ``dot_roundoff``
+    (default ``unit_roundoff``), and the partial sums of every reduction at ``accumulation_roundoff``
+    (float32's: kernels accumulate dots and sums in float32 whatever their inputs)."""
+    with RandomRounding(unit_roundoff, seed, dot_roundoff, accumulation_roundoff):
         yield

@@ -1,9 +1,10 @@
 """The naive implementations: each op's reference evaluated in the input dtype.
 
 Two forms: recurrent (``refcheck.model.naive:OP``: the reference as written) and, for the ops with a
-chunk form, chunked (``refcheck.model.naive:OP_chunked``: chunks of 64 with the in-chunk decays formed
-from differences of the cumulative log-decay, as kernels form them, so that they share the kernels'
-cancellation under steep decays). The larger of their errors is the yardstick of the contract
+chunk form, chunked (``refcheck.model.naive:OP_chunked``: the linear ops in chunks of 64 with the
+in-chunk decays formed from differences of the cumulative log-decay, as kernels form them, so that they
+share the kernels' cancellation under steep decays; attention in the flash form, whose backward forms
+``dP - D``). The larger of their errors is the yardstick of the contract
 bounds ("at most F times the error of the same computation done naively in the input dtype",
 ``refcheck.engine.verify.yardstick``); both are also implementations every law runs over.
 Outputs follow the contract: the first (``o``, ``gate``) in the input dtype as computed, states and
@@ -29,7 +30,7 @@ def naive_form(op: str, chunked: bool = False) -> Callable:
 
     def naive(*args, **options):
         if chunked:
-            result = c.chunked_reference(*args, decays="differenced", **options)
+            result = c.chunked_reference(*args, **c.chunk_options, **options)
         else:
             result = c.reference(*args, **options)
         if not isinstance(result, tuple):

@@ -1,5 +1,7 @@
 """Law 12: inputs handed over as views into larger buffers, poisoned (NaN, +-1e30, 2**30 in
-cu_seqlens) before, after and between their rows, give the outputs and gradients of plain inputs."""
+cu_seqlens) before, after and between their rows (strided views), and before and after them (contiguous
+views, as a wrapper that makes inputs contiguous passes them on), give the outputs and gradients of
+plain inputs."""
 import pytest
 
 

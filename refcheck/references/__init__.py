@@ -3,11 +3,12 @@
 Each function computes in the dtype of its inputs (``q`` or ``g``): pass float64 tensors for the
 truth; the same code in a low-precision dtype is the "naive" baseline.
 """
-from .attention import attention
+from .attention import attention, attention_chunked
 from .gated_delta_rule import gated_delta_rule, gated_delta_rule_chunked
 from .gates import kda_gate
 from .gla import gla, gla_chunked, simple_gla, simple_gla_chunked
 from .kda import kda, kda_chunked
 
-__all__ = ["attention", "gated_delta_rule", "gated_delta_rule_chunked", "gla", "gla_chunked", "kda", "kda_chunked",
+__all__ = ["attention", "attention_chunked", "gated_delta_rule", "gated_delta_rule_chunked", "gla", "gla_chunked", "kda",
+           "kda_chunked",
            "kda_gate", "simple_gla", "simple_gla_chunked"]

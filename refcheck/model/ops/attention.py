@@ -240,7 +240,8 @@ def fa4_backward_refusal(device: str, case=None) -> str | None:
 
 
 CARD = OpCard(
-    "attention", references.attention, None, ("o", "lse"), ("q", "k", "v"), DTYPES, make_inputs, cases=cases,
+    "attention", references.attention, references.attention_chunked, ("o", "lse"), ("q", "k", "v"), DTYPES, make_inputs,
+    cases=cases,
     traits=frozenset({"varlen", "causal", "keys"}), grid=grid, boundary=boundary,
     token_axes={"q": "q", "k": "k", "v": "k"}, join_dims={"o": 1, "lse": 2},
     causal=lambda case: bool(case.opts.get("causal")), after=after, empty_outputs=empty_outputs,

@@ -153,7 +153,10 @@ class OpCard:
 
     reference:      the float64 truth, written from the math (``references/``); its signature is the
                     op's contract: required parameters by position, the others by keyword
-    chunked_reference: the same math in chunks (faster float64 truth; the naive chunked form)
+    chunked_reference: the same math in chunks (faster float64 truth; the naive chunked form), as
+                    kernels compute it (linear ops: chunk scans; attention: the flash form)
+    chunk_options:  keywords the naive and Monte Carlo evaluations give ``chunked_reference`` (the
+                    linear ops' in-chunk decays formed as kernels form them)
     outputs:        names of the returned values, in order (a single return value is one name)
     differentiable: tensor inputs that get a gradient when present
     dtypes:         input dtypes of the op
@@ -195,6 +198,7 @@ class OpCard:
     after: Callable[[Case, int], dict[str, torch.Tensor]] = _after_cut
     empty_outputs: Callable | None = None
     implementations: tuple[Implementation, ...] = ()
+    chunk_options: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self):
         unknown = set(self.traits) - set(TRAITS)

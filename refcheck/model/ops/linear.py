@@ -198,4 +198,5 @@ def linear_card(name: str, *, reference, chunked_reference, differentiable: tupl
         traits=frozenset({"varlen", "state", "causal", "decay_gate"}),
         grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
         token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
-        causal=lambda case: True, empty_outputs=empty_linear_outputs, implementations=implementations)
+        causal=lambda case: True, empty_outputs=empty_linear_outputs, implementations=implementations,
+        chunk_options={"decays": "differenced"})
