@@ -165,14 +165,15 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     failures: list[Failure] = []
     drawn = examples(law, impl, limits, mode, buckets)
     started = time.monotonic()
+    fixed: Failure | None = None    # a boundary example's failure: already minimal; the search looks for others
     for example in () if buckets else laws.boundary_examples(law, impl, mode):   # boundaries first, as ci
         result.examples += 1
         try:
             outcome = laws.check(law, impl, example, device=device, strict=strict)
         except Exception as err:
-            result.failure = Failure.of(example, err)
-            result.seconds = result.search_seconds = time.monotonic() - started
-            return result
+            fixed = Failure.of(example, err)
+            result.search_seconds = time.monotonic() - started
+            break
         result.count_notes(outcome)
 
     def attempt(data):
@@ -218,10 +219,18 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         replayed = [f for e in laws.distinct_failures(err) for f in failures if f.error is e]
         result.failure, result.others = (replayed[0], replayed[1:]) if replayed else (result.failure, [])
         result.flaky = not replayed
+    if fixed is not None:   # the boundary's failure first; the search's of another signature after it
+        found = [f for f in (result.failure, *result.others) if f is not None and _signature(f) != _signature(fixed)]
+        result.failure, result.others = fixed, found
     result.seconds = time.monotonic() - started
     if not failures:
         result.search_seconds = result.seconds
     return result
+
+
+def _signature(failure: Failure) -> str:
+    """Which failure it is (``laws.violation``): the violation's signature, else the exception's type."""
+    return getattr(failure.error, "signature", "") or type(failure.error).__name__
 
 
 # --- the reproducer --------------------------------------------------------------------------------
