@@ -14,7 +14,7 @@ bitwise note with its max abs difference; our Triton ``kda`` runs the same examp
 the examples of one compile signature run in one worker process, the signatures in parallel
 (``refcheck.runtime.workers``: a crash is a finding). Writes JSON (``--out``) and prints a table.
 
-    python benchmarks/fla_open_reports.py --out benchmarks/results/fla_open_reports_h200.json
+    python benchmarks/fla_open_reports.py --out benchmarks/results/fla_open_reports_h100.json
 """
 from __future__ import annotations
 

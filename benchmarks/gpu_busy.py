@@ -1,6 +1,6 @@
 """How busy each GPU was in each phase of a run: the summary of an ``nvidia-smi`` sampling log.
 
-``benchmarks/gpu_session.sh multi-gpu`` samples every GPU while it runs the same law run on one GPU
+``benchmarks/gpu.sh multi-gpu`` samples every GPU while it runs the same law run on one GPU
 and then on all of them (``nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used
 --format=csv,noheader,nounits -lms 500``) and writes a phase file, one ``START|END NAME`` line with
 ``date '+%Y/%m/%d %H:%M:%S.%N'`` at each boundary. This prints, per phase and GPU: the samples, the

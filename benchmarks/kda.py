@@ -7,7 +7,7 @@
     python benchmarks/kda.py --kernels --shapes B1_T32768   the CUDA time of each kernel, forward and
                                                 forward+backward, ours and FLA's, with the host's and the
                                                 wall time of each call
-    python benchmarks/kda.py --ncu-step         under Nsight Compute (``gpu_session.sh ncu`` gives the command):
+    python benchmarks/kda.py --ncu-step         under Nsight Compute (``gpu.sh ncu`` gives the command):
                                                 one B=8 forward+backward, ours and FLA's; then
     python benchmarks/kda.py --ncu-table k.csv  what bounds each kernel (hardware counters: DRAM and SM
                                                 throughput, tensor pipe, occupancy, top stall reasons)
@@ -550,13 +550,13 @@ which is no split at B=8)."""
 NARROW = tuple(dict(segments=n, BV=bv, num_warps=4, num_stages=2) for n in ("auto", 32) for bv in (32, 16))
 """Value blocks of 32 and 16 over the default segments (none at B=8 and varlen) and over segments of 32 chunks: whether a
 narrower block (smaller dots, more programs) shortens a pass that waits on its longest sequence
-(``results/kda_profile_narrow_h100_session20.txt``: it does not)."""
+(H100, at 0a0a52c: it does not)."""
 POINTERS = (dict(TMA=False), dict(segments="auto", TMA=False))
 """The serial passes' default launches with their row blocks loaded through pointers, not TMA (``common.tma_operands``;
 the gradients' state terms likewise: ``("grads", dict(TMA=False))``)."""
 SCALE_BLOCKS = (dict(prepare=dict(SB=64)), dict(segments="auto", prepare=dict(SB=64)))
-"""The prepared operands' row scales by column blocks of 64 (``chunk.prepared.SCALE_BLOCK`` was 64 before the
-seventeenth session), by default and over segments; the serial passes' own state blocks are the ``KB`` variants."""
+"""The prepared operands' row scales by column blocks of 64 (``chunk.prepared.SCALE_BLOCK`` is 128), by default
+and over segments; the serial passes' own state blocks are the ``KB`` variants."""
 PROFILE_VARIANTS = (
     [("intra", cfg, safe, False) for cfg in (
         dict(), dict(diag=dict(BK=16)), dict(diag=dict(BK=64)), dict(diag=dict(BK=128)), dict(diag=dict(num_warps=2)),

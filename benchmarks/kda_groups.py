@@ -4,9 +4,9 @@
 
 ``chunk.state.sequence_groups`` runs the backward's serial passes of the long sequences (more than ``state.LONG`` of
 the longest's chunks) and those of the others as launches on streams of their own, the short ones' gradients while
-the long ones' passes go on (``kda.api``; the forward took groups too until its output moved into its serial pass,
-twenty-fifth session). This times ``optimized.kda``'s forward+backward (bf16, ``benchmarks/kda.py``'s inputs and
-timing, safe_gate off and on; median, three runs) without groups and at each fraction, in one process.
+the long ones' passes go on (``kda.api``; the forward has none: its output is formed in its serial pass). This
+times ``optimized.kda``'s forward+backward (bf16, ``benchmarks/kda.py``'s inputs and timing, safe_gate off and on;
+median, three runs) without groups and at each fraction, in one process.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The chunk-parallel stages (gate, front, intra) of a later group run beside the serial pass of an earlier one, which
 at fewer sequences leaves SMs free. Prints do_bench medians (ms) and o's largest difference from the one-stream run.
-Measured on an H200 (3b3d031, ``results/kda_pipeline_probe_h200_session27.txt``): every split slower, the host's
+Measured on an H200 (3b3d031, ``benchmarks/results/kda_pipeline_probe_h200.txt``): every split slower, the host's
 queueing of each group's launches the bound (not kept).
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ match the GPU's: fp32 attention at Dqk=89, Dv=128, "tf32x3" needed 320000 and 24
 A kernel at 255 registers with a non-zero STACK spills to local memory every iteration. Use this to
 iterate on register pressure offline and spend GPU time on timing only; but spills are not always what
 sets a kernel's time (KDA's serial passes: fewer spills measured slower where they cost reductions on the
-dependent chain, ``docs/performance.md``). ``--sass DIR`` writes each launch's SASS and Triton GPU IR, to
+dependent chain, ``docs/kernels/kda.md``). ``--sass DIR`` writes each launch's SASS and Triton GPU IR, to
 see where a loop's loads, barriers and shared-memory round trips sit. With the GPU's Triton put first on ``PYTHONPATH``
 (``pip install --no-deps --target /tmp/tr36 triton==3.6.0``) it also shows that every kernel
 compiles there.

@@ -28,12 +28,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--ops", default=",".join(MEMBERS), help="comma-separated ops")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=Path("/tmp/zoo-fuzz"))
     args = parser.parse_args()
     runs = []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    for op, names in MEMBERS.items():
+    for op in args.ops.split(","):
+        names = MEMBERS[op]
         module = "attention" if op == "attention" else "linear"
         for name in names:
             for seed in args.seeds.split(","):

@@ -516,7 +516,7 @@ gate_crashes_on_odd_lengths = Implementation(
     backward=False, triton=True, description="Correct on inputs of even length T; at odd T "
     "a Triton kernel reads 2**36 elements past g (tests/mutant_kernels.py): an illegal memory access on a GPU.")
 """Not a law's mutant: every law meets its crash. It shows that a crash is a finding about its example and
-the run goes on (``tests/test_workers.py`` on the CPU, ``benchmarks/gpu_session.sh crash-isolation`` on a GPU)."""
+the run goes on (``tests/test_workers.py`` on the CPU, ``benchmarks/gpu.sh crash-isolation`` on a GPU)."""
 
 
 def gate_exits_on_odd_lengths(g, A_log, dt_bias=None, lower_bound=None):

@@ -1,6 +1,6 @@
 """The GPU benchmarks' own code on the CPU: each stage ``benchmarks/kda.py --profile`` times runs once, at its default
 launch, on the tiny shape under the faithful interpreter. A change to a kernel's Python interface that a benchmark
-calls then fails here, not in a GPU session's first call (where device time is short)."""
+calls then fails here, not in a GPU run's first call (where device time is short)."""
 from __future__ import annotations
 
 import importlib

@@ -30,8 +30,8 @@ def two_bugs(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens
 
 def test_each_signature_is_its_own_violation_type():
     assert violation("") is LawViolation
-    assert violation("o bf16") is violation("o bf16") and issubclass(violation("o bf16"), LawViolation)
-    assert violation("o bf16") is not violation("lse fp32") and violation("lse fp32").signature == "lse fp32"
+    assert violation("outputs bf16") is violation("outputs bf16") and issubclass(violation("outputs bf16"), LawViolation)
+    assert violation("outputs bf16") is not violation("outputs fp32") and violation("outputs fp32").signature == "outputs fp32"
 
 
 def test_two_failures_are_each_shrunk_to_their_own_example():

@@ -5,7 +5,7 @@ The launches of one forward + backward per configuration (input dtypes, precisio
 head dims that are not powers of two) are captured in a process of their own, where the kernels are
 compiled ones (this process interprets them), and each distinct launch goes through the front end. A
 planted kernel whose loop-carried tile changes dtype shows that the check can fail: the fault the
-interpreter ran and a GPU law run refused (``benchmarks/results/gpu_properties_kda_h100_session6_span_fp64.txt``).
+interpreter ran and a GPU law run refused (H100; its summary in ``benchmarks/results`` as of 523aefc).
 """
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ def test_fp8_bad_input_names_the_argument(change, name):
 
 
 def test_precision_modes_give_no_verdict_where_no_query_sees_a_key():
-    """The H100 law run's false alarm of 2026-11-25, replayed: fp32 attention whose only query row has
+    """An H100 law run's false alarm, replayed: fp32 attention whose only query row has
     an empty key span (and whose only keys have no query) computes o = 0, lse = -inf and zero gradients
     exactly in every precision mode. Law 8 has nothing to judge there: the example is rejected in a
     search, and here, run alone, it holds vacuously with a note (``Trial.vacuous``)."""

@@ -177,7 +177,7 @@ def test_simple_gla_bad_input_names_the_argument(change, name):
 
 
 def test_precision_modes_hold_where_fp32_gates_limit_every_mode():
-    """The GPU law run's false alarm of 2026-11-25, replayed: fp32 simple GLA with gate spikes of -1000
+    """A GPU law run's false alarm, replayed: fp32 simple GLA with gate spikes of -1000
     (cumulative log-decays whose fp32 differences lose ~1e-4) leaves ieee and tf32x3 at ~2.5e-4 and tf32 at
     ~1.5e-3, 5-6x worse: the kernel honours its modes, and law 8 says so (``laws.TF32_MIN_EXCESS``)."""
     from refcheck.engine.examples import Example
@@ -230,7 +230,7 @@ def test_head_first_with_a_unit_head_dim_is_the_sequence_first_call():
     """K = 1 head-first runs sequence-first on the transposed tensors (``gla.api``: on a GPU the compiler
     lays out unit-stride tiles otherwise and the reductions round otherwise): the rerouted call gives
     the sequence-first results, o transposed back. (The interpreter has no layouts: that the GPU's bits
-    now agree is shown by the head-first law's GPU run, ``benchmarks/results/gpu_properties_gla_h200.txt``.)"""
+    now agree is shown by the head-first law's GPU run, ``benchmarks/results/gpu_properties_linear_h200.txt``.)"""
     x, opts = gla_case("gla", T=70, H=2, K=1, V=8)
     do, dht = cotangents(x, opts)
     seq = run(optimized.gla, x, opts, do, dht, precision="ieee")
@@ -262,7 +262,7 @@ def test_log_decay_spikes_keep_fp32_accuracy(op, chunk_size):
     error of the chunked reference in fp32 whose exponents are each summed from their own start
     ("stable"). The kernels take ``exp(G_i - G_j)`` of the differences of fp64 cumulative gates
     (``gla.chunk.cumulative_gate_dtype``); with fp32 ones (the "differenced" form) GLA's o erred 3.5e-4
-    and dg 6.6e-4 at chunk size 128, the GPU law failures of 2026-11-26
+    and dg 6.6e-4 at chunk size 128, the failures of GPU law runs on an H200
     (``benchmarks/results/gpu_findings_h200.sh``). Measured now: at most 8.6e-7 (simple GLA's dg),
     where the stable reference errs 4.7e-8 to 2.1e-7."""
     gen = torch.Generator().manual_seed(0)
@@ -291,7 +291,7 @@ def test_a_16_bit_gate_gradient_is_rounded_once(op, gate_dtype):
     """fp32 inputs with a 16-bit gate: dg is the reverse cumulative sum of fp32 partial gradients, summed
     in fp32 and rounded to the gate's dtype only when stored; within 2x the error of the float64 truth
     rounded to that dtype. Summing in the gate's dtype (a variant that once shipped) rounds at every
-    step: the GPU law run of 2026-11-26 caught it at 1.5e-2 where the bound was 7.6e-3."""
+    step: a GPU law run on an H200 caught it at 1.5e-2 where the bound was 7.6e-3."""
     x, opts = gla_case(op, T=128, K=48, V=24, gate_dtype=gate_dtype)
     do, dht = cotangents(x, opts)
     ours = run(OPS[op][0], x, opts, do, dht, precision="tf32x3", chunk_size=128)[2]["g"]

@@ -141,8 +141,8 @@ def test_log_decay_spikes_keep_fp32_accuracy(precision):
     The kernels take ``exp(G_i - G_j)`` of differences of fp64 cumulative gates for fp32 inputs
     (``chunk.tiles.cumulative_gate_dtype``). With fp32 ones ours erred o 1.7e-4 and dg 3.9e-4 here in
     both modes, and GPU law runs failed "agreement" at T=6 (o 1.15e-5, dq 1.65e-5 against guards of 1e-5,
-    ``benchmarks/results/gpu_properties_kda_h200_session3.txt``) and "state_chaining" at T=5 (o 1.39e-5,
-    dq 1.72e-5, ``gpu_properties_kda_h100_session4_spikes.txt``). Measured now: o 8.2e-8 (ieee) and
+    H200, results as of 11ac91e) and "state_chaining" at T=5 (o 1.39e-5, dq 1.72e-5, H100, results as of
+    dab18c5). Measured now: o 8.2e-8 (ieee) and
     1.4e-7 (tf32x3), at most 9.0e-7 (dg, tf32x3), where the stable reference errs 4.7e-8 to 1.2e-7. A
     kernel running tf32 where ieee was asked fails it by orders of magnitude."""
     gen = torch.Generator().manual_seed(0)
@@ -621,7 +621,7 @@ def test_segment_scan_chains_the_maps_in_float64(reverse, K, V):
 def test_host_work_over_segments_does_not_grow_with_their_number():
     """A forward and backward over 4 and over 16 segments of one chunk queue the same torch calls: each serial pass's
     scan is one launch, not a loop over segments (which at B=1, T=32768 on an H100 kept the host busier than the
-    GPU: ``docs/performance.md``, twelfth session). Counted below the dispatcher, so the count holds on a GPU too."""
+    GPU: ``docs/kernels/kda.md``). Counted below the dispatcher, so the count holds on a GPU too."""
     import collections
 
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -43,6 +43,8 @@ def test_lists_are_repeatable_and_comma_separated():
     (dict(ops=["simple_gla"], dtypes=["fp64"]), "simple_gla has no such inputs"),
     (dict(dtypes=["fp8"]), "--dtype fp8: unknown dtype"),
     (dict(dtypes=["fp9"]), "--dtype fp9: unknown dtype"),
+    (dict(dtypes=["torch.bfloat17"]), r"--dtype torch.bfloat17: unknown dtype; expected one of fp64, fp32, bf16, .* "
+                                      r"torch's names \(float64, float32, bfloat16"),
     (dict(impls=["simple_gla=no_such_module:fn"]), "cannot import module 'no_such_module'"),
     (dict(impls=["simple_gla=mykernels:nope"]), "has no attribute 'nope'"),
     (dict(impls=["mykernels:chunk_simple_gla"]), "which op does it implement"),
@@ -54,6 +56,13 @@ def test_lists_are_repeatable_and_comma_separated():
 def test_usage_errors_name_the_option(mykernels, kwargs, message):
     with pytest.raises(SelectionError, match=message):
         select(device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("given, short", [("float16", "fp16"), ("torch.float16", "fp16"), ("bfloat16", "bf16"),
+                                          ("torch.bfloat16", "bf16"), ("float32", "fp32"), ("half", "fp16"),
+                                          ("bf16", "bf16")])
+def test_dtype_takes_torchs_names_too(given, short):
+    assert select(ops=["simple_gla"], dtypes=[f"{given},fp32"], device="cpu").dtypes == tuple(dict.fromkeys((short, "fp32")))
 
 
 def test_module_callable_needs_the_op_only_once(mykernels):

@@ -9,10 +9,8 @@ import argparse
 import importlib
 import sys
 
-from ..model import registry
-from ..runtime.backend import configure_backend
-
-COMMAND_MODULES = tuple(f"refcheck.commands.{name}" for name in ("cli", "report", "fuzz", "drift", "budget_diff"))
+COMMAND_MODULES = tuple(f"refcheck.commands.{name}" for name in ("cli", "contract", "report", "fuzz", "drift",
+                                                                          "budget_diff"))
 
 
 class UsageError(Exception):
@@ -20,27 +18,57 @@ class UsageError(Exception):
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("list", help="list ops and their implementations, and whether each runs here")
-    p.add_argument("--device", default=None, choices=("cpu", "cuda"), help="cpu or cuda (default: cuda if available)")
+    from .selection import add_options
+    p = subparsers.add_parser("list", help="list ops and their implementations, and whether each runs here",
+                              description="refcheck list: every implementation of every op, and whether it runs here. "
+                                          "On a terminal a table; piped, one implementation a line, tab-separated "
+                                          "(op, impl, dtypes, knobs, backward, available here), nothing cut.")
+    add_options(p, impl=False, dtype=False, budgets=False)
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
     p.set_defaults(run=run_list)
 
 
+def list_rows(selection) -> list[dict]:
+    """One record a selected implementation: op, name, dtypes, knobs, backward, available, why not."""
+    from ..model.ops import OPS
+
+    rows = []
+    for op in selection.ops or OPS:
+        for impl in selection.implementations(op):
+            why = impl.unavailable(selection.device)
+            rows.append({"op": op, "impl": impl.name, "dtypes": list(impl.dtypes),
+                         "knobs": {k: list(v) for k, v in impl.knobs.items()}, "backward": bool(impl.backward),
+                         "available": why is None, "why_not": why, "description": impl.description})
+    return rows
+
+
 def run_list(args) -> int:
+    import json
+
+    from .selection import select
+
+    selection = select(ops=args.op, op_cards=args.op_card, device=args.device, require_available=False)
+    rows = list_rows(selection)
+    if args.json:
+        print(json.dumps({"device": selection.device, "implementations": rows}, indent=2, default=str))
+        return 0
+    cells = [(r["op"], r["impl"], ",".join(r["dtypes"]),
+              ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in r["knobs"].items()) or "-",
+              "yes" if r["backward"] else "no", "yes" if r["available"] else f"no: {r['why_not']}") for r in rows]
+    header = ("op", "impl", "dtypes", "knobs", "backward", "available here")
+    if not sys.stdout.isatty():     # piped: plain lines, nothing cut to a width (grep, cut -f, awk -F'\t')
+        print("# " + "\t".join(header))
+        for line in cells:
+            print("\t".join(" ".join(c.split()) for c in line))
+        return 0
     from rich.console import Console
     from rich.table import Table
 
-    from ..model.ops import OPS
-
-    device = configure_backend(args.device)
-    table = Table(title=f"refcheck implementations (device: {device})")
-    for col in ("op", "impl", "dtypes", "knobs", "backward", "available here"):
+    table = Table(title=f"refcheck implementations (device: {selection.device})")
+    for col in header:
         table.add_column(col)
-    for op in OPS:
-        for impl in registry.implementations(op):
-            why = impl.unavailable(device)
-            knobs = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in impl.knobs.items()) or "-"
-            table.add_row(op, impl.name, ",".join(impl.dtypes), knobs, "yes" if impl.backward else "no",
-                          "yes" if why is None else f"no: {why}")
+    for line in cells:
+        table.add_row(*line)
     Console().print(table)
     return 0
 

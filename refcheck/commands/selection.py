@@ -5,7 +5,8 @@ checked the same way, in pytest and in every command (report, drift record, fuzz
                      module:callable where the op is given, module:attr naming a record)
     --op OP          an op
     --op-card M:A    an op refcheck does not know: its record (``refcheck.model.ops.OpCard``), module:attr
-    --dtype DT       an input dtype (a callable given with --impl takes only these)
+    --dtype DT       an input dtype, refcheck's short name (fp32, bf16) or torch's (float32, torch.bfloat16,
+                     half); a callable given with --impl takes only these
     --budgets FILE   a budgets file layered over the defaults
     --device DEV     cpu (the faithful Triton interpreter) or cuda
     --forward-only   a callable given with --impl has no backward
@@ -22,9 +23,11 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import torch
+
 from ..model import budgets as budgets_mod
 from ..model import registry
-from ..model.case import DTYPES
+from ..model.case import DTYPE_NAMES, DTYPES
 
 HELP = {
     "impl": "an implementation: NAME, OP=NAME, OP=module:callable, or module:callable where the op is given "
@@ -32,7 +35,8 @@ HELP = {
     "op": "only this op (repeatable, or comma-separated)",
     "op_card": "an op refcheck does not know: module:attr naming its refcheck.model.ops.OpCard (repeatable, or "
                "comma-separated); a package may also publish it under the entry point group refcheck.ops",
-    "dtype": "only these input dtypes (repeatable, or comma-separated); a callable given with --impl takes only these",
+    "dtype": "only these input dtypes: fp32, bf16, fp16 or torch's names (float32, torch.bfloat16, half, ...); "
+             "repeatable, or comma-separated; a callable given with --impl takes only these",
     "budgets": "a budgets file layered over refcheck's defaults (repeatable; later files win)",
     "device": "cpu (the faithful Triton interpreter) or cuda (default: cuda if available)",
     "forward_only": "a callable given with --impl has no backward: no gradients are checked",
@@ -78,6 +82,31 @@ class Selection:
 def items(values: Iterable[str] | None) -> list[str]:
     """Repeated option values, each possibly comma-separated, flattened in order."""
     return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
+
+
+TORCH_ALIASES = ("half", "float", "double")
+"""torch's other names of its dtypes (``torch.half is torch.float16``)."""
+
+
+def dtype_aliases() -> dict[str, str]:
+    """torch's names of refcheck's dtypes, bare and with ``torch.`` (``float32``, ``torch.bfloat16``,
+    ``half``, ...) -> the short name of ``DTYPES``."""
+    names = {str(dt).removeprefix("torch."): short for short, dt in DTYPES.items()}
+    names.update({alias: DTYPE_NAMES[getattr(torch, alias)] for alias in TORCH_ALIASES})
+    return {**names, **{f"torch.{name}": short for name, short in names.items()}}
+
+
+def dtype_name(text: str, option: str = "--dtype") -> str:
+    """The short name (``DTYPES``: ``fp32``, ``bf16``, ...) of a dtype given by that name or by torch's
+    (``float32``, ``torch.bfloat16``, ``half``); ``SelectionError`` names the option and the known names."""
+    if text in DTYPES:
+        return text
+    aliases = dtype_aliases()
+    if text in aliases:
+        return aliases[text]
+    torch_names = ", ".join(str(dt).removeprefix("torch.") for dt in DTYPES.values())
+    raise SelectionError(f"{option} {text}: unknown dtype; expected one of {', '.join(DTYPES)} "
+                         f"or torch's names ({torch_names}, half, float, double; with or without 'torch.')")
 
 
 def add_options(parser, *, impl: bool = True, op: bool = True, dtype: bool = True, device: bool = True,
@@ -129,10 +158,7 @@ def select(*, impls: Iterable[str] = (), ops: Iterable[str] = (), dtypes: Iterab
     for name in op_names:
         if name not in OPS:
             raise SelectionError(f"--op {name}: unknown op; known ops: {', '.join(OPS)}")
-    dtype_names = tuple(dict.fromkeys(items(dtypes)))
-    for name in dtype_names:
-        if name not in DTYPES:
-            raise SelectionError(f"--dtype {name}: unknown dtype; expected one of {', '.join(DTYPES)}")
+    dtype_names = tuple(dict.fromkeys(dtype_name(name) for name in items(dtypes)))
     for op in op_names:
         if dtype_names and not set(dtype_names) & set(OPS[op].dtypes):
             raise SelectionError(f"--dtype {','.join(dtype_names)}: {op} has no such inputs "

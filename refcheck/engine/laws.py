@@ -53,8 +53,9 @@ STRICT_ENV = "REFCHECK_STRICT_BITWISE"
 class LawViolation(AssertionError):
     """An implementation broke a law on one example. The message names the law, op, implementation,
     mode, knobs, case (shapes, dtypes, seed), what went wrong and a one-line reproducer.
-    ``signature`` says which failure it is (the first output over budget and its dtype, ``"dq fp32"``;
-    empty where the law fails one way only): ``violation`` gives each signature its own subclass."""
+    ``signature`` says which failure it is (``Verdict.signature``: outputs or gradients, and the dtype,
+    ``"gradients fp32"``; empty where the law fails one way only): ``violation`` gives each signature its
+    own subclass."""
 
     signature = ""
 
@@ -759,6 +760,11 @@ POISON_LAYOUTS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = 
 where its poison is."""
 
 
+def _placed(place: Callable[[torch.Tensor], torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:
+    """``place(x)``: an input in one of ``POISON_LAYOUTS`` (``Inputs.map`` passes the name too)."""
+    return place(x)
+
+
 def reads_past_input(t: Trial) -> None:
     """Law 12: an implementation reads its inputs where they are and nowhere else. Every tensor
     input (cu_seqlens included) is handed over in two layouts (``POISON_LAYOUTS``), each a view into
@@ -780,7 +786,7 @@ def reads_past_input(t: Trial) -> None:
     plain = t.evaluate(inputs)
     cotangents = t.cotangents(plain)
     for layout, (place, where) in POISON_LAYOUTS.items():
-        out = t.composite(inputs.map(lambda _, x, place=place: place(x)), t.call, cotangents, fresh_leaves=False)
+        out = t.composite(inputs.map(functools.partial(_placed, place)), t.call, cotangents, fresh_leaves=False)
         what = f"inputs as {layout} views into poisoned buffers against the plain inputs"
         bad = _nonfinite(out, plain)
         if bad:

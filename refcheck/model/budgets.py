@@ -76,8 +76,8 @@ draws, of what (implementations, strategy), the worst case, and the number befor
 
 MONTE_CARLO = "monte_carlo"
 """The table of ``MonteCarlo``'s settings (no op has this name)."""
-MONTE_CARLO_KEYS = {"samples": int, "factor": (int, float), "ulps": (int, float), "reason": str,
-                    "measured": dict}
+MONTE_CARLO_KEYS: dict[str, type | tuple[type, ...]] = {"samples": int, "factor": (int, float), "ulps": (int, float),
+                                                        "reason": str, "measured": dict}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,14 @@
 
 Each function computes in the dtype of its inputs (``q`` or ``g``): pass float64 tensors for the
 truth; the same code in a low-precision dtype is the "naive" baseline.
+
+The functions are this package's attributes (``references.attention(q, k, v)``), so a function
+shadows the module of the same name: ``refcheck.references.attention`` (also after ``import
+refcheck.references.attention as m``) is the function ``attention``, not ``attention.py``; likewise
+``gla``, ``kda`` and ``gated_delta_rule``. Reach a module by importing from it (``from
+refcheck.references.attention import attention_chunked``) or with
+``importlib.import_module("refcheck.references.attention")``; ``refcheck contract OP`` prints the
+module of an op's reference with its docstring (shapes and math).
 """
 from .attention import attention, attention_chunked
 from .gated_delta_rule import gated_delta_rule, gated_delta_rule_chunked

@@ -31,7 +31,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
                      cu_seqlens=None, use_qk_l2norm=False):
     """The gated delta rule by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
+    kernel returns o in the input dtype and final_state in float32.
     """
     check_gated_delta_rule_inputs(q, k, v, g, beta)
     return kda(q, k, v, g.unsqueeze(-1).expand(q.shape), beta, scale=scale, initial_state=initial_state,

@@ -44,7 +44,8 @@ def gla_operands(q, k, v, g, *, scale):
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """GLA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
+    kernel returns o in the input dtype and final_state in float32.
     """
     q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
 
@@ -56,7 +57,11 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
 
 
 def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """simple GLA: ``gla`` with the per-head decay ``g [B, T, H]`` broadcast over K."""
+    """simple GLA: ``gla`` with the per-head decay ``g [B, T, H]`` broadcast over K.
+
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
+    kernel returns o in the input dtype and final_state in float32.
+    """
     check_gla_inputs(q, k, v, g, scalar_gate=True)
     return gla(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens)
@@ -74,7 +79,8 @@ def gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_stat
     how the in-chunk decays are formed (``chunk.DECAY_FORMS``: ``stable`` for the truth,
     ``differenced`` as kernels form them).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
+    kernel returns o in the input dtype and final_state in float32.
     """
     chunk_size = check_chunk_size(chunk_size)
     q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)

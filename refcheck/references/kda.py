@@ -82,7 +82,8 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         dt_bias=None):
     """KDA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
+    kernel returns o in the input dtype and final_state in float32.
     """
     q, k, v, g, beta, scale, kd, vd = kda_operands(
         q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, safe_gate=safe_gate,

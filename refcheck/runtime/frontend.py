@@ -5,7 +5,7 @@ The faithful interpreter (``interpreter``) runs a kernel's Python and checks wha
 not type the program as the compiler does. A kernel it runs can still be refused on the GPU, e.g. a
 loop-carried tile whose dtype changes inside the loop ("Loop-carried variable span has initial type
 fp32 but is re-assigned to fp64": KDA's intra pass with fp32 inputs, whose cumulative gate is fp64,
-found by a GPU law run that lost 17 examples to it, 2026-11-26). The front end alone takes 0.01-0.12 s a
+found by a GPU law run on an H100 that lost 17 examples to it). The front end alone takes 0.01-0.12 s a
 launch on the CPU, with no GPU and no ptxas.
 
     launches = capture(lambda: optimized.kda(...).sum().backward())    # recorded, not run

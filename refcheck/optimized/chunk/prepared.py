@@ -42,17 +42,16 @@ from .tiles import (
 )
 
 PREPARE_LAUNCH = dict(num_warps=8, num_stages=1)
-"""Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``benchmarks/results/kda_profile_prepare_launch_h200.txt``): the
-forward's operands 0.257 ms at 4 warps, 0.239 at 8, 0.272 at 2; the backward's (with ``q e^G``) 0.446, 0.405, 0.599. A
-program for every state block of a chunk (no third grid axis) gave 0.256 / 0.246 and 0.432 / 0.395 at 4 / 8 warps:
-not worth a second launch shape."""
+"""Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, at bb3ef4b): the forward's operands 0.257 ms at 4 warps,
+0.239 at 8, 0.272 at 2; the backward's (with ``q e^G``) 0.446, 0.405, 0.599. A program for every state block of a
+chunk (no third grid axis) gave 0.256 / 0.246 and 0.432 / 0.395 at 4 / 8 warps: not worth a second launch shape."""
 
 
 SCALE_BLOCK = 128
 """The widest column block that shares a row scale. A scale is a power of two, so the wider block changes a stored
 entry only where it lies 2^14 below its row's largest (fp16's subnormals): o's and every gradient's error against
 float64 the same to three digits (interpreted and on an H200). Measured against blocks of 64 on an H200 (bf16, B=8,
-T=4096, H=16, K=V=128, ``results/kda_kernels_scale_blocks_h200_session17.txt``): the preparation 0.226 -> 0.209 ms
+T=4096, H=16, K=V=128, at 56d920f): the preparation 0.226 -> 0.209 ms
 (with ``q e^G`` 0.379 -> 0.282), the reverse pass 0.903 -> 0.825 (one scale load a step where it took two), the
 forward pass and the backward's recomputation together 0.898 -> 0.861 (the state in one block of 128 then)."""
 

@@ -27,7 +27,7 @@ state, ``[NS, H, K, K]`` and ``[NS, H, K, V]``, a few MB): its recomputation of 
 alone, and its reverse pass, whose segment maps are the forward's transposed (``M^T``: the chunk maps'
 product in reverse order, each transposed), runs step 1 on the V value columns only, from zero. Measured on
 an H100 (bf16, B=1, T=32768, H=16, K=V=128, ``benchmarks/kda.py --profile``): the recomputation 2.00 -> 0.94 ms
-with its operands, the reverse pass 3.14 -> 2.31 (``benchmarks/results/kda_profile_transitions_h100.txt``).
+with its operands, the reverse pass 3.14 -> 2.31 (at 71b3991).
 """
 from __future__ import annotations
 

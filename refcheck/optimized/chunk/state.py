@@ -16,9 +16,9 @@ per token) and the token layout of q and k (``T``, ``HEAD_FIRST``, see ``tiles``
 prepared in parallel before the pass (``prepared``: ``read_blocks``, ``update_blocks``), so that its serial
 steps only load and multiply; it loads them, v, T and P through TMA descriptors where the tensors allow
 (``common.tma_operands``, ``tiles.load_rows``), without the address and mask arithmetic of pointer loads (Triton 3.6,
-sm_90: the forward step 1826 -> 1624 SASS instructions, 1479 with its state stores through TMA;
-``docs/performance.md``, eleventh session).
-Both ops form their output from the stored states in a parallel kernel (``chunk.output``).
+sm_90: the forward step 1826 -> 1624 SASS instructions, 1479 with its state stores through TMA, at c31a24a).
+GLA forms its output from the stored states in a parallel kernel (``chunk.output``), KDA's forward pass where it forms
+U (``kda.chunk_fwd.recurrence``).
 
 Conventions: ``rows`` are the chunk's token rows (masked past its end by ``rmask``), ``grows`` the
 same rows clamped to the last valid one (for G, so that padded rows decay nothing), ``last`` the
@@ -131,13 +131,13 @@ def dwrite_block(dS, do, q_ptr, G_ptr, rows, rmask, grows, last, h, H, K, scale,
 # KDA's passes read their K-side operands ``x = Diag(s) X`` prepared in parallel (``prepared``), the row
 # scales s powers of two, so that ``s X`` is exact and may be either dot's first operand (``FIRST``: the blocks'
 # dots then share their second operand and accumulate into one tile) or stay outside the dots. Measured on an
-# H200 (bf16, H=16, K=V=128, ``results/kda_profile_scales_first_h200.txt``), scales first against outside: the
+# H200 (bf16, H=16, K=V=128, at b124c6f), scales first against outside: the
 # forward pass at B=8 0.822 -> 0.785 ms, at B=1 over segments 1.860 -> 1.863; the reverse pass 1.160 -> 1.294 and
 # 3.225 -> 3.369. So the forward pass takes them first, the reverse pass outside.
 #
 # A step loads its small vectors (row scales, beta, ``e^{G_last}``) first, before its first dot
 # (``block_scales``, ``block_gammas``): loaded where they are used, each load sat behind the barrier of the dot
-# before it, and its latency added to the step's. Measured on an H200 (``results/kda_profile_loads_first_h200.txt``):
+# before it, and its latency added to the step's. Measured on an H200 (at e10d98b):
 # B=1, T=32768 forward pass 2.45 -> 2.21 ms in one pass, 1.91 -> 1.88 over segments; reverse pass over segments
 # 3.39 -> 3.25; B=8 forward 0.83 (unchanged), reverse 1.25 -> 1.17.
 
@@ -444,7 +444,7 @@ _groups: list[tuple] = []
 LONG = 0.5
 """``sequence_groups``' long sequences: more than this fraction of the longest's chunks. Measured on an H100 (KDA's
 forward as it was then, its output in a kernel of its own; bf16, H=16, K=V=128, the benchmark's 8 packed sequences of
-512-8192 tokens, ``benchmarks/kda_groups.py``, ``results/kda_groups_h100_session20.txt``): 2.321 ms without groups,
+512-8192 tokens, the first form of ``benchmarks/kda_groups.py``, at 0a0a52c): 2.321 ms without groups,
 2.237 at 1/2, 2.231 at 5/8, 2.230 at 3/4, 2.274 at 7/8 (safe_gate 2.310, 2.225, 2.215, 2.214, 2.261): a half, the
 simplest of the three within 0.01 ms. The backward keeps it (not measured apart)."""
 

@@ -23,7 +23,7 @@ K = 16 with blocks of 16 at 8 warps and precision "tf32x3" made ``output_kernel`
 (fp32, bf16 and fp16 inputs) and ``grads_qk_kernel`` lose the CUDA context
 (an illegal memory access); with blocks of 32 both are right
 (``benchmarks/results/gpu_gla_k16_h100.txt``). The interpreter computes both right: the compiled code is at
-fault, found by ``refcheck report`` on the GPU. The GPU law run of 2026-11-25 lost the CUDA context at K = 13
+fault, found by ``refcheck report`` on the GPU. A GPU law run (H100, before 69409fe) lost the CUDA context at K = 13
 ("Invalid __shared__ read" in an 8-warp kernel), most likely in a variant of the serial state pass at 8 warps
 with state blocks of 16 (since dropped); whether the 4-warp serial kernels share the fault is untested, so
 their blocks are 32 wide too."""
@@ -161,7 +161,7 @@ def tf32_nearest(x, PREC: tl.constexpr):
     zero): a "tf32" dot on Hopper truncates its fp32 operands to them, so that one fed x takes it as rounded; else x.
     Measured (H200, KDA's forward with its output in the serial pass, fp32 inputs, B=2, T=1024, H=16, K=V=128): o's
     error against float64 1.78e-3 with P and U truncated by the dot, 9.3e-4 rounded first (1.17e-3 where a kernel of
-    its own took U row-scaled in fp16, ``results/kda_fused_output_h200_session25.txt``)."""
+    its own took U row-scaled in fp16; at c4e3a2a)."""
     if PREC == "tf32":
         bits = x.to(tl.int32, bitcast=True)
         special = (bits & 0x7F800000) == 0x7F800000

@@ -146,7 +146,7 @@ class KdaFunction(torch.autograd.Function):
         scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
         # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
         # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
-        # ms; B=8 7.610 -> 7.594, ``results/kda_kernels_streams_h200_session19.txt``)
+        # ms; B=8 7.610 -> 7.594, at 834fa01)
         dht = None if dht is None else dht.contiguous()
         groups = None if cfg.keep or cfg.segments is not None else sequence_groups(cfg.chunks)
         if groups is None:

@@ -114,7 +114,7 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_pt
                          t0, rows, rmask, h, H, K, KB, NKB, FIRST=False, PREC=PREC, TMA=TMA)
         # the dO term before dY is formed, so that the dO tile dies before the dY tile lives: spilled stack 160 -> 80
         # B a thread (Triton 3.6, sm_90), B=8 1.33 -> 1.26 ms, B=1 over segments 3.49 -> 3.32 (H100, bf16, H=16,
-        # K=V=128, ``results/kda_profile_dstate_order_h100.txt``)
+        # K=V=128, at 4656b7e)
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
                                            t0, rows, rmask, h, H, K, KB, NKB, DECAY=True, FIRST=False,
                                            PREC=PREC, TMA=TMA)
@@ -176,8 +176,8 @@ def key_program(K, BK: tl.constexpr, sel_ptr, SELECT: tl.constexpr):
     the head). The channel blocks of a chunk run side by side, so that the tiles each of them reads whole (U, dY, dO,
     the ``[C, C]`` dL and dP) come from DRAM once and from L2 after: with the chunk on axis 0 and the block on axis 2
     they were read once per block (H100, bf16, B=8, T=4096, H=16, K=V=128, ncu: DRAM traffic of ``grads_state`` 5.30
-    -> 3.11 GB, the pair sums' row and column kernels 3.48 -> 2.63 and 2.61 -> 1.76; together 6.12 -> 5.62 ms,
-    ``results/kda_ncu_h100*.json``). ``SELECT``: the chunks listed at sel_ptr (``common.Selection``)."""
+    -> 3.11 GB, the pair sums' row and column kernels 3.48 -> 2.63 and 2.61 -> 1.76; together 6.12 -> 5.62 ms, at
+    6544004). ``SELECT``: the chunks listed at sel_ptr (``common.Selection``)."""
     nkb = tl.cdiv(K, BK)
     return selected(tl.program_id(0) // nkb, sel_ptr, SELECT), tl.program_id(0) % nkb, tl.program_id(1)
 
@@ -388,27 +388,27 @@ def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, d
 
 PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 """``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
-(bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on,
-``results/kda_profile_pairs_h200.txt``): 4.038 / 3.880 ms here; uncapped at 2 warps (255 registers) 4.471 / 4.573,
+(bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on, at 09143eb): 4.038 /
+3.880 ms here; uncapped at 2 warps (255 registers) 4.471 / 4.573,
 capped at 128 registers 4.591 / 4.181, at 192 4.583 / 4.432; 1 warp 4.033 / 3.954, 4 warps 6.026 / 6.211, 8 warps
-10.46 / 10.94 (``kda_profile_pairs_4warps_h200.txt``); one load stage 4.807 / 5.094, three 4.485 / 4.542; channel
+10.46 / 10.94; one load stage 4.807 / 5.094, three 4.485 / 4.542; channel
 blocks of 64 (grads_state's too) at 2 warps 4.139 / 4.061. The row and column kernels it replaced took 3.447 / 3.410
-ms where it takes 2.526 / 2.427 (B=8, ``kernels_ms``, ``results/kda_kernels_h200_session14_*.log``); its diagonal dots
+ms where it takes 2.526 / 2.427 (B=8, ``kernels_ms``, at 0ae2b67); its diagonal dots
 run without a branch on the flag (the flagged chunks' blocks and exponents zeroed, ``subchunk.sub_diag``): behind
 ``if`` they cost 0.30 ms more at normal decay (2.827 ms) and 0.26 less under strong decay, where ``grads_diag_kernel``
 adds those blocks. That kernel's loop moved into this one (``sub_diag`` or the exact sum per sub-chunk) took 3.281 ms
-at normal decay and 4.402 under strong decay against 2.179 + 1.708 (``..._exact_in_pairs_not_kept.log``)."""
+at normal decay and 4.402 under strong decay against 2.179 + 1.708 (at 0ae2b67)."""
 DIAG_LAUNCH = dict(num_warps=2)
 """``grads_diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, strong decay,
-the gradient kernels together, ``results/kda_profile_diag_grid_h200.txt``): 5.890 ms at 2 warps, 6.021 at 4, 7.034 at 1.
+the gradient kernels together, at 835f7c4): 5.890 ms at 2 warps, 6.021 at 4, 7.034 at 1.
 With a program per sub-chunk and channel block it took 0.08 ms at normal decay, where every program returns at once
-(H100, ``results/kda_h100.json``)."""
+(H100, at 9503e45)."""
 
 
 def dstate_launch(over: Chunks, H: int, K: int, W: int, config: dict | None) -> dict:
     """The reverse pass's launch over ``over`` for a gradient of W columns: ``state.serial_config`` with two load
     stages and value blocks of at most 32, unless ``config`` says otherwise. With its row blocks through TMA
-    (``common.tma_operands``), measured on an H100 (bf16, H=16, K=V=128, ``results/kda_profile_tma_h100.txt``): B=8,
+    (``common.tma_operands``), measured on an H100 (bf16, H=16, K=V=128, at c31a24a): B=8,
     T=4096 0.889 ms at 32 values and two stages, 1.109 at 64 and one stage (the default before TMA), 1.248 at 64 and
     two; B=1, T=32768 in one pass, 16 values and two stages (as before) 2.028 ms."""
     cfg = serial_config(over, H, K, W, dict(num_stages=2) | launch_only(config))
@@ -426,7 +426,7 @@ def dstate(keys: PreparedKeys, G, beta, T: Stored, P, do, dht, chunks: Chunks, s
     pass's (``chunk.segments.run``'s ``maps``). ``config`` overrides the launch (``BV``, ``TMA``, ``num_warps``,
     ``num_stages``; ``KB``: the state blocks' rows, at most the operands' scale block). Blocks of 64 by default: 128 took
     0.913 ms against 0.820 at B=8 and 1.245 against 1.117 in varlen (H200, bf16, H=16, K=V=128, one dot where two
-    were each waited for, but 200 B a thread spilled offline; ``results/kda_profile_dstate_width_h200_session17.txt``).
+    were each waited for, but 200 B a thread spilled offline; at 56d920f).
     ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (dh, dY, dh0) where given
     (``dstate_outputs``; the backward's passes by sequence groups, ``api``)."""
     total, H, K = keys.kg.shape
@@ -438,7 +438,7 @@ def dstate(keys: PreparedKeys, G, beta, T: Stored, P, do, dht, chunks: Chunks, s
     dh, dY, dh0 = stored or dstate_outputs(keys, do, chunks, scaled, want_dh0 and segments is None, segments, config)
     KB, C = keys.state_rows(width), chunks.size
     # dO through TMA (its rows past a sequence set to zero) and dh stored through TMA: B=8 0.890 -> 1.299 ms, B=1 from
-    # the forward's maps 1.891 -> 2.254 (H100, ``results/kda_profile_tma_stores_h100.txt``); not kept
+    # the forward's maps 1.891 -> 2.254 (H100, at 0755dc7); not kept
     tma, (qg, kg, kd, Pd, Td) = tma_operands(config, *((x, [C, 1, KB]) for x in (keys.qg, keys.kg, keys.kd)),
                                              (P, [C, 1, C]), (T.data, [C, 1, C]))
 
@@ -502,14 +502,14 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     assert all(x.scaled == scaled for x in (dh, U, dY)), "h, dh, U and dY are row-scaled all or none"
     # grads_state's value blocks lie within the writers' (``scaled.scaled_back``: one scale a row); grads_v's may span several
     # (``scaled.load_tile_scaled_blocks``): at 64 where the reverse pass writes blocks of 32 (``dstate_launch``), H100,
-    # B=8, 0.591 ms at 32 in ``results/kda_h100_session11.json``'s kernel times, 0.065 less at 64
+    # B=8, 0.591 ms at 32 in the benchmark's kernel times at 715fa8d, 0.065 less at 64
     widest = min(64, hs.block, dh.block) if scaled else 64
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
     dcfg = DIAG_LAUNCH | config.pop("diag", {})
     pcfg = PAIRS_LAUNCH | config.pop("pairs", {})
     # grads_state's loop over the value blocks in blocks of 32, three load stages (measured when the pair sums' row
     # and column kernels took this launch too; ``grads_pairs_kernel`` has its own, ``PAIRS_LAUNCH``): on an H100 (bf16,
-    # B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``, two runs, ``results/kda_profile_grads_blocks_h100.txt``)
+    # B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``, two runs, at 96ae723)
     # the four gradient kernels took 5.41 ms against 5.59 with blocks of 64 at two stages (safe_gate 5.37 vs 5.52); 5.74
     # at one stage, 6.05 at four, 5.72 with blocks of 16
     kcfg = dict(BK=min(padded(K), 32), BV=min(padded(V), widest, 32), num_warps=4, num_stages=3) | config

@@ -24,8 +24,8 @@ three. The serial pass gains 0.19 ms (0.93 -> 0.74; 4.05 -> 3.22 at B=1, T=32768
 0.72 ms in their own kernel (two fp32 ``[T, H, 128]`` arrays written, four block rows read per block row)
 and 0.76 fused into ``intra``: a net loss of 0.57 ms at B=8, and a gain of 0.08 ms at B=1, too small for a
 second path. W alone, prepared in place of ``k e^G`` (no more storage; the step ``U = T Diag(beta) V - W S``,
-two dependent dots): the pass with its operands 0.903 -> 1.096 ms at B=8 (H100,
-``benchmarks/results/kda_profile_w_not_kept_h100.txt``).
+two dependent dots): the pass with its operands 0.903 -> 1.096 ms at B=8 (measured on an H100 at
+71b3991).
 """
 from __future__ import annotations
 
@@ -71,19 +71,17 @@ CHUNK = 64
 SUB = 16
 DIAG_LAUNCH = dict(BK=32, num_warps=1)
 """``diag_kernel``'s launch (``[16, BK]`` tiles). Measured on an H200 (bf16, B=8, T=4096, H=16, K=128, the three
-launches of ``intra``, ``results/kda_profile_intra_split_1warp_h200.txt``): 0.611 ms at 1 warp (161 registers),
-0.795 at 2 warps; channel blocks of 16 0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303. At most 128 registers
-0.603 against 0.605 (``results/kda_profile_intra_maxnreg_h200_session26.txt``)."""
+launches of ``intra``, at a17baeb): 0.611 ms at 1 warp (161 registers), 0.795 at 2 warps; channel blocks of 16
+0.646, 64 0.732 (255 registers, 24 B spilled), 128 1.303. At most 128 registers 0.603 against 0.605 (at 5ed3962)."""
 BELOW_LAUNCH = dict(BK=16, num_warps=1, num_stages=2)
 """``below_kernel``'s launch (``[16, BK]`` tiles, twelve ``[16, 16]`` sums) where its sums are "tf32" dots: ``intra``
 0.575 ms at channel blocks of 16 (8 B spilled), 0.611 at 32 (224 B), 0.980 at 64; 0.667 at 2 warps (BK 32, the first
-profile's 0.938 at 2 warps for both kernels, ``kda_profile_intra_split_h200.txt``); one load stage 0.800, three 0.609.
-Its registers capped (255 now; ``maxnreg``): 192 0.616 against 0.605, 168 0.645, 128 0.936
-(``kda_profile_intra_maxnreg_h200_session26.txt``)."""
+profile's 0.938 at 2 warps for both kernels, at 04b1a87); one load stage 0.800, three 0.609 (H200, at a17baeb).
+Its registers capped (255 now; ``maxnreg``): 192 0.616 against 0.605, 168 0.645, 128 0.936 (at 5ed3962)."""
 BELOW_HALF_LAUNCH = BELOW_LAUNCH | dict(BK=32)
 """``below_kernel``'s launch where its sums are fp16 dots (``half_pairs``; their operands take half the registers):
 measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``intra`` with the diagonal blocks at "tf32",
-``results/kda_profile_intra_half_h200_session29.txt``) 0.489 ms at channel blocks of 32, 0.529 at 16, 0.732 at 64; 0.613
+``benchmarks/results/kda_profile_intra_h200.txt``, at c584f12) 0.489 ms at channel blocks of 32, 0.529 at 16, 0.732 at 64; 0.613
 at 2 warps, one load stage 0.736, three 0.533; at most 192 registers 0.535, 168 0.553, 128 0.736."""
 INVERSE_LAUNCH = dict(num_warps=1)
 """``exact_inverse_kernel``'s launch (``[16, 16]`` dots): 72 registers at 1 warp; the only one timed (its kernel's
@@ -99,7 +97,7 @@ def state_width(scaled: bool) -> int:
     ``chunk.prepared.SCALE_BLOCK``): 64 for the forward's pass (its output in it, its states not stored, or stored fp32
     under ``disable_recompute``), 128 for the backward's recomputation (states row-scaled, ``chunk.scaled``). Measured
     on an H200 (bf16, H=16, K=V=128, the pass with its operands' preparation, before its output moved into it,
-    ``results/kda_profile_state_width_h200_session17.txt``), blocks of 64 against 128: the forward's B=8, T=4096 0.575 /
+    at 56d920f), blocks of 64 against 128: the forward's B=8, T=4096 0.575 /
     0.623 ms, B=1, T=32768 over segments 1.151 / 1.229, varlen 0.866 / 0.937; the recomputation 0.620 / 0.598, 0.608 /
     0.596, 0.959 / 0.907."""
     return 128 if scaled else 64
@@ -108,7 +106,7 @@ def state_width(scaled: bool) -> int:
 def exact_launch(K: int) -> dict:
     """``exact_kernel``'s launch: a sub-chunk of BH heads a program (``[BH, K]`` rows), one warp for every 256 channels
     and as many heads as fill its lanes with 8 channels each (two at K = 128). Measured on an H200 (bf16, B=8, T=4096,
-    H=16, K=128, ``intra`` under strong decay, ``results/kda_kernels_exact_walks_h200_session23.txt``): 0.796 ms; one
+    H=16, K=128, ``intra`` under strong decay, at 568d68b): 0.796 ms; one
     head 0.882, two heads at 2 warps 0.922, 4 heads at 1 warp 0.841, at 2 warps 0.820, 8 heads at 4 warps 0.926; at most
     128 registers (149 without) 0.801. Before the heads were the tiles' rows (one head a program, the walk's
     ``[16, K]`` tile splitting its rows over two warps, each row's k, q and G converted into its layout through shared
@@ -175,9 +173,8 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, s
     A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
     Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
     ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
-    exactly too). Its span found here before (the first channels' first, ``kda_kernels_first_span_h200_session21.txt``),
-    this kernel took 0.272 ms at normal decay against 0.233 without (H200, B=8, T=4096, H=16, K=128,
-    ``results/kda_kernels_span_flags_h200_session27.txt``)."""
+    exactly too). Finding the span here (the first channels' before any dot, the rest beside the dots), this kernel took
+    0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
@@ -299,8 +296,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
     values V: the columns past V start from h0 and take zero values (``chunk.segments``' transitions). The operands'
     row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
     A step loads its values first and forms ``Z = V - Kg S`` after the dot: loaded where the dot took them as its
-    accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8;
-    ``docs/performance.md``, seventeenth session). With ``SELECT`` the sequences listed at sel_ptr only."""
+    accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8, at
+    56d920f). With ``SELECT`` the sequences listed at sel_ptr only."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV, sel_ptr, SELECT)
     wmask = vv < W
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
@@ -376,7 +373,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
     decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
-    ``docs/performance.md``, fifteenth session)."""
+    at 04b1a87 and a17baeb)."""
     total, H, K = k.shape
     config = config or {}
     safe = flags is None
@@ -437,8 +434,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     significant bits): measured on an H200 (bf16, B=8, T=4096, H=16, K=V=128, the pass with its output) 0.410 ->
     0.394 ms, at B=1, T=32768 over segments 0.970 -> 0.923; a power of two a state block, each block's product scaled
     apart, 0.490 (spilling); the state cast to fp16 with no scale (not safe: fp16 ends at 65504) 0.361, and every dot
-    of the pass in fp16 so 0.313 (``results/kda_kernels_half_state_h200_session28.txt``). The output in the pass, measured
-    on an H200 (same shape, ``results/kda_fused_output_h200_session25.txt``): 0.601 ms as two kernels (the pass storing
+    of the pass in fp16 so 0.313 (at c3f279a). The output in the pass, measured on an H200 (same shape, at
+    c4e3a2a): 0.601 ms as two kernels (the pass storing
     h in bf16 and U row-scaled, an output kernel reading them), 0.619 fused with T in fp32 (123 KB of shared memory,
     one program an SM), 0.412 with T row-scaled fp16 (115.6 KB, two an SM; the forward 1.645 -> 1.449 ms).
     ``transitions``: a forward pass's over the same segments, so that this pass (the backward's recomputation)

@@ -38,15 +38,15 @@ the fallback, by loading them again from memory (``take_rows``).
 
 KDA's forward takes the pairs by sub-chunk blocks too (``blocks``: the inverse is solved block by block), with
 the same split of the exponent and the flagged sub-chunks' exact rows (``chunk_fwd.exact_kernel``). The
-backward took them on whole ``[C, C]`` tiles, in a row kernel and a column kernel at 255 registers, until the
-fourteenth session: its sub-chunk form (``chunk_bwd.grads_pairs_kernel``) took 3.447 -> 2.526 ms for both
-(H200, bf16, B=8, T=4096, H=16, K=128; ``docs/performance.md``). Not kept: levels inside the sub-chunks (8, 4,
+backward takes them a sub-chunk at a time too (``chunk_bwd.grads_pairs_kernel``): on whole ``[C, C]`` tiles, in a
+row kernel and a column kernel at 255 registers, they took 3.447 ms where it takes 2.526 (H200, bf16, B=8, T=4096,
+H=16, K=128, at 0ae2b67; ``docs/kernels/kda.md``). Not kept: levels inside the sub-chunks (8, 4,
 2, 1 rows), on whole ``[C, C]`` tiles at "tf32x3", took the backward under strong decay from 12.1 to 21.3 ms
 (B=8, T=4096, H100) and made the row and column kernels spill 936 and 1600 B a thread (32 and 0 with the exact
 sum); the exact sum as ``[BC, BC, BK]`` tiles in the row and column kernels, a sub-chunk at a time, took the row
-kernel from 3.26 to 7.03 ms under strong decay and both kernels 0.03-0.07 ms slower at normal decay
-(``benchmarks/results/kda_kernels_h100_session13_exact_tiles_not_kept.txt``); the exact sum inside
-``grads_pairs_kernel`` (``..._session14_exact_in_pairs_not_kept.log``).
+kernel from 3.26 to 7.03 ms under strong decay and both kernels 0.03-0.07 ms slower at normal decay (H100, at
+5f11193); the exact sum inside ``grads_pairs_kernel`` took it to 3.281 ms at normal decay and 4.402 under strong decay
+against 2.179 + 1.708 with ``grads_diag_kernel`` (H200, at 0ae2b67).
 """
 from __future__ import annotations
 
