@@ -88,3 +88,21 @@ def test_nothing_imports_top_level_references_or_optimized(path):
                       [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
             if n.split(".")[0] in ("references", "optimized")]
     assert tops == []
+
+
+def test_the_engine_modules_import_each_other_without_a_cycle():
+    """Inside ``refcheck.engine`` too the imports read top to bottom (function-level ones included): the
+    one-liners a failure prints (``oneliner``) below the laws and verdicts, the functions they call
+    (``reproduce``) above them."""
+    engine = {module_name(f)[0]: f for f in FILES if module_name(f)[0].startswith("refcheck.engine.")}
+    edges = {name: {t for _, t in imported(path) if t in engine and t != name} for name, path in engine.items()}
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"import cycle: {' -> '.join(path + (name,))}"
+        if name not in done:
+            for target in edges[name]:
+                visit(target, path + (name,))
+            done.add(name)
+    for name in edges:
+        visit(name, ())

@@ -246,7 +246,7 @@ def reproducer(result: LawResult, impl, *, device: str, strict: bool, command: s
     (``failure``: one of its distinct failures, default the first; ``refcheck.engine.reproduce.law``, with
     the user's import root and budget files): it raises (exit status 1) while the law is still broken and
     prints that it holds once fixed."""
-    from ..engine.reproduce import impl_arguments, import_root
+    from ..engine.oneliner import impl_arguments, import_root
     from ..model import budgets as budgets_mod
 
     failure = failure or result.failure

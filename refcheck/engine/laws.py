@@ -30,9 +30,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import torch
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
 from hypothesis import assume, currently_in_test_context, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -46,6 +43,10 @@ from ..runtime import workers
 from ..strategies import INTERPRETED, SMALL, Limits
 from . import verify
 from .examples import Example, boundary_cases, examples
+from .oneliner import one_liner
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 STRICT_ENV = "REFCHECK_STRICT_BITWISE"
 
@@ -256,7 +257,6 @@ class Trial:
 
     def reproducer(self) -> str:
         """A one-liner rerunning this example (``refcheck.engine.reproduce.law``), for a user's kernel too."""
-        from .reproduce import one_liner
         args = [self.case.to_python(), f"mode={self.mode!r}"]
         if self.knobs:
             args.append(f"knobs={self.knobs!r}")

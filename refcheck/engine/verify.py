@@ -23,6 +23,7 @@ from ..model.case import DTYPE_NAMES, Case
 from ..model.metrics import rel_rms
 from ..model.monte_carlo import random_rounding
 from ..model.ops import Inputs, OpCard, card
+from .oneliner import one_liner
 
 CHUNKED_TRUTH_MIN_T = 256
 """From this sequence length on, the truth uses the float64 chunk form (equal to ~1e-12)."""
@@ -126,7 +127,6 @@ class Verdict:
     def reproducer(self, device: str = "cpu") -> str:
         """A one-liner that measures this point again and fails while it is over budget
         (``refcheck.engine.reproduce.point``), from any folder, for a user's kernel too."""
-        from .reproduce import one_liner
         knobs = {k: v for k, v in self.knobs.items() if k != "precision"}
         args = [self.case.to_python(), f"mode={self.mode!r}"] + ([f"knobs={knobs!r}"] if knobs else []) \
             + ([f"device={device!r}"] if device != "cpu" else [])
