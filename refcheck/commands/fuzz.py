@@ -289,8 +289,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-examples", type=int, default=None, metavar="N",
                    help="examples per law, divided by the law's cost (default: the fuzz profile's, 500)")
     p.add_argument("--seconds", type=float, default=None, metavar="S",
-                   help="search for S seconds of wall time, shared out among the laws (shrinking a counterexample a "
-                        f"law found takes up to max(its share, {MIN_SHRINK_SECONDS:g} s) more)")
+                   help="search for S seconds of wall time, shared out among the laws, as many examples as fit unless "
+                        f"--max-examples caps them (shrinking a counterexample a law found takes up to max(its share, "
+                        f"{MIN_SHRINK_SECONDS:g} s) more)")
     p.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"), help="only this precision mode")
     p.add_argument("--strict-bitwise", action="store_true",
                    help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
@@ -301,6 +302,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gpus", default="1", metavar="N|all",
                    help="on a GPU: search the laws in N worker processes at once (all: one per GPU of the host), "
                         "worker i on GPU i mod GPUs; a kernel that crashes one ends only its law's search")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="torch threads of the search (default 1: on a loaded machine threads fighting over cores "
+                        "cost more than they give)")
     p.add_argument("--database", type=Path, default=None, metavar="DIR",
                    help=f"Hypothesis example database (default: $REFCHECK_EXAMPLE_DB, else {DATABASE} in the "
                         "working directory)")
@@ -341,7 +345,7 @@ def _laws_for(impl, names: list[str]):
             chosen = [get_law(n) for n in names]
         except ValueError as err:
             raise UsageError(f"--law: {err}") from None
-    searched = [law for law in chosen if law.why_not(impl) is None]
+    searched = sorted((law for law in chosen if law.why_not(impl) is None), key=lambda law: law.cost)   # cheap first
     skipped = [(law, law.why_not(impl)) for law in chosen if law.why_not(impl) is not None]
     if not searched:
         raise UsageError(f"no law to search for {impl.op}/{impl.name}: "
@@ -357,6 +361,8 @@ def _checked(args):
 
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: expected a positive count, got {args.max_examples}")
+    if args.threads < 1:
+        raise UsageError(f"--threads: expected a positive count, got {args.threads}")
     if args.seconds is not None and not args.seconds > 0:
         raise UsageError(f"--seconds: expected a positive number, got {args.seconds}")
     if args.gpus != "all" and not (args.gpus.isdigit() and int(args.gpus) >= 1):
@@ -391,11 +397,17 @@ def _checked(args):
     return selection.device, impl
 
 
+UNCAPPED = 10 ** 7
+"""The example count of a law searched for a time (``--seconds`` without ``--max-examples``): the deadline ends it."""
+
+
 def search_all(impl, laws: list, settings, *, device: str, mode: str | None, seconds: float | None,
-               strict: bool, seed: int | None, console, buckets: tuple = ()) -> list[LawResult]:
+               strict: bool, seed: int | None, console, buckets: tuple = (), uncapped: bool = False,
+               on_found=None) -> list[LawResult]:
     """``search`` every law in turn, with a progress bar per law on ``console``. With ``seconds``,
-    each law searches for the search time left divided by the laws left; shrinking comes on top.
-    With ``buckets`` (a GPU run), each law gets the full example count."""
+    each law searches for the search time left divided by the laws left; shrinking comes on top;
+    ``uncapped``, the example count is no limit then (the time is). With ``buckets`` (a GPU run), each
+    law gets the full example count. ``on_found(result)`` is called as soon as a law is falsified."""
     from hypothesis import settings as hsettings
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -409,9 +421,11 @@ def search_all(impl, laws: list, settings, *, device: str, mode: str | None, sec
     with progress:
         for i, law in enumerate(laws):
             count = settings.max_examples if buckets else laws_mod.examples_for(law, settings, interpreted=slow)
+            count = UNCAPPED if uncapped and seconds else count
             share = (seconds - sum(r.search_seconds for r in results)) / (len(laws) - i) if seconds else None
             deadlines = Deadlines.after(share)
-            task = progress.add_task(f"{law.name} ({law.number})", total=count, status="")
+            task = progress.add_task(f"{law.name} ({law.number})", total=None if count == UNCAPPED else count,
+                                     status="")
 
             def on_run(result, task=task):
                 status = f"shrinking: {result.shrink_runs} runs" if result.failure else ""
@@ -422,6 +436,8 @@ def search_all(impl, laws: list, settings, *, device: str, mode: str | None, sec
                             buckets=buckets)
             progress.update(task, completed=result.examples, status=result.status)
             results.append(result)
+            if result.found and on_found is not None:
+                on_found(result, time.monotonic())
     return results
 
 
@@ -495,6 +511,24 @@ def compile_buckets(impl, device: str, *, seed: int | None, mode: str | None, ou
     return buckets, took
 
 
+def print_finding(out, r: LawResult, impl, args, device: str, strict: bool) -> None:
+    """A falsified law's distinct failures, each with its minimal example and the reproducer written for it."""
+    from rich.markup import escape
+    if r.failure is None:           # a crash or a warm-up's failure, printed with the summary
+        return
+    distinct = [r.failure, *r.others]
+    for i, failure in enumerate(distinct):
+        path = args.out_dir / reproducer_name(impl.op, r.law.name, i)
+        path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args), failure=failure))
+        found = "smallest example when time ran out" if r.out_of_time else "minimal example"
+        which = f", distinct failure {i + 1} of {len(distinct)}" if len(distinct) > 1 else ""
+        out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
+                  f"({found} after {_count(r.shrink_runs, 'shrink run')}{which})"
+                  + (" - flaky: it passed when replayed" if r.flaky else "") + ":")
+        out.print(failure.text, markup=False)
+        out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
+
+
 def print_summary(out, impl, results: list[LawResult]) -> None:
     """The table of laws searched (examples, result, seconds) and the bitwise notes."""
     from rich.markup import escape
@@ -525,6 +559,8 @@ def run(args) -> int:
 
     device, impl = _checked(args)
     to_search, skipped = _laws_for(impl, items(args.law))
+    import torch
+    torch.set_num_threads(args.threads)
     profiles.register()
     base = hsettings.get_profile("fuzz")
     database = str(args.database or os.environ.get(profiles.EXAMPLE_DB_ENV) or DATABASE)
@@ -534,9 +570,11 @@ def run(args) -> int:
     out = Console(highlight=False, soft_wrap=True)
     who = impl.name if impl.name == impl.target else f"{impl.name} = {impl.target}"
     scaled = f", x{laws_mod.INTERPRETED_SHARE:g} interpreted" if laws_mod.interpreted(impl, device) else ""
-    out.print(f"fuzzing {impl.op} {escape(f'[{who}]')} on {device}: {_count(len(to_search), 'law')}, up to "
-              f"{settings.max_examples} examples each (divided by the law's cost{scaled})"
-              + (f", {args.seconds:g} s" if args.seconds else "") + (f", seed {args.seed}" if args.seed is not None else ""))
+    caps = (f"as many examples as {args.seconds:g} s allow, cheap laws first" if args.seconds and args.max_examples is None
+            else f"up to {settings.max_examples} examples each (divided by the law's cost{scaled})"
+            + (f", {args.seconds:g} s" if args.seconds else ""))
+    out.print(f"fuzzing {impl.op} {escape(f'[{who}]')} on {device}: {_count(len(to_search), 'law')}, {caps}"
+              + (f", seed {args.seed}" if args.seed is not None else "") + f", {_count(args.threads, 'torch thread')}")
     for law, why in skipped:
         out.print(f"  not searched: {law.name}: {escape(why)}")
 
@@ -549,8 +587,12 @@ def run(args) -> int:
         out.print(escape(autotune.describe()))
     seconds = args.seconds - took["seconds"] if args.seconds and took else args.seconds
     if device == "cpu":
+        def found(r, now):
+            out.print(f"\n[bold red]found after {now - started:.0f} s[/]:")
+            print_finding(out, r, impl, args, device, strict)
         results = search_all(impl, to_search, settings, device=device, mode=args.precision, seconds=seconds,
-                             strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets)
+                             strict=strict, seed=args.seed, console=Console(stderr=True), buckets=buckets,
+                             uncapped=args.max_examples is None, on_found=found)
     else:
         results = search_in_workers(impl, to_search, max_examples=settings.max_examples, database=database,
                                     device=device, mode=args.precision, seconds=seconds, strict=strict,
@@ -578,20 +620,8 @@ def run(args) -> int:
                       f"; the example and its reproducer: {os.environ.get(FAILURE_DIR_ENV, '.')}/cuda-context-lost-*.txt"),
                       markup=False)
     falsified = [r for r in results if r.found]
-    for r in falsified:
-        if r.failure is None:           # a crash or a warm-up's failure, printed above
-            continue
-        distinct = [r.failure, *r.others]
-        for i, failure in enumerate(distinct):
-            path = args.out_dir / reproducer_name(impl.op, r.law.name, i)
-            path.write_text(reproducer(r, impl, device=device, strict=strict, command=command_line(args), failure=failure))
-            found = "smallest example when time ran out" if r.out_of_time else "minimal example"
-            which = f", distinct failure {i + 1} of {len(distinct)}" if len(distinct) > 1 else ""
-            out.print(f"\n[bold red]law {r.law.name} ({r.law.number}) falsified[/] after {_count(r.examples, 'example')} "
-                      f"({found} after {_count(r.shrink_runs, 'shrink run')}{which})"
-                      + (" - flaky: it passed when replayed" if r.flaky else "") + ":")
-            out.print(failure.text, markup=False)
-            out.print(f"reproducer: {escape(str(path))}  (python {escape(str(path))})")
+    for r in falsified if device != "cpu" else ():    # on the CPU each was printed when found
+        print_finding(out, r, impl, args, device, strict)
     elapsed, total = time.monotonic() - started, _count(sum(r.examples for r in results), "example")
     if falsified:
         out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({total}, {elapsed:.0f} s): "
