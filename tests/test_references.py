@@ -295,3 +295,27 @@ def test_valid_base_call_runs(op):
     """The unmutated call of the table above is valid (so each mistake is what gets rejected)."""
     x, kw = _inputs(op)
     getattr(references, op)(*x.values(), **kw)
+
+
+@pytest.mark.parametrize("dims, seqlens, causal, block", [
+    ({"B": 2, "T": 9, "S": 13, "H": 4, "Hk": 2, "Dqk": 16, "Dv": 8}, None, True, 4),     # GQA, T < S, blocks of 4
+    ({"B": 1, "T": 7, "S": 3, "H": 2, "Hk": 2, "Dqk": 24, "Dv": 20}, None, True, 64),    # rows without keys
+    ({"B": 1, "T": 12, "S": 14, "H": 3, "Hk": 1, "Dqk": 8, "Dv": 8}, ([5, 0, 7], [7, 7, 0]), True, 3),  # empty spans
+    ({"B": 1, "T": 2, "S": 1, "H": 1, "Hk": 1, "Dqk": 192, "Dv": 128}, None, False, 64),  # one key
+])
+def test_the_flash_form_of_attention_equals_the_dense_one(dims, seqlens, causal, block):
+    """``attention_chunked`` (online softmax over key blocks, the flash backward) computes the dense
+    reference's outputs and gradients in float64, rows without keys and empty spans included."""
+    from refcheck.engine.verify import evaluate, upstream_gradients
+    from refcheck.model.case import Case
+    from refcheck.model.ops import card
+    op = card("attention")
+    case = Case.make("attention", dims, "fp32", 5, seqlens=seqlens and seqlens[0], seqlens_k=seqlens and seqlens[1],
+                     options={"causal": causal})
+    inputs = op.make_inputs(case, torch.device("cpu")).to_float64()
+    dense = evaluate(references.attention, op, inputs, grads=True,
+                     cotangents=lambda out: {n: g.double() for n, g in upstream_gradients(op, case, out).items()})
+    flash = evaluate(lambda *a, **k: references.attention_chunked(*a, block_size=block, **k), op, inputs, grads=True,
+                     cotangents=lambda out: {n: g.double() for n, g in upstream_gradients(op, case, out).items()})
+    for name, want in dense.items():
+        torch.testing.assert_close(flash[name], want, rtol=1e-12, atol=1e-12, equal_nan=True, msg=name)
