@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything refcheck runs on a lent GPU machine (see README "GPU runs"). Steps, in the order given:
+# Everything refcheck runs on a lent GPU machine (see docs/gpu.md). Steps, in the order given:
 #   properties  the property laws (Hypothesis profile `gpu`: compile buckets warmed up in parallel first) over
 #               IMPLS on OPS (default: our Triton kernels and FLA on kda, kda_gate, gla, simple_gla), judged by
 #               the contract bounds (ours by their guards); `pytest -n auto`
