@@ -78,7 +78,7 @@ class MonteCarloBound:
     bound: float
     error: float
     form: str
-    dtype: str        # the precision modelled ("fp32", "tf32 dots", "bf16")
+    dtype: str        # the precision modelled ("fp32", "tf32", "bf16": ``unit_roundoffs``)
     stored: str       # the output's stored dtype, whose eps is the floor
     settings: budgets_mod.MonteCarlo
     first: float = 0.0
@@ -311,13 +311,7 @@ def monte_carlo_sample(case: Case, grads: bool, outputs: tuple[str, ...] | None,
     precision of the case's dtype and ``mode`` (``refcheck.model.monte_carlo``), with the truth's
     cotangents; seeded by the case and ``k``, so reproducible; cached."""
     op = card(case.op)
-    fn = op.reference
-    if form == "chunked":
-        chunked = op.chunked_reference
-        assert chunked is not None
-
-        def fn(*args, **options):
-            return chunked(*args, **op.chunk_options, **options)
+    fn = op.form(form)
     inputs = op.make_inputs(case, REFERENCE_DEVICE).to_float64()
     base = truth(case, grads, outputs)
     cotangents = {n: g.to(torch.float64) for n, g in upstream_gradients(op, case, base, outputs).items()}

@@ -85,10 +85,10 @@ class MonteCarlo:
     """The second stage of a ``naive_ratio`` bound: ``factor`` x the Monte Carlo error of the reference
     on the case (``samples`` evaluations per form) + ``ulps`` x the eps of the output's stored dtype."""
 
-    samples: int = 8
-    factor: float = 16.0
-    ulps: float = 1.0
-    reason: str = ""
+    samples: int
+    factor: float
+    ulps: float
+    reason: str
 
 
 class BudgetError(ValueError):

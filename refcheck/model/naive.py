@@ -28,11 +28,10 @@ def naive_form(op: str, chunked: bool = False) -> Callable:
     if chunked and c.chunked_reference is None:
         raise AttributeError(f"op {op!r} has no chunk form")
 
+    fn = c.form("chunked" if chunked else "recurrent")
+
     def naive(*args, **options):
-        if chunked:
-            result = c.chunked_reference(*args, **c.chunk_options, **options)
-        else:
-            result = c.reference(*args, **options)
+        result = fn(*args, **options)
         if not isinstance(result, tuple):
             return result.float()
         first, *rest = result

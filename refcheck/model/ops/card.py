@@ -222,6 +222,20 @@ class OpCard:
         """Every name a budget can be given for: outputs, then gradients."""
         return self.outputs + tuple(self.grad_name(n) for n in self.differentiable)
 
+    def form(self, name: str) -> Callable:
+        """The reference in form ``name``: ``"recurrent"`` (as written) or ``"chunked"`` (the chunk form with
+        ``chunk_options``, as kernels compute it), evaluated in the dtype of its inputs."""
+        if name == "recurrent":
+            return self.reference
+        chunked = self.chunked_reference
+        if name != "chunked" or chunked is None:
+            raise ValueError(f"op {self.name} has no {name!r} form")
+        options = dict(self.chunk_options)
+
+        def in_chunks(*args, **kwargs):
+            return chunked(*args, **options, **kwargs)
+        return in_chunks
+
     def split(self, result) -> dict[str, torch.Tensor]:
         """Name the values an implementation returned; a ``None`` output is left out."""
         values = result if isinstance(result, tuple) else (result,)
