@@ -729,3 +729,24 @@ def test_a_read_past_the_end_of_a_tensor_is_an_illegal_memory_access():
         _copy_rows[(1,)](x, y, 10, ROWS=16, MASKED=False)
     with pytest.raises(Exception, match=r"illegal memory access: a store"):
         _copy_rows[(1,)](torch.randn(16), torch.zeros(10), 16, ROWS=16, MASKED=False)
+
+
+@interpreted
+def _exp2_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y_ptr + i, tl.math.exp2(tl.load(x_ptr + i)))
+
+
+def test_fp32_exp2_flushes_subnormal_results_and_keeps_infinities():
+    """exp2 as sm_90 computes it: a subnormal result is a zero, an overflow stays inf, and no
+    arithmetic on the inf lanes warns (pyproject makes refcheck's warnings errors, as in a law test of
+    FLA's kernels, whose exp2 meets such lanes)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.empty(60).uniform_(-140, 140, generator=g),
+                   torch.tensor([-130.0, -149.0, 200.0, float("inf")])])
+    y = torch.empty_like(x)
+    _exp2_kernel[(1,)](x, y, 64)
+    exact = torch.exp2(x.double())
+    expected = torch.where(exact < 2.0 ** -126, torch.zeros_like(exact), exact).float()
+    torch.testing.assert_close(y, expected, rtol=2.0 ** -22, atol=0)   # exp2's own rounding aside
+    assert y[expected == 0].eq(0).all() and y[-4:-2].eq(0).all() and y[-2:].isinf().all()

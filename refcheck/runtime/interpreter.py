@@ -752,7 +752,7 @@ def _unary_op(self, arg, op):
 
 def _flushed(x: np.ndarray) -> np.ndarray:
     """fp32 ``x`` with its subnormals flushed to a zero of their sign."""
-    return np.where(np.abs(x) < np.finfo(np.float32).smallest_normal, x * np.float32(0), x)
+    return np.where(np.abs(x) < np.finfo(np.float32).smallest_normal, np.copysign(np.float32(0), x), x)
 
 
 def _create_exp2(self, arg):
