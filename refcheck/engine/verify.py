@@ -435,13 +435,17 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
     same math (batch rows alone, a split run, another path), the other evaluation: the two may
     differ by no more than an implementation may differ from the truth. Every output and gradient
     in ``ref`` is measured (an output ``impl`` does not provide is left out); one missing from
-    ``out`` is a problem. A ``naive_ratio`` bound uses the naive implementation's error on ``case``, and
+    ``out`` is a problem, and so is an output ``ref`` does not have (a final state nobody asked for). A ``naive_ratio`` bound uses the naive implementation's error on ``case``, and
     where an output exceeds it, the Monte Carlo stage (``screened``), until one output fails after it: the
     verdict stands then, and the outputs after it keep their first-stage bounds.
     """
     op = card(case.op)
     budgets = budgets or budgets_mod.load()
     verdict = Verdict(case.op, impl.name, case, mode, dict(knobs or {}), record=impl)
+    for name in op.outputs:
+        if name in out and name not in ref:
+            verdict.problems.append(f"{name}: returned, where the reference returns None on this case "
+                                    f"(its options: {dict(case.options) or 'the defaults'})")
     for name in ref:
         if name in op.outputs and name not in registry.provides(impl):
             continue

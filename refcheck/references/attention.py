@@ -140,8 +140,8 @@ def _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, one):
 def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """Attention evaluated in ``q.dtype`` (float64 for the truth), densely, differentiated by autograd.
 
-    Returns ``(o [B, T, H, Dv], lse [B, H, T])`` in ``q.dtype``; by the contract a kernel returns o in the
-    input dtype and lse in float32.
+    Returns ``(o [B, T, H, Dv], lse [B, H, T])``, computed in ``q.dtype``. A kernel's dtypes are the
+    contract's: o in the input dtype, lse in float32.
     """
     return _attention(q, k, v, causal, scale, cu_seqlens_q, cu_seqlens_k, _dense)
 

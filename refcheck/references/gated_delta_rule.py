@@ -7,7 +7,8 @@ Per sequence and head, with the state ``S`` of shape ``[K, V]`` and at step t
     S_t = S' + beta_t k_t (v_t - S'^T k_t)^T
     o_t = scale * S_t^T q_t
 
-Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; states ``[N, H, K, V]``.
+Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g, beta ``[B, T, H]``; states ``[N, H, K, V]``
+(N: the number of sequences, B unless packed).
 With ``use_qk_l2norm`` q and k are first divided by their L2 norm (``x / sqrt(sum(x^2) + 1e-6)``).
 It is KDA (``kda.py``) with the decay ``g [B, T, H]`` broadcast over K, so both forms are KDA's:
 ``gated_delta_rule`` walks the recurrence, ``gated_delta_rule_chunked`` evaluates it in chunks.
@@ -31,8 +32,8 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
                      cu_seqlens=None, use_qk_l2norm=False):
     """The gated delta rule by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
-    kernel returns o in the input dtype and final_state in float32.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, computed in ``q.dtype``. A kernel's
+    dtypes are the contract's: o in the input dtype, final_state in float32.
     """
     check_gated_delta_rule_inputs(q, k, v, g, beta)
     return kda(q, k, v, g.unsqueeze(-1).expand(q.shape), beta, scale=scale, initial_state=initial_state,

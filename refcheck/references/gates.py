@@ -31,7 +31,8 @@ def kda_gate(g: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor | None 
              lower_bound: float | None = None) -> torch.Tensor:
     """The KDA log-decay, computed in the dtype of ``g`` (pass float64 for the truth).
 
-    Returns ``gate [B, T, H, K]`` in the dtype of ``g``; by the contract a kernel returns gate in float32.
+    Returns ``gate [B, T, H, K]``, computed in the dtype of ``g``. A kernel's dtype is the contract's:
+    gate in float32.
     """
     check_tensor("g", g, 4)
     _, _, h, k = g.shape

@@ -7,7 +7,8 @@ Per sequence and head, with the state ``S`` of shape ``[K, V]``:
     both:        o_t = scale * S_t^T q_t
 
 Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]`` (gla) or ``[B, T, H]``
-(simple_gla); states ``[N, H, K, V]``. simple_gla is gla with g broadcast over K.
+(simple_gla); states ``[N, H, K, V]`` (N: the number of sequences, B unless packed). simple_gla is
+gla with g broadcast over K.
 
 ``gla`` / ``simple_gla`` walk the recurrence step by step; ``gla_chunked`` / ``simple_gla_chunked``
 evaluate the same math in chunks (``chunk.chunk_scan``, writing ``u_t = v_t``).
@@ -44,8 +45,8 @@ def gla_operands(q, k, v, g, *, scale):
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """GLA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
-    kernel returns o in the input dtype and final_state in float32.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, computed in ``q.dtype``. A kernel's
+    dtypes are the contract's: o in the input dtype, final_state in float32.
     """
     q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)
 
@@ -59,8 +60,8 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
 def simple_gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
     """simple GLA: ``gla`` with the per-head decay ``g [B, T, H]`` broadcast over K.
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
-    kernel returns o in the input dtype and final_state in float32.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, computed in ``q.dtype``. A kernel's
+    dtypes are the contract's: o in the input dtype, final_state in float32.
     """
     check_gla_inputs(q, k, v, g, scalar_gate=True)
     return gla(q, k, v, g.unsqueeze(-1).expand(q.shape), scale=scale, initial_state=initial_state,
@@ -79,8 +80,8 @@ def gla_chunked(q, k, v, g, *, scale=None, initial_state=None, output_final_stat
     how the in-chunk decays are formed (``chunk.DECAY_FORMS``: ``stable`` for the truth,
     ``differenced`` as kernels form them).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
-    kernel returns o in the input dtype and final_state in float32.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, computed in ``q.dtype``. A kernel's
+    dtypes are the contract's: o in the input dtype, final_state in float32.
     """
     chunk_size = check_chunk_size(chunk_size)
     q, k, v, g, scale, kd, vd = gla_operands(q, k, v, g, scale=scale)

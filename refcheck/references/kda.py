@@ -8,8 +8,8 @@ Per sequence and head, with the state ``S`` of shape ``[K, V]`` and at step t
     o_t = scale * S_t^T q_t
 
 Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]``; beta ``[B, T, H]``;
-states ``[N, H, K, V]``. With ``use_qk_l2norm`` q and k are first divided by their L2 norm
-(``x / sqrt(sum(x^2) + 1e-6)``); with ``use_gate_in_kernel`` the decay is
+states ``[N, H, K, V]`` (N: the number of sequences, B unless packed). With ``use_qk_l2norm`` q and k are
+first divided by their L2 norm (``x / sqrt(sum(x^2) + 1e-6)``); with ``use_gate_in_kernel`` the decay is
 ``kda_gate(g, A_log, dt_bias, lower_bound)``; ``safe_gate`` promises ``lower_bound <= decay <= 0``.
 
 ``kda`` walks the recurrence step by step; ``kda_chunked`` evaluates the same math in chunks
@@ -82,8 +82,8 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         dt_bias=None):
     """KDA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, both in ``q.dtype``; by the contract a
-    kernel returns o in the input dtype and final_state in float32.
+    Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, computed in ``q.dtype``. A kernel's
+    dtypes are the contract's: o in the input dtype, final_state in float32.
     """
     q, k, v, g, beta, scale, kd, vd = kda_operands(
         q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, safe_gate=safe_gate,

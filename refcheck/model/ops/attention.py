@@ -143,15 +143,16 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
 def grid(quick: bool) -> Templates:
     """A causal GQA batch with more queries than keys (its first rows see no key); packed non-causal
     sequences (one empty query span) with as many key heads as query heads, so that a kernel that
-    refuses the backward of GQA with Dqk != Dv (flash-attn-4) has its gradients checked there;
-    causal sweep with S = T."""
+    refuses the backward of GQA with Dqk != Dv (flash-attn-4) has its gradients checked there, and with
+    a given scale (0.3, not the default); causal sweep with S = T."""
     base: list[Template]
     if quick:
         base = [("dense", dict(B=1, T=12, S=16, H=2, Hk=1, Dqk=16, Dv=8), dict(options={"causal": True}))]
     else:
         dims = dict(T=40, S=50, H=4, Hk=2, Dqk=32, Dv=24)
         base = [("dense", dict(dims, B=2, T=50, S=40), dict(options={"causal": True})),
-                ("varlen", dict(dims, B=1, Hk=4), dict(seqlens=(13, 0, 27), seqlens_k=(20, 5, 25)))]
+                ("varlen", dict(dims, B=1, Hk=4), dict(seqlens=(13, 0, 27), seqlens_k=(20, 5, 25),
+                                                       options={"scale": 0.3}))]
     sweep_dims = dict(B=1, H=2, Hk=1, Dqk=16, Dv=8) if quick else dict(B=1, H=2, Hk=1, Dqk=32, Dv=32)
     return base, [(f"T={t}", dict(sweep_dims, T=t, S=t), dict(options={"causal": True}))
                   for t in sweep_lengths(quick)]

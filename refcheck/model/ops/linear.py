@@ -122,10 +122,11 @@ def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Cal
 
 def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[[bool], Templates]:
     """The grid of a linear op: a dense batch (one partial chunk) with initial and final states,
-    packed sequences (an empty one, one across a chunk boundary; with ``varlen_options``), no
-    initial state to reset to (a state leaking between packed sequences or batch rows shows), a
-    partial last chunk of one token (T = 65), steep decay over a partial last chunk, then ``extra``
-    base cases ``(label, T, options)``; the sweep returns the final state too."""
+    packed sequences (an empty one, one across a chunk boundary; with ``varlen_options``), packed
+    sequences without initial state to reset to (a state leaking between packed sequences shows) and
+    without final state (``output_final_state=False``: the kernel returns None), a partial last chunk of
+    one token (T = 65) with a given scale (0.3, not the default), steep decay over a partial last chunk,
+    then ``extra`` base cases ``(label, T, options)``; the sweep returns the final state too."""
     def templates(quick: bool) -> Templates:
         final = {"output_final_state": True}
         base: list[Template]
@@ -136,8 +137,8 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
             base = [("dense", dict(dims, B=2, T=40), dict(options=final, draw={"initial_state": True})),
                     ("varlen", dict(dims, B=1, T=97),
                      dict(seqlens=(17, 0, 80), draw={"initial_state": True}, options=dict(final, **varlen_options))),
-                    ("varlen_no_h0", dict(dims, B=1, T=100), dict(seqlens=(35, 0, 65), options=final)),
-                    ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=final)),
+                    ("varlen_no_h0", dict(dims, B=1, T=100), dict(seqlens=(35, 0, 65))),
+                    ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=dict(final, scale=0.3))),
                     ("steep_partial", dict(dims, B=1, T=70),
                      dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
             base += [(label, dict(dims, B=1, T=t), dict(options=dict(final, **opts))) for label, t, opts in extra]
