@@ -4,12 +4,14 @@ All of it is read from what refcheck itself checks against: the signature of the
 (``refcheck.model.ops.card(OP).reference``: required parameters by position, the others by keyword),
 the card's input dtypes, the output dtypes of ``refcheck.engine.verify.output_dtype`` (``o`` in the
 input dtype, every other output float32), the default scale of ``refcheck.references.contract.check_scale``,
-the card's rule for an empty sequence (``empty_outputs``) and law 11's for rows without keys, the
+the card's rule for an empty sequence (``empty_outputs``) and law 11's for rows without keys, each
+input's dtype as the grid hands it over, the laws that concern the op (first sentence of each), the
 tensors of a grid case, and the reference's module and function docstrings (shapes and math).
 ``--json`` prints the same as JSON.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -46,6 +48,10 @@ def signature(fn) -> inspect.Signature:
                        return_annotation=inspect.Signature.empty)
 
 
+def torch_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def output_dtypes(c: OpCard) -> dict[str, str]:
     """Each output's contract dtype: ``the input dtype`` or a torch name (``float32``)."""
     found = {}
@@ -54,9 +60,9 @@ def output_dtypes(c: OpCard) -> dict[str, str]:
         if all(got[d] == DTYPES[d] for d in c.dtypes):
             found[name] = INPUT_DTYPE
         else:
-            found[name] = ", ".join(dict.fromkeys(f"{d} -> {str(t).removeprefix('torch.')}" for d, t in got.items()))
+            found[name] = ", ".join(dict.fromkeys(f"{d} -> {torch_name(t)}" for d, t in got.items()))
             if len(set(got.values())) == 1:
-                found[name] = str(next(iter(got.values()))).removeprefix("torch.")
+                found[name] = torch_name(next(iter(got.values())))
     return found
 
 
@@ -78,6 +84,73 @@ def edge_cases(c: OpCard) -> list[str]:
     return rules
 
 
+def input_dtypes(c: OpCard) -> dict[str, str]:
+    """Each tensor input's dtype, as the grid's base cases of every input dtype hand it over (with every
+    gate dtype the cases draw, for an op whose gates have their own): ``the input dtype``, a torch name,
+    ``the input dtype or float32``, or any of the op's dtypes whatever the input dtype."""
+    if c.grid is None:
+        return {}
+    seen: dict[str, set[tuple[str, str]]] = {}    # tensor -> {(input dtype, its dtype)}
+    for entry in grid.cases(c.name):
+        if entry.sweep:
+            continue
+        variants = [entry.case]
+        if c.understands("gate_dtype"):
+            variants += [dataclasses.replace(entry.case, draw=tuple(sorted({**dict(entry.case.draw), "gate_dtype": d}.items())))
+                         for d in c.dtypes]
+        for case in variants:
+            for name, t in c.make_inputs(case, torch.device("cpu")).tensors.items():
+                seen.setdefault(name, set()).add((case.dtype, torch_name(t.dtype)))
+    found = {}
+    for name, pairs in seen.items():
+        own = {dtype for _, dtype in pairs}
+        if name.startswith("cu_seqlens") and "varlen" in c.traits:
+            found[name] = "int32 or int64"
+        elif all(torch_name(DTYPES[case]) == dtype for case, dtype in pairs):
+            found[name] = INPUT_DTYPE
+        elif len(own) == 1:
+            found[name] = own.pop()
+        elif own >= {torch_name(DTYPES[d]) for d in c.dtypes} and len({case for case, _ in pairs}) > 1:
+            found[name] = f"any of {', '.join(sorted(own))}, whatever the input dtype"
+        else:
+            other = sorted(own - {torch_name(DTYPES[case]) for case, _ in pairs})
+            found[name] = f"{INPUT_DTYPE} or {' or '.join(other)}"
+    return found
+
+
+def layout_rules(c: OpCard) -> list[str]:
+    """What a kernel must accept of a tensor's memory and of packed sequences."""
+    rules = ["Inputs may be non-contiguous views with a storage offset (any strides, unit stride in the last "
+             "dimension): read them through their strides, or copy them (law reads_past_input). Never write to "
+             "an input (law no_side_effects)."]
+    if "varlen" in c.traits:
+        lengths = "from 0 to its packed length (T for queries, S for keys)" if "keys" in c.traits else "from 0 to T"
+        alone = "its own causal alignment, its rows without keys" if "keys" in c.traits else "its own initial and final state"
+        names = "cu_seqlens_q and cu_seqlens_k" if "keys" in c.traits else "cu_seqlens"
+        rules.append(f"Packed sequences: B == 1 and {names} [N + 1] (int32 or int64), non-decreasing {lengths}: "
+                     "sequence n is rows cu_seqlens[n]:cu_seqlens[n + 1] and may be empty; N is the number of "
+                     f"sequences (B unless packed). Each sequence is computed as if alone: {alone} "
+                     "(law varlen_equals_separate).")
+    return rules
+
+
+def upstream_rule(c: OpCard) -> str:
+    """Which outputs the backward receives a gradient for."""
+    return (f"The backward receives a random upstream gradient for every output returned ({', '.join(c.outputs)}), "
+            "zero where an output is not finite; gradients in the dtype of their input.")
+
+
+def laws_of(c: OpCard) -> list[dict]:
+    """The laws that concern the op (its traits), with the first sentence of each."""
+    found = []
+    for law in LAWS.values():
+        if law.why_not_op(c) is None:
+            body = re.sub(r"^Law [\d, ]+(\([^)]*\))?:\s*", "", first_paragraph(law.doc))
+            sentence = re.split(r"(?<=\.)\s+(?=[A-Z])", body, maxsplit=1)[0]
+            found.append({"law": law.name, "says": sentence.rstrip(".") + "."})
+    return found
+
+
 def examples(c: OpCard) -> list[dict]:
     """The tensors of the op's first grid case and of its first packed one (what a kernel receives)."""
     if c.grid is None:
@@ -91,7 +164,7 @@ def examples(c: OpCard) -> list[dict]:
             out = c.split(x.call(c.reference))
         found.append({
             "case": entry.case.describe(), "label": entry.label,
-            "inputs": {n: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+            "inputs": {n: {"shape": list(t.shape), "dtype": torch_name(t.dtype),
                            "positional": n in x.positional} for n, t in x.tensors.items()},
             "options": {k: v for k, v in x.options.items()},
             "outputs": {n: {"shape": list(t.shape)} for n, t in out.items()}})
@@ -112,8 +185,12 @@ def contract(c: OpCard) -> dict:
         "signature": f"{ref.__name__}{sig}", "parameters": params,
         "precision": f"a callable that takes a 'precision' keyword gets the precision mode ({', '.join(PRECISION_MODES)})",
         "dtypes_in": list(c.dtypes), "torch_dtypes_in": [str(DTYPES[d]) for d in c.dtypes],
+        "inputs": input_dtypes(c),
         "outputs": output_dtypes(c),
         "gradients": {c.grad_name(n): n for n in c.differentiable},
+        "upstream": upstream_rule(c),
+        "layouts": layout_rules(c),
+        "laws": laws_of(c),
         "default_scale": (f"scale=None: q.shape[-1] ** -0.5 (head dim 64: {check_scale(None, 64)}); a given scale "
                           "must be positive (refcheck.references.contract.check_scale)") if "scale" in sig.parameters else None,
         "edge_cases": edge_cases(c),
@@ -136,14 +213,20 @@ def text(info: dict) -> str:
              para(f"{', '.join(required)} by position, the rest by keyword (**options takes them all); "
                   f"{info['precision']}"), "",
              "dtypes",
-             block(f"inputs:    {', '.join(info['dtypes_in'])} ({', '.join(info['torch_dtypes_in'])})"),
+             block(f"the input dtype: {', '.join(info['dtypes_in'])} ({', '.join(info['torch_dtypes_in'])})"),
+             *(block(f"  {n:<14} {d}") for n, d in info["inputs"].items()),
              block("outputs:   " + "; ".join(f"{n} in {d}" for n, d in info["outputs"].items())),
              block("gradients: " + ", ".join(f"{g} (of {n})" for g, n in info["gradients"].items())
-                   if info["gradients"] else "gradients: none"), ""]
+                   if info["gradients"] else "gradients: none"),
+             para(info["upstream"]), "",
+             "layouts", *map(para, info["layouts"]), ""]
     if info["default_scale"]:
         lines += ["default scale", para(info["default_scale"]), ""]
     if info["edge_cases"]:
         lines += ["edge cases", *map(para, info["edge_cases"]), ""]
+    if info["laws"]:
+        lines += ["laws it is held to (refcheck.engine.laws; a law that needs a knob or layout a kernel lacks is n/a)",
+                  *(para(f"{law['law']}: {law['says']}") for law in info["laws"]), ""]
     for ex in info["examples"]:
         lines.append(f"example: grid case '{ex['label']}': {ex['case']}")
         for name, t in ex["inputs"].items():

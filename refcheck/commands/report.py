@@ -332,7 +332,7 @@ def run(args) -> int:
         law_units, laws_skipped = law_plan(impls, args.quick)
         units += law_units
     console.print(f"refcheck {__version__} report on {device}"
-                  + (" (faithful Triton interpreter)" if device == "cpu" else "")
+                  + (" (Triton kernels run in the faithful interpreter)" if device == "cpu" else "")
                   + f": {len(points)} grid points, {len(law_units)} law checks, {jobs} "
                   + ("worker" if jobs == 1 else "workers"))
     try:

@@ -435,9 +435,10 @@ def measure(impl: registry.Implementation, case: Case, out: dict[str, torch.Tens
     same math (batch rows alone, a split run, another path), the other evaluation: the two may
     differ by no more than an implementation may differ from the truth. Every output and gradient
     in ``ref`` is measured (an output ``impl`` does not provide is left out); one missing from
-    ``out`` is a problem, and so is an output ``ref`` does not have (a final state nobody asked for). A ``naive_ratio`` bound uses the naive implementation's error on ``case``, and
-    where an output exceeds it, the Monte Carlo stage (``screened``), until one output fails after it: the
-    verdict stands then, and the outputs after it keep their first-stage bounds.
+    ``out`` is a problem, and so is an output ``ref`` does not have (a final state nobody asked for).
+    A ``naive_ratio`` bound uses the naive implementation's error on ``case``, and where an output
+    exceeds it, the Monte Carlo stage (``screened``), until one output fails after it: the verdict
+    stands then, and the outputs after it keep their first-stage bounds.
     """
     op = card(case.op)
     budgets = budgets or budgets_mod.load()
