@@ -252,3 +252,15 @@ def test_a_shared_example_database_replays_a_failure_found_on_another_host(tmp_p
     code, out, _ = fuzz(capsys, *RARE)
     assert code == 1 and "falsified after 1 example " in out, out
     assert saved(shared) and not any(saved(h / ".hypothesis" / "refcheck-fuzz") for h in hosts)
+
+
+def test_exitfirst_stops_at_the_first_failure(workdir, capsys):
+    """-x: the first falsified law keeps one failure (no search for distinct ones) and the laws after
+    it are named as not searched; without it, the same search goes on to every law."""
+    common = ("kda_gate", "--impl", "tests.mutants:gate_overshoots_lower_bound", "--seed", "0", "--max-examples", "10")
+    code, everything, _ = fuzz(capsys, *common)
+    assert code == 1 and "2 of 7 laws falsified" in everything and "distinct failure 2 of" in everything
+    code, first, _ = fuzz(capsys, *common, "-x")
+    assert code == 1 and "1 of 1 law falsified" in first and "distinct failure" not in first, first
+    assert "stopped at the first failure (--exitfirst), not searched: gate_bounds, " in first
+    assert "reproducer: refcheck-repro-kda_gate-agreement.py" in first and "gate_bounds.py" not in first

@@ -151,7 +151,9 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     Every example goes through ``laws.check``; an exception of any kind is a failure of the law
     (the implementation raising on valid input arrives as a ``LawViolation`` with its traceback).
     The run ends at ``deadlines.search`` while nothing failed, at ``deadlines.shrink`` while
-    shrinking (keeping the smallest failure so far). ``on_run(result)`` is called after every run."""
+    shrinking (keeping the smallest failure so far). With ``settings.report_multiple_bugs`` a boundary
+    example's failure leaves the search on to look for distinct failures; without, it ends the search,
+    and Hypothesis shrinks its first failure only. ``on_run(result)`` is called after every run."""
     from hypothesis import given
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
@@ -175,6 +177,10 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
             result.search_seconds = time.monotonic() - started
             break
         result.count_notes(outcome)
+
+    if fixed is not None and not settings.report_multiple_bugs:
+        result.failure, result.seconds = fixed, time.monotonic() - started
+        return result
 
     def attempt(data):
         example = data.draw(drawn)     # before stopping: Hypothesis checks that every run draws alike
@@ -293,6 +299,9 @@ def add_parser(subparsers) -> None:
                         f"--max-examples caps them (shrinking a counterexample a law found takes up to max(its share, "
                         f"{MIN_SHRINK_SECONDS:g} s) more)")
     p.add_argument("--precision", default=None, choices=("ieee", "tf32", "tf32x3"), help="only this precision mode")
+    p.add_argument("-x", "--exitfirst", action="store_true",
+                   help="stop at the first failure, as pytest -x: its law's search ends there with that failure "
+                        "shrunk (no search for distinct failures), and the laws after it are not searched")
     p.add_argument("--strict-bitwise", action="store_true",
                    help="laws exact in real arithmetic fail when they hold within budget but not bit for bit")
     p.add_argument("--seed", type=int, default=None,
@@ -330,7 +339,7 @@ def command_line(args) -> str:
     for name in ("max_examples", "seconds", "precision", "device", "seed"):
         if getattr(args, name) is not None:
             words += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    words += [f"--{name.replace('_', '-')}" for name in ("forward_only", "strict_bitwise") if getattr(args, name)]
+    words += [f"--{name.replace('_', '-')}" for name in ("forward_only", "strict_bitwise", "exitfirst") if getattr(args, name)]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -438,17 +447,20 @@ def search_all(impl, laws: list, settings, *, device: str, mode: str | None, sec
             results.append(result)
             if result.found and on_found is not None:
                 on_found(result, time.monotonic())
+            if result.found and not settings.report_multiple_bugs:    # --exitfirst
+                break
     return results
 
 
 def search_in_workers(impl, laws: list, *, max_examples: int, database: str, device: str, mode: str | None,
                       seconds: float | None, strict: bool, seed: int | None, buckets: tuple, jobs: int,
-                      console) -> list[LawResult]:
+                      console, multiple: bool = True) -> list[LawResult]:
     """On a GPU: each law's ``search`` in a worker process of its own (``refcheck.runtime.workers``),
     ``jobs`` at a time, worker i on GPU i mod GPUs (``--gpus``). A kernel that loses the CUDA context
     ends one worker: that law's result is the crash (``LawResult.crash``), its example and reproducer
     written to ``REFCHECK_FAILURE_DIR``, and the other laws go on. With ``seconds``, each law searches
-    ``seconds * jobs / laws`` (shrinking on top), the laws running ``jobs`` at a time."""
+    ``seconds * jobs / laws`` (shrinking on top), the laws running ``jobs`` at a time. Without ``multiple``
+    (``--exitfirst``) each law stops at its first failure (the laws already running finish)."""
     from ..runtime.workers import Unit, execute
     share = seconds * min(jobs, len(laws)) / len(laws) if seconds else None
 
@@ -456,7 +468,7 @@ def search_in_workers(impl, laws: list, *, max_examples: int, database: str, dev
         return lambda message: LawResult(law, crash=message)
 
     units = [Unit(f"{law.name} ({law.number})", _search_unit,
-                  (law.name, impl, max_examples, database, mode, strict, share, seed, buckets), 1.0,
+                  (law.name, impl, max_examples, database, mode, strict, share, seed, buckets, multiple), 1.0,
                   _one, crashed=crashed(law))
              for law in laws]
     return execute(units, device, min(jobs, len(units)), console, "searching")
@@ -467,7 +479,7 @@ def _one(result: LawResult) -> list[LawResult]:
 
 
 def _search_unit(law_name: str, impl, max_examples: int, database: str, mode: str | None, strict: bool,
-                 seconds: float | None, seed: int | None, buckets: tuple, device: str) -> LawResult:
+                 seconds: float | None, seed: int | None, buckets: tuple, multiple: bool, device: str) -> LawResult:
     """One law's ``search`` in a worker process: the ``fuzz`` profile at ``max_examples`` over the example
     database ``database``; its result with the failure's exception reduced to its text (to travel back)."""
     from hypothesis import settings as hsettings
@@ -476,7 +488,7 @@ def _search_unit(law_name: str, impl, max_examples: int, database: str, mode: st
     from ..engine import laws as laws_mod
     from ..strategies import profiles
     profiles.register()
-    settings = hsettings(hsettings.get_profile("fuzz"), max_examples=max_examples, report_multiple_bugs=True,
+    settings = hsettings(hsettings.get_profile("fuzz"), max_examples=max_examples, report_multiple_bugs=multiple,
                          database=DirectoryBasedExampleDatabase(database))
     result = search(laws_mod.law(law_name), impl, settings, limits=case_limits(impl, device), mode=mode,
                     device=device, strict=strict, deadlines=Deadlines.after(seconds), seed=seed, buckets=buckets)
@@ -564,8 +576,8 @@ def run(args) -> int:
     profiles.register()
     base = hsettings.get_profile("fuzz")
     database = str(args.database or os.environ.get(profiles.EXAMPLE_DB_ENV) or DATABASE)
-    settings = hsettings(base, max_examples=args.max_examples or base.max_examples, report_multiple_bugs=True,
-                         database=DirectoryBasedExampleDatabase(database))
+    settings = hsettings(base, max_examples=args.max_examples or base.max_examples,
+                         report_multiple_bugs=not args.exitfirst, database=DirectoryBasedExampleDatabase(database))
     strict = args.strict_bitwise or laws_mod.strict_default()
     out = Console(highlight=False, soft_wrap=True)
     who = impl.name if impl.name == impl.target else f"{impl.name} = {impl.target}"
@@ -597,7 +609,7 @@ def run(args) -> int:
         results = search_in_workers(impl, to_search, max_examples=settings.max_examples, database=database,
                                     device=device, mode=args.precision, seconds=seconds, strict=strict,
                                     seed=args.seed, buckets=buckets, jobs=gpu_workers(args.gpus),
-                                    console=Console(stderr=True))
+                                    console=Console(stderr=True), multiple=not args.exitfirst)
     for r in results:       # a warm-up is a drawn example too: what it found stands if the search missed it
         r.warm_up = took.get("failed", {}).get((r.law.name, impl.op, impl.name)) if not r.found else None
     print_summary(out, impl, results)
@@ -624,8 +636,11 @@ def run(args) -> int:
         print_finding(out, r, impl, args, device, strict)
     elapsed, total = time.monotonic() - started, _count(sum(r.examples for r in results), "example")
     if falsified:
+        unsearched = [law.name for law in to_search[len(results):]]
         out.print(f"\n{len(falsified)} of {_count(len(results), 'law')} falsified ({total}, {elapsed:.0f} s): "
-                  + ", ".join(r.law.name for r in falsified))
+                  + ", ".join(r.law.name for r in falsified)
+                  + (f"; stopped at the first failure (--exitfirst), not searched: {', '.join(unsearched)}"
+                     if unsearched else ""))
         return 1
     not_run = [r.law.name for r in results if not r.examples]
     out.print(f"\nno counterexample in {total} ({_count(len(results), 'law')}, {elapsed:.0f} s)"
