@@ -126,7 +126,10 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
     sequences without initial state to reset to (a state leaking between packed sequences shows) and
     without final state (``output_final_state=False``: the kernel returns None), a partial last chunk of
     one token (T = 65) with a given scale (0.3, not the default), steep decay over a partial last chunk,
-    then ``extra`` base cases ``(label, T, options)``; the sweep returns the final state too."""
+    then ``extra`` base cases ``(label, T, options)``; the sweep returns the final state too. Two heads
+    where heads can be mixed up (the dense batch, the packed states, the partial chunk), one where the
+    case is about the sequence (the leak, the steep decay): an interpreted kernel's time grows with its
+    programs, one per head and chunk."""
     def templates(quick: bool) -> Templates:
         final = {"output_final_state": True}
         base: list[Template]
@@ -137,9 +140,9 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
             base = [("dense", dict(dims, B=2, T=40), dict(options=final, draw={"initial_state": True})),
                     ("varlen", dict(dims, B=1, T=97),
                      dict(seqlens=(17, 0, 80), draw={"initial_state": True}, options=dict(final, **varlen_options))),
-                    ("varlen_no_h0", dict(dims, B=1, T=100), dict(seqlens=(35, 0, 65))),
+                    ("varlen_no_h0", dict(dims, B=1, T=100, H=1), dict(seqlens=(35, 0, 65))),
                     ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=dict(final, scale=0.3))),
-                    ("steep_partial", dict(dims, B=1, T=70),
+                    ("steep_partial", dict(dims, B=1, T=70, H=1),
                      dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
             base += [(label, dict(dims, B=1, T=t), dict(options=dict(final, **opts))) for label, t, opts in extra]
         sweep_dims = dict(B=1, H=1, K=8, V=8) if quick else dict(B=1, H=1, K=16, V=16)
