@@ -44,3 +44,13 @@ def test_two_failures_are_each_shrunk_to_their_own_example():
     cases = re.findall(r"^\[\d/2\] law agreement \(1\) violated.*\n  case: attention (\w+)", message, re.M)
     assert sorted(cases) == ["bf16", "fp32"], message
     assert message.count("reproduce: python -c") == 2, message
+
+
+def test_the_first_failure_only_when_asked():
+    """``multiple=False`` (pytest -x, fuzz -x): one failure, shrunk, no search for others."""
+    impl = dataclasses.replace(registry.get("attention", "naive"), name="two_bugs",
+                               target="tests.test_distinct_failures:two_bugs", backward=False)
+    with pytest.raises(LawViolation) as caught:
+        hypothesis_check("agreement", impl, settings=settings(**profiles.PROFILES["ci"]), multiple=False)
+    message = str(caught.value)
+    assert "distinct failures" not in message and message.count("reproduce: python -c") == 1, message

@@ -19,6 +19,9 @@ from pathlib import Path
 CORRECT = ("chunk_simple_gla", "chunk_simple_gla_input_dtype")
 BUGS = ("bug_state_leak", "bug_chunk_boundary", "bug_double_scale", "bug_last_gate")
 PYTEST = ["pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider", "-q", "-n", "2"]
+PYTEST_GATE = ["pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider", "-q", "-x"]
+"""A buggy kernel's run as a CI gate runs it: -x, its first failing law test (that failure shrunk) ends the
+run; in one process, as -x under xdist exits 2 (interrupted) where a failure exits 1."""
 REFCHECK = ["refcheck"]     # the commands as the user types them, from the active environment
 rows: list[tuple[str, str, str, str]] = []   # (kernel, command, expected, got)
 problems: list[str] = []
@@ -91,7 +94,7 @@ def usage_errors() -> None:
 
 
 def plugin(kernel: str, correct: bool) -> None:
-    code, out, seconds = run(PYTEST + ["--impl", f"simple_gla=mykernels:{kernel}"])
+    code, out, seconds = run((PYTEST if correct else PYTEST_GATE) + ["--impl", f"simple_gla=mykernels:{kernel}"])
     summary = out.strip().splitlines()[-1] if out.strip() else ""
     expect(kernel, "pytest --pyargs refcheck.properties", code, 0 if correct else 1, out, seconds,
            f" ({summary})" + ("" if correct else shrunk(out)))

@@ -294,8 +294,9 @@ def pytest_collection_modifyitems(session, config, items):
 @pytest.fixture
 def check_law(request):
     """``check_law(impl)``: search for a counterexample to the test's law with Hypothesis (the active
-    profile); a falsified law fails with its message and reproducer, bitwise differences of laws that
-    held within budget become ``BitwiseDifference`` warnings."""
+    profile); a falsified law fails with its message and reproducer (each distinct failure, shrunk; with
+    ``-x`` the first only), bitwise differences of laws that held within budget become ``BitwiseDifference``
+    warnings."""
     from ..engine.laws import BitwiseDifference, hypothesis_check, interpreted
 
     cfg = activate(request.config)
@@ -306,10 +307,12 @@ def check_law(request):
         limits = profiles.limits(cfg.profile, interpreted(impl, cfg.device))
         buckets = _buckets(cfg, impl) if cfg.bucket_seed is not None else ()
         count = hypothesis.settings().max_examples if buckets else None     # every law its full count
+        first_only = request.config.getoption("maxfail") == 1     # -x: no search for distinct failures
         started, before = time.perf_counter(), compile_clock.reading()
         try:
             for note in hypothesis_check(name, impl, limits=limits, mode=mode, device=cfg.device, strict=cfg.strict,
-                                         boundaries=cfg.profile == "ci", buckets=buckets, max_examples=count):
+                                         boundaries=cfg.profile == "ci", buckets=buckets, max_examples=count,
+                                         multiple=not first_only):
                 warnings.warn(BitwiseDifference(note), stacklevel=2)
         finally:
             compiled = compile_clock.reading() - before

@@ -972,14 +972,15 @@ def boundary_examples(law_: Law, impl: registry.Implementation, mode: str | None
 def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings: hsettings | None = None,
                      limits: Limits | None = None, mode: str | None = None, device: str = "cpu",
                      strict: bool | None = None, max_examples: int | None = None,
-                     boundaries: bool = False, buckets: tuple = ()) -> list[str]:
+                     boundaries: bool = False, buckets: tuple = (), multiple: bool = True) -> list[str]:
     """Search for counterexamples to a law with Hypothesis (the current profile unless
     ``settings``; ``examples_for`` examples unless ``max_examples``; sizes ``SMALL``, or
     ``INTERPRETED`` for an interpreted kernel, unless ``limits``; with ``boundaries`` the fixed
     ``boundary_examples`` first; with ``buckets`` what a compiler specializes on drawn from those,
     ``refcheck.engine.buckets``); raise the shrunk example's ``LawViolation`` (distinct failures,
-    ``violation``, each shrunk to its own example and raised together, ``combined``), else return the bitwise
-    notes (one line per distinct check, with how many examples it concerned)."""
+    ``violation``, each shrunk to its own example and raised together, ``combined``; without ``multiple``
+    the first failure only, shrunk), else return the bitwise notes (one line per distinct check, with how
+    many examples it concerned)."""
     law_ = law(law_) if isinstance(law_, str) else law_
     why = law_.why_not(impl)
     if why:
@@ -998,7 +999,7 @@ def hypothesis_check(law_: Law | str, impl: registry.Implementation, *, settings
     slow = interpreted(impl, device)
     limits = limits or (INTERPRETED if slow else SMALL)
     count = max_examples or examples_for(law_, base, interpreted=slow)
-    test = hsettings(base, max_examples=count, report_multiple_bugs=True)(
+    test = hsettings(base, max_examples=count, report_multiple_bugs=multiple)(
         given(examples(law_, impl, limits, mode, buckets))(run))
     for fixed in reversed(boundary_examples(law_, impl, mode)) if boundaries else ():   # run in order of T
         test = example(fixed)(test)
