@@ -185,7 +185,7 @@ def after(case: Case, cut: int) -> dict[str, torch.Tensor]:
 
 
 def empty_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
-    """A query span without keys (or without queries): o = 0 and lse = -inf on its rows."""
+    """A query span without keys (or without queries): o = 0 and lse = -inf on its rows, and their dq = 0."""
     d, ref = case.dim, x.tensors["q"]
     out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=case.torch_dtype)}
     if "lse" in provides:
