@@ -81,22 +81,24 @@ def _l2norm(x: np.ndarray) -> np.ndarray:
 
 def _linear_attention(q, k, v, g, beta, *, scale, initial_state, cu_seqlens):
     """``S' = Diag(exp(g_t)) S``; ``S = S' + beta_t k_t (v_t - S'^T k_t)^T`` (or ``S' + k_t v_t^T``
-    when beta is None); ``o_t = scale S^T q_t``. Returns ``(o [B, T, H, V], final [N, H, K, V])``."""
-    b, t, h, kd = q.shape
-    vd = v.shape[-1]
+    when beta is None); ``o_t = scale S^T q_t``. Value head ``i`` of ``HV`` reads query/key head
+    ``i // (HV // H)`` (grouped value heads). Returns ``(o [B, T, HV, V], final [N, HV, K, V])``."""
+    b, t, hq, kd = q.shape
+    h, vd = v.shape[2], v.shape[-1]
+    group = h // hq
     o, finals = mp_zeros(b, t, h, vd), []
     for n, (row, start, end) in enumerate(_spans(cu_seqlens, b, t)):
         state = [initial_state[n, i].copy() if initial_state is not None else mp_zeros(kd, vd) for i in range(h)]
         for step in range(start, end):
             for i in range(h):
                 s = _exp(g[row, step, i]).reshape(kd, 1) * state[i]
-                kt, vt = k[row, step, i], v[row, step, i]
+                kt, vt = k[row, step, i // group], v[row, step, i]
                 if beta is None:
                     s = s + np.outer(kt, vt)
                 else:
                     s = s + beta[row, step, i] * np.outer(kt, vt - s.T @ kt)
                 state[i] = s
-                o[row, step, i] = scale * (s.T @ q[row, step, i])
+                o[row, step, i] = scale * (s.T @ q[row, step, i // group])
         finals.append(np.stack(state))
     return o, np.stack(finals)
 
@@ -116,8 +118,8 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, us
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False):
-    """The gated_delta_rule contract at 50 digits (g ``[B, T, H]``, one decay per head and step)."""
-    return kda(q, k, v, g.unsqueeze(-1).expand(q.shape), beta, scale=scale, initial_state=initial_state,
+    """The gated_delta_rule contract at 50 digits (g ``[B, T, HV]``, one decay per value head and step)."""
+    return kda(q, k, v, g.unsqueeze(-1).expand(*g.shape, q.shape[-1]), beta, scale=scale, initial_state=initial_state,
                cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
 
 

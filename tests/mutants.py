@@ -121,6 +121,16 @@ def kda_scale_ignored(q, k, v, g, beta, *, scale=None, **options):
     return naive.kda(q, k, v, g, beta, **options)
 
 
+@mutant("gated_delta_rule", "agreement")
+def gdr_value_heads_interleaved(q, k, v, g, beta, **options):
+    """Grouped value heads: value head j reads query/key head j % H (interleaved) instead of j // (HV // H)."""
+    h, hv = q.shape[2], v.shape[2]
+    if hv != h:
+        heads = torch.arange(hv, device=q.device) % h
+        q, k = q[:, :, heads], k[:, :, heads]
+    return naive.gated_delta_rule(q, k, v, g, beta, **options)
+
+
 def _gla_dropping_partial_chunk(q, k, v, g, **options):
     """naive gla with the tokens after the last full chunk of 16 dropped: no output, no state update."""
     full = q.shape[1] // 16 * 16

@@ -46,22 +46,24 @@ def _randn(gen, *shape):
 def linear_case(op: str, case: str) -> tuple[tuple, dict]:
     """Tiny inputs of kda / gla / simple_gla: ``batched`` (B = 2, initial states), ``packed`` (three
     sequences, one empty; kda: L2 norm, in-kernel gate with dt_bias and safe_gate at lower_bound -5),
-    ``steep`` (decays of -1000 at random steps; kda: the softplus gate with A_log = 5)."""
+    ``steep`` (decays of -1000 at random steps; kda: the softplus gate with A_log = 5); gated_delta_rule's
+    ``gva``: packed, with two value heads per query/key head."""
     gen = torch.Generator().manual_seed(sum(map(ord, op + case)))
     h, kd, vd = 2, 4, 3
+    hv = 2 * h if case == "gva" else h       # gated_delta_rule's grouped value heads: two per query/key head
     b, t, cu = (2, 7, None) if case == "batched" else (1, 9, torch.tensor([0, 3, 3, 9], dtype=torch.int32))
     n = b if cu is None else len(cu) - 1
-    gate_shape = (b, t, h) if op in ("simple_gla", "gated_delta_rule") else (b, t, h, kd)
+    gate_shape = (b, t, hv) if op in ("simple_gla", "gated_delta_rule") else (b, t, h, kd)
     g = torch.nn.functional.logsigmoid(_randn(gen, *gate_shape) + 1)
     if case == "steep":
         g = torch.where(torch.rand(gate_shape, generator=gen, dtype=F64) < 0.3, -1000.0, g)
-    q, k, v = _randn(gen, b, t, h, kd), _randn(gen, b, t, h, kd) / kd ** 0.5, _randn(gen, b, t, h, vd)
-    kw = dict(cu_seqlens=cu, initial_state=_randn(gen, n, h, kd, vd) if case != "steep" else None)
+    q, k, v = _randn(gen, b, t, h, kd), _randn(gen, b, t, h, kd) / kd ** 0.5, _randn(gen, b, t, hv, vd)
+    kw = dict(cu_seqlens=cu, initial_state=_randn(gen, n, hv, kd, vd) if case != "steep" else None)
     if op not in ("kda", "gated_delta_rule"):
         return (q, k, v, g), kw
-    beta = torch.rand(b, t, h, generator=gen, dtype=F64)
+    beta = torch.rand(b, t, hv, generator=gen, dtype=F64)
     if op == "gated_delta_rule":
-        kw.update(use_qk_l2norm=case == "packed", scale=0.7 if case == "steep" else None)
+        kw.update(use_qk_l2norm=case in ("packed", "gva"), scale=0.7 if case == "steep" else None)
         return (q, k, v, g, beta), kw
     if case == "packed":
         g = 3 * _randn(gen, b, t, h, kd)
@@ -73,9 +75,12 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
     return (q, k, v, g, beta), kw
 
 
+LINEAR_CASES = [(op, case) for op in ("kda", "gla", "simple_gla", "gated_delta_rule")
+                for case in ("batched", "packed", "steep")] + [("gated_delta_rule", "gva")]
+
+
 @pytest.mark.parametrize("form", ["", "_chunked"], ids=["recurrent", "chunked"])
-@pytest.mark.parametrize("case", ["batched", "packed", "steep"])
-@pytest.mark.parametrize("op", ["kda", "gla", "simple_gla", "gated_delta_rule"])
+@pytest.mark.parametrize("op, case", LINEAR_CASES)
 def test_linear_attention_within_bound_of_mpmath(op, case, form):
     args, kw = linear_case(op, case)
     o_mp, final_mp = getattr(mp_truth, op)(*args, **kw)

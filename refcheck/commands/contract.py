@@ -152,11 +152,13 @@ def laws_of(c: OpCard) -> list[dict]:
 
 
 def examples(c: OpCard) -> list[dict]:
-    """The tensors of the op's first grid case and of its first packed one (what a kernel receives)."""
+    """The tensors of the op's first grid case, of its first packed one, and of the first with a dim the
+    first case lacks (grouped value heads' ``HV``): what a kernel receives."""
     if c.grid is None:
         return []
     base = [e for e in grid.cases(c.name) if not e.sweep and e.case.dtype == c.dtypes[0]]
     chosen = base[:1] + [e for e in base[1:] if e.case.seqlens is not None][:1]
+    chosen += [e for e in base[1:] if set(e.case.dim) - set(base[0].case.dim)][:1] if base else []
     found = []
     for entry in chosen:
         x = c.make_inputs(entry.case, torch.device("cpu"))

@@ -6,10 +6,12 @@ Contracts (per sequence and head, state S: [K, V], S_0 = initial_state or zeros)
     simple_gla:        S_t = exp(g_t) S_{t-1} + k_t v_t^T                     g: [B, T, H]     (scalar log-decay)
     gla:               S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T               g: [B, T, H, K]  (per channel)
     gated_delta_rule:  S'_t = exp(g_t) S_{t-1},  S_t = S'_t + beta_t k_t (v_t - S'_t^T k_t)^T
-                                                                              g, beta: [B, T, H]
+                                                                              g, beta: [B, T, HV]
     all:               o_t = scale * S_t^T q_t,  scale = K ** -0.5 unless given
 
     q, k: [B, T, H, K]  v: [B, T, H, V]  initial_state: float32 [N, H, K, V]  cu_seqlens: int [N+1] (then B == 1)
+    gated_delta_rule's grouped value heads: v [B, T, HV, V], states [N, HV, K, V], HV a multiple of H, value
+    head j reading query/key head j // (HV // H)
     -> o: [B, T, H, V] in q's dtype, final_state: float32 [N, H, K, V] or None
 
 Inputs in fp32, bf16 or fp16 (float64 too, to check the algebra exactly); a gate of another float dtype is upcast
@@ -85,6 +87,19 @@ def _spans(q, k, v, g, beta, initial_state, cu_seqlens, *, channel_gate: bool):
     if initial_state is not None:
         check_state("initial_state", initial_state, len(spans), h, kd, vd)
     return spans
+
+
+def _grouped(q, k, v):
+    """Grouped value heads (HV, a multiple of q's H): q and k with value head j reading query/key head
+    j // (HV // H), one head per value head."""
+    check_tensor("q", q, 4)
+    check_tensor("k", k, 4)
+    check_shape("k", k, q.shape, "[B, T, H, K] like q")
+    check_tensor("v", v, 4)
+    if v.shape[2] % q.shape[2]:
+        raise ValueError(f"v: HV = {v.shape[2]} value heads, expected a multiple of q's H = {q.shape[2]}")
+    heads = torch.arange(v.shape[2], device=q.device) // (v.shape[2] // q.shape[2])
+    return q[:, :, heads], k[:, :, heads]
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -292,6 +307,7 @@ def _delta_chunk(S, q, k, v, g, beta, scale, bug):
 def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm, *,
                       form, chunk=64, bug=None):
     """form "wy": chunks of ``chunk`` in the accumulation dtype, autograd; "recurrent": step by step in q's dtype."""
+    q, k = _grouped(q, k, v)
     spans = _spans(q, k, v, g, beta, initial_state, cu_seqlens, channel_gate=False)
     scale = check_scale(scale, q.shape[-1])
     out = q.dtype

@@ -18,8 +18,8 @@ from .linear import linear_card, linear_tensors
 
 
 def make_inputs(case, device) -> Inputs:
-    """q, k ``[B, T, H, K]`` (k unit-norm unless l2norm is asked), v ``[B, T, H, V]``, g and beta
-    ``[B, T, H]``."""
+    """q, k ``[B, T, H, K]`` (k unit-norm unless l2norm is asked), v ``[B, T, HV, V]``, g and beta
+    ``[B, T, HV]`` (``HV`` value heads, ``H`` unless the case has grouped value heads)."""
     tensors, _ = linear_tensors(case, device, gate_shape=lambda b, t, h, k: (b, t, h), with_beta=True)
     return Inputs(tensors, ("q", "k", "v", "g", "beta"), case.opts)
 
@@ -56,6 +56,9 @@ CARD = linear_card(
     chunked_reference=references.gated_delta_rule_chunked,
     differentiable=("q", "k", "v", "g", "beta", "initial_state"), make_inputs=make_inputs, options=options,
     grid_varlen_options={"use_qk_l2norm": True},
+    # grouped value heads (Qwen3-Next, Qwen3.5: 16 query/key heads, 32 value heads): drawn one case in two,
+    # and a grid case with two value heads per query/key head, one token past a chunk
+    value_groups=(1, 2), grid_extra=(("gva", 65, {"use_qk_l2norm": True}, {"HV": 4}),),
     implementations=(
         Implementation("gated_delta_rule", "fla_chunk",
                        "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule", triton=True, requires="fla",

@@ -45,6 +45,7 @@ def linear_tensors(case: Case, device, *, gate_shape: Callable, with_beta: bool,
     d, drawn, opts = case.dim, case.drawn, case.opts
     gen = torch.Generator().manual_seed(case.seed)
     b, t, h, k, v = d["B"], d["T"], d["H"], d["K"], d["V"]
+    hv = d.get("HV", h)     # value heads (grouped value heads: gated_delta_rule), the query/key heads' by default
     dt = case.torch_dtype
     q = normal(gen, (b, t, h, k), device)
     key = normal(gen, (b, t, h, k), device)
@@ -52,19 +53,19 @@ def linear_tensors(case: Case, device, *, gate_shape: Callable, with_beta: bool,
         key = l2norm(key.double()).float()
     else:
         key = key * k ** -0.5
-    tensors = {"q": rounded(q, dt), "k": rounded(key, dt), "v": rounded(normal(gen, (b, t, h, v), device), dt)}
+    tensors = {"q": rounded(q, dt), "k": rounded(key, dt), "v": rounded(normal(gen, (b, t, hv, v), device), dt)}
     gate_dtype = DTYPES[drawn.get("gate_dtype", case.dtype)]
-    shape = gate_shape(b, t, h, k)
+    shape = gate_shape(b, t, hv, k)
     g = normal(gen, shape, device) if raw_gate else draw_log_decay(gen, shape, device, drawn)
     tensors["g"] = rounded(g, gate_dtype)
     if with_beta:
-        tensors["beta"] = rounded(torch.sigmoid(normal(gen, (b, t, h), device)), dt)
+        tensors["beta"] = rounded(torch.sigmoid(normal(gen, (b, t, hv), device)), dt)
     n = b
     if case.seqlens is not None:
         tensors["cu_seqlens"] = cu_seqlens(case, case.seqlens, device)
         n = len(case.seqlens)
     if drawn.get("initial_state"):
-        tensors["initial_state"] = normal(gen, (n, h, k, v), device, 0.5)
+        tensors["initial_state"] = normal(gen, (n, hv, k, v), device, 0.5)
     return tensors, gen
 
 
@@ -80,9 +81,10 @@ def no_options(draw, pick, k, gate_dtype) -> tuple[dict, dict, float | None]:
     return {}, {}, None
 
 
-def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Callable:
-    """The case strategy of a linear op: B, T (or packed lengths), H, K, V; initial state or not;
-    the scale, output_final_state and the op's own ``options``; gates from ``log_decays``.
+def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options, value_groups: tuple[int, ...] = (1,)) -> Callable:
+    """The case strategy of a linear op: B, T (or packed lengths), H, K, V (and ``HV`` value heads, ``H``
+    times one of ``value_groups``, where that is not 1); initial state or not; the scale,
+    output_final_state and the op's own ``options``; gates from ``log_decays``.
     ``pinned`` fixes what a compiler specializes on (``refcheck.engine.examples.signature``)."""
     @st.composite
     def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, varlen: bool | None = None,
@@ -93,6 +95,8 @@ def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Cal
         pick = picker(draw, pinned)
         dt = pick("dtype", dtypes(of_dtypes, impl, dtype))
         h = pick("H", st.integers(1, limits.max_heads))
+        # value heads: a group of them per query/key head; a pinned signature has HV where its case had GVA
+        hv = pinned.get("HV", h) if pinned else h * (draw(st.sampled_from(value_groups)) if len(value_groups) > 1 else 1)
         k, v = (pick(n, head_dims_of(impl, dt, n, limits.max_dim)) for n in ("K", "V"))
         if min_batch > 1:
             varlen = False
@@ -100,12 +104,12 @@ def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Cal
         seqs = None
         if packed:
             b = 1
-            seqs = draw(seqlens(fit(limits, 1, h, k + v, min_len), limits.max_seqs, min_seqs=min_seqs,
+            seqs = draw(seqlens(fit(limits, 1, hv, k + v, min_len), limits.max_seqs, min_seqs=min_seqs,
                                 min_total=min_len, min_nonempty=min(min_seqs, 2)))
             t = sum(seqs)
         else:
             b = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
-            t = draw(lengths(min_len, fit(limits, b, h, k + v, min_len)))
+            t = draw(lengths(min_len, fit(limits, b, hv, k + v, min_len)))
         opts = {"scale": pick("scale", scales()), "output_final_state": pick("output_final_state", st.booleans())}
         drawn = {"initial_state": pick("initial_state", st.booleans())}
         if seqs is not None:
@@ -115,7 +119,7 @@ def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options) -> Cal
         drawn.update(own_drawn)
         if "gate_dtype" not in drawn:
             drawn.update(draw(log_decays(clamp=clamp, gate_dtype=gate_dtype or pinned.get("gate_dtype"))))
-        dims = {"B": b, "T": t, "H": h, "K": k, "V": v}
+        dims = {"B": b, "T": t, "H": h, "K": k, "V": v, **({"HV": hv} if hv != h else {})}
         return Case.make(name, dims, dt, draw(seeds()), seqlens=seqs, options=opts, draw=drawn)
     return cases
 
@@ -126,7 +130,7 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
     sequences without initial state to reset to (a state leaking between packed sequences shows) and
     without final state (``output_final_state=False``: the kernel returns None), a partial last chunk of
     one token (T = 65) with a given scale (0.3, not the default), steep decay over a partial last chunk,
-    then ``extra`` base cases ``(label, T, options)``; the sweep returns the final state too. Two heads
+    then ``extra`` base cases ``(label, T, options[, dims])``; the sweep returns the final state too. Two heads
     where heads can be mixed up (the dense batch, the packed states, the partial chunk), one where the
     case is about the sequence (the leak, the steep decay): an interpreted kernel's time grows with its
     programs, one per head and chunk."""
@@ -144,7 +148,8 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
                     ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=dict(final, scale=0.3))),
                     ("steep_partial", dict(dims, B=1, T=70, H=1),
                      dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
-            base += [(label, dict(dims, B=1, T=t), dict(options=dict(final, **opts))) for label, t, opts in extra]
+            base += [(label, dict(dims, B=1, T=t, **more[0] if more else {}), dict(options=dict(final, **opts)))
+                     for label, t, opts, *more in extra]
         sweep_dims = dict(B=1, H=1, K=8, V=8) if quick else dict(B=1, H=1, K=16, V=16)
         return base, [(f"T={t}", dict(sweep_dims, T=t), dict(options=final)) for t in sweep_lengths(quick)]
     return templates
@@ -161,10 +166,11 @@ def linear_boundary(t: int, dtype: str, packed: bool, batch: int, require: Mappi
 def empty_linear_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
     """A packed sequence without tokens: no output rows, its initial state (or zeros) as final state."""
     d, ref = case.dim, x.tensors["q"]
-    out = {"o": ref.new_zeros(1, 0, d["H"], d["V"])}
+    hv = d.get("HV", d["H"])
+    out = {"o": ref.new_zeros(1, 0, hv, d["V"])}
     if case.opts.get("output_final_state"):
         h0 = x.tensors.get("initial_state")
-        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(1, d["H"], d["K"], d["V"], device=ref.device)
+        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(1, hv, d["K"], d["V"], device=ref.device)
     return out
 
 
@@ -192,13 +198,14 @@ def fla_gated_chunk_backward_refusal(device: str, case=None) -> str | None:
 def linear_card(name: str, *, reference, chunked_reference, differentiable: tuple[str, ...], make_inputs,
                 options: Options = no_options, grid_varlen_options: Mapping = EMPTY, grid_extra: tuple = (),
                 shared_inputs: tuple[str, ...] = (), implementations: tuple = (),
-                input_dtypes: tuple[str, ...] = LINEAR_DTYPES) -> OpCard:
+                input_dtypes: tuple[str, ...] = LINEAR_DTYPES, value_groups: tuple[int, ...] = (1,)) -> OpCard:
     """The record of a linear-attention op: outputs ``o`` and ``final_state``; traits varlen, state,
-    causal and decay_gate; every token input along the query axis."""
+    causal and decay_gate; every token input along the query axis; ``value_groups``: the value heads
+    per query/key head its cases draw (grouped value heads)."""
     token_inputs = {n: "q" for n in differentiable if n not in ("initial_state", *shared_inputs)}
     return OpCard(
         name, reference, chunked_reference, ("o", "final_state"), differentiable, input_dtypes, make_inputs,
-        cases=linear_cases(name, input_dtypes, options),
+        cases=linear_cases(name, input_dtypes, options, value_groups),
         traits=frozenset({"varlen", "state", "causal", "decay_gate"}),
         grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
         token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
