@@ -56,9 +56,9 @@ CARD = linear_card(
     chunked_reference=references.gated_delta_rule_chunked,
     differentiable=("q", "k", "v", "g", "beta", "initial_state"), make_inputs=make_inputs, options=options,
     grid_varlen_options={"use_qk_l2norm": True},
-    # grouped value heads (Qwen3-Next, Qwen3.5: 16 query/key heads, 32 value heads): drawn one case in two,
+    # grouped value heads (Qwen3-Next, Qwen3.5: 16 query/key heads, 32 value heads): 1, 2 or 4 per query/key head,
     # and a grid case with two value heads per query/key head, one token past a chunk
-    value_groups=(1, 2), grid_extra=(("gva", 65, {"use_qk_l2norm": True}, {"HV": 4}),),
+    value_groups=(1, 2, 4), grid_extra=(("gva", 65, {"use_qk_l2norm": True}, {"HV": 4}),),
     implementations=(
         Implementation("gated_delta_rule", "fla_chunk",
                        "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule", triton=True, requires="fla",
