@@ -117,10 +117,17 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, us
                                  initial_state=h0, cu_seqlens=cu_seqlens)
 
 
-def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False):
-    """The gated_delta_rule contract at 50 digits (g ``[B, T, HV]``, one decay per value head and step)."""
-    return kda(q, k, v, g.unsqueeze(-1).expand(*g.shape, q.shape[-1]), beta, scale=scale, initial_state=initial_state,
-               cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
+def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
+                     use_gate_in_kernel=False, A_log=None, dt_bias=None):
+    """The gated_delta_rule contract at 50 digits (g ``[B, T, HV]``, one decay per value head and step;
+    with ``use_gate_in_kernel`` ``-exp(A_log[j]) * softplus(g + dt_bias[j])`` for value head j: kda's gate
+    with the same value in every channel)."""
+    kd = q.shape[-1]
+    gate = g.unsqueeze(-1).expand(*g.shape, kd)
+    if use_gate_in_kernel and dt_bias is not None:
+        dt_bias = dt_bias.repeat_interleave(kd)
+    return kda(q, k, v, gate, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+               use_qk_l2norm=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):

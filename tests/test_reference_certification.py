@@ -47,7 +47,7 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
     """Tiny inputs of kda / gla / simple_gla: ``batched`` (B = 2, initial states), ``packed`` (three
     sequences, one empty; kda: L2 norm, in-kernel gate with dt_bias and safe_gate at lower_bound -5),
     ``steep`` (decays of -1000 at random steps; kda: the softplus gate with A_log = 5); gated_delta_rule's
-    ``gva``: packed, with two value heads per query/key head."""
+    ``gva``: packed, two value heads per query/key head, the gate computed from A_log and dt_bias."""
     gen = torch.Generator().manual_seed(sum(map(ord, op + case)))
     h, kd, vd = 2, 4, 3
     hv = 2 * h if case == "gva" else h       # gated_delta_rule's grouped value heads: two per query/key head
@@ -64,6 +64,10 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
     beta = torch.rand(b, t, hv, generator=gen, dtype=F64)
     if op == "gated_delta_rule":
         kw.update(use_qk_l2norm=case in ("packed", "gva"), scale=0.7 if case == "steep" else None)
+        if case == "gva":     # and the gate computed from the raw g, A_log and dt_bias
+            g = 3 * _randn(gen, b, t, hv)
+            kw.update(use_gate_in_kernel=True, A_log=torch.tensor([0.3, -1.0, 1.5, 0.0], dtype=F64),
+                      dt_bias=_randn(gen, hv))
         return (q, k, v, g, beta), kw
     if case == "packed":
         g = 3 * _randn(gen, b, t, h, kd)

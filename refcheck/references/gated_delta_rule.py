@@ -11,6 +11,9 @@ Shapes: q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g, beta ``[B, T, HV]``; stat
 (N: the number of sequences, B unless packed). ``HV`` value heads, a multiple of ``H`` (grouped value
 heads, GVA: Qwen3-Next and Qwen3.5 run 16 query/key heads and 32 value heads): value head ``j`` reads
 query/key head ``j // (HV // H)``, and the gradient of a query/key head sums over its group.
+With ``use_gate_in_kernel`` the decay is computed from the raw gate ``g [B, T, HV]``, ``A_log [HV]``
+and ``dt_bias [HV]`` (as the models' layers call FLA): ``g_t = -exp(A_log) * softplus(g_t + dt_bias)``
+(``gates.kda_gate`` with one channel); ``A_log`` and ``dt_bias`` get gradients.
 With ``use_qk_l2norm`` q and k are first divided by their L2 norm (``x / sqrt(sum(x^2) + 1e-6)``).
 It is KDA (``kda.py``) with the decay ``g [B, T, H]`` broadcast over K, so both forms are KDA's:
 ``gated_delta_rule`` walks the recurrence, ``gated_delta_rule_chunked`` evaluates it in chunks.
@@ -18,13 +21,15 @@ It is KDA (``kda.py``) with the decay ``g [B, T, H]`` broadcast over K, so both 
 from __future__ import annotations
 
 from .contract import check_shape, check_tensor
+from .gates import kda_gate
 from .kda import kda, kda_chunked
 
 
-def gva_operands(q, k, v, g, beta):
+def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias=None):
     """Validate what is the gated delta rule's own (grouped value heads, a scalar gate and beta
-    ``[B, T, HV]``); return q and k with each query/key head repeated for the value heads of its group,
-    and the gate broadcast over K: KDA's operands, one head per value head."""
+    ``[B, T, HV]``, the gate computed from ``A_log`` and ``dt_bias`` with ``use_gate_in_kernel``); return q
+    and k with each query/key head repeated for the value heads of its group, and the log-decay broadcast
+    over K: KDA's operands, one head per value head."""
     check_tensor("q", q, 4)
     b, t, h, kd = q.shape
     check_tensor("k", k, 4)
@@ -38,28 +43,40 @@ def gva_operands(q, k, v, g, beta):
     check_shape("g", g, (b, t, hv), "[B, T, HV]: one decay per value head and step")
     check_tensor("beta", beta, 3)
     check_shape("beta", beta, (b, t, hv), "[B, T, HV]")
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError("A_log: required with use_gate_in_kernel=True ([HV], the decay rate's log)")
+        if dt_bias is not None:
+            check_tensor("dt_bias", dt_bias, 1)
+            check_shape("dt_bias", dt_bias, (hv,), "[HV]")
+        g = kda_gate(g.unsqueeze(-1), A_log, dt_bias).squeeze(-1)
+    else:
+        for name, given in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if given is not None:
+                raise ValueError(f"{name}: given without use_gate_in_kernel=True (it takes part in the gate only then)")
     group = hv // h
     q, k = (x.repeat_interleave(group, dim=2) if group > 1 else x for x in (q, k))
     return q, k, v, g.unsqueeze(-1).expand(b, t, hv, kd), beta
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, use_qk_l2norm=False):
+                     cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None, dt_bias=None):
     """The gated delta rule by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, computed in ``q.dtype``. A kernel's
     dtypes are the contract's: o in the input dtype, final_state in float32.
     """
-    q, k, v, g, beta = gva_operands(q, k, v, g, beta)
+    q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias)
     return kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                             cu_seqlens=None, use_qk_l2norm=False, chunk_size=64, decays="stable"):
+                             cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None,
+                             dt_bias=None, chunk_size=64, decays="stable"):
     """The gated delta rule in chunks of ``chunk_size`` (``kda_chunked``); same contract and result as
     ``gated_delta_rule`` (to rounding); ``decays`` as in ``kda_chunked``."""
-    q, k, v, g, beta = gva_operands(q, k, v, g, beta)
+    q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias)
     return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
                        chunk_size=chunk_size, decays=decays)

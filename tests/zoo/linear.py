@@ -11,7 +11,7 @@ Contracts (per sequence and head, state S: [K, V], S_0 = initial_state or zeros)
 
     q, k: [B, T, H, K]  v: [B, T, H, V]  initial_state: float32 [N, H, K, V]  cu_seqlens: int [N+1] (then B == 1)
     gated_delta_rule's grouped value heads: v [B, T, HV, V], states [N, HV, K, V], HV a multiple of H, value
-    head j reading query/key head j // (HV // H)
+    head j reading query/key head j // (HV // H); its gate in the kernel: -exp(A_log) * softplus(g + dt_bias)
     -> o: [B, T, H, V] in q's dtype, final_state: float32 [N, H, K, V] or None
 
 Inputs in fp32, bf16 or fp16 (float64 too, to check the algebra exactly); a gate of another float dtype is upcast
@@ -100,6 +100,17 @@ def _grouped(q, k, v):
         raise ValueError(f"v: HV = {v.shape[2]} value heads, expected a multiple of q's H = {q.shape[2]}")
     heads = torch.arange(v.shape[2], device=q.device) // (v.shape[2] // q.shape[2])
     return q[:, :, heads], k[:, :, heads]
+
+
+def _in_kernel_gate(g, use_gate_in_kernel, A_log, dt_bias):
+    """The delta rule's decay: ``g`` itself, or from the raw gate ``-exp(A_log) * softplus(g + dt_bias)`` per
+    value head, in float32 (stored in g's dtype)."""
+    if not use_gate_in_kernel:
+        if A_log is not None or dt_bias is not None:
+            raise ValueError("A_log, dt_bias: given without use_gate_in_kernel=True")
+        return g
+    x = g.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+    return (-A_log.float().exp() * torch.nn.functional.softplus(x)).to(g.dtype)
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -378,17 +389,21 @@ def gla_recurrent_input_dtype(q, k, v, g, *, scale=None, initial_state=None, out
 
 
 def gated_delta_rule_wy_fp32(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                             cu_seqlens=None, use_qk_l2norm=False):
+                             cu_seqlens=None, use_qk_l2norm=False,
+        use_gate_in_kernel=False, A_log=None, dt_bias=None):
     """Chunks of 64 in float32, WY form: T = (I + tril_-1(beta K K^T * Dg))^{-1}, W = T beta K exp(G),
     U = T beta V - W S0, O = scale ((Q exp(G)) S0 + (Q K^T * Dg) U); autograd."""
+    g = _in_kernel_gate(g, use_gate_in_kernel, A_log, dt_bias)
     return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
                              form="wy")
 
 
 def gated_delta_rule_recurrent_input_dtype(q, k, v, g, beta, *, scale=None, initial_state=None,
-                                           output_final_state=False, cu_seqlens=None, use_qk_l2norm=False):
+                                           output_final_state=False, cu_seqlens=None, use_qk_l2norm=False,
+        use_gate_in_kernel=False, A_log=None, dt_bias=None):
     """S' = exp(g_t) S, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = scale S_t^T q_t, step by step in q's
     dtype; autograd."""
+    g = _in_kernel_gate(g, use_gate_in_kernel, A_log, dt_bias)
     return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
                              form="recurrent")
 
@@ -407,7 +422,9 @@ def bug_gla_chunk_boundary_decay(q, k, v, g, *, scale=None, initial_state=None, 
 
 
 def bug_gated_delta_rule_beta_once(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                                   cu_seqlens=None, use_qk_l2norm=False):
+                                   cu_seqlens=None, use_qk_l2norm=False,
+        use_gate_in_kernel=False, A_log=None, dt_bias=None):
     """BUG: gated_delta_rule_wy_fp32 with L = tril_-1(K K^T * Dg): beta applied to V (and W) but not to K K^T."""
+    g = _in_kernel_gate(g, use_gate_in_kernel, A_log, dt_bias)
     return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
                              form="wy", bug="beta_once")

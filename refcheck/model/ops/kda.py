@@ -6,7 +6,6 @@ record has (varlen, state, causal, decay_gate), ``refcheck/engine/laws.py``.
 """
 from __future__ import annotations
 
-import torch
 from hypothesis import strategies as st
 
 from refcheck import references
@@ -15,8 +14,7 @@ from ...strategies import lower_bounds
 from ..case import PRECISION_MODES
 from ..implementation import Implementation
 from .card import Inputs
-from .inputs import normal
-from .linear import linear_card, linear_tensors
+from .linear import gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
 
 TRITON_KNOBS = {"precision": PRECISION_MODES, "use_gather": (True, False), "disable_recompute": (False, True),
                "segment_chunks": (None, 1)}
@@ -29,10 +27,7 @@ def make_inputs(case, device) -> Inputs:
     tensors, gen = linear_tensors(case, device, gate_shape=lambda b, t, h, k: (b, t, h, k), with_beta=True,
                                   raw_gate=bool(opts.get("use_gate_in_kernel")))
     if opts.get("use_gate_in_kernel"):
-        h, k = case.dim["H"], case.dim["K"]
-        tensors["A_log"] = (torch.rand(h, generator=gen) * 2.5).to(device)
-        if case.drawn.get("dt_bias", True):
-            tensors["dt_bias"] = normal(gen, (h * k,), device, 0.5)
+        tensors.update(gate_parameters(case, gen, device, case.dim["K"]))
     return Inputs(tensors, ("q", "k", "v", "g", "beta"), opts)
 
 
@@ -47,8 +42,7 @@ def options(draw, pick, k, gate_dtype):
     opts["lower_bound"] = pick("lower_bound", lower_bounds() if bounded else st.none())
     drawn, clamp = {}, None
     if gate_in_kernel:
-        drawn["dt_bias"] = pick("dt_bias", st.booleans())
-        drawn["gate_dtype"] = gate_dtype or pick("gate_dtype", st.sampled_from(["fp32", "bf16", "fp16"]))
+        drawn.update(gate_in_kernel_draws(pick, gate_dtype))
     elif safe:
         clamp = opts["lower_bound"]
     return opts, drawn, clamp

@@ -69,6 +69,22 @@ def linear_tensors(case: Case, device, *, gate_shape: Callable, with_beta: bool,
     return tensors, gen
 
 
+def gate_parameters(case: Case, gen: torch.Generator, device, width: int) -> dict:
+    """``A_log [HV]`` and (unless the case draws none) ``dt_bias [HV * width]`` of a gate computed in the
+    kernel (``HV``: the value heads, ``H`` unless grouped; ``width``: the gate's channels per head)."""
+    h = case.dim.get("HV", case.dim["H"])
+    out = {"A_log": (torch.rand(h, generator=gen) * 2.5).to(device)}
+    if case.drawn.get("dt_bias", True):
+        out["dt_bias"] = normal(gen, (h * width,), device, 0.5)
+    return out
+
+
+def gate_in_kernel_draws(pick, gate_dtype: str | None) -> dict:
+    """``Case.draw`` entries of a gate computed in the kernel: dt_bias or not, the raw gate's dtype."""
+    return {"dt_bias": pick("dt_bias", st.booleans()),
+            "gate_dtype": gate_dtype or pick("gate_dtype", st.sampled_from(["fp32", "bf16", "fp16"]))}
+
+
 # --- cases ---------------------------------------------------------------------------------------
 
 Options = Callable[..., tuple[dict, dict, float | None]]
