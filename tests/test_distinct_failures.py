@@ -60,13 +60,14 @@ def test_the_first_failure_only_when_asked():
 def test_the_plugin_reports_every_distinct_failure_unless_x(exitfirst):
     """pytest's law test shows both failures of ``two_bugs``; under ``-x`` (maxfail 1) the first only. The
     ``dev`` profile, seeded: the ``ci`` profile's boundary examples come first, and an explicit example that
-    fails ends Hypothesis' run before it searches for another failure."""
+    fails ends Hypothesis' run before it searches for another failure. ``-rN``: no short summary, which repeats
+    the message (in full where ``CI`` is set)."""
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "refcheck.properties", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", "-q", "-k", "agreement", "--forward-only", "--hypothesis-profile", "dev",
+                           "-p", "no:xdist", "-q", "-rN", "-k", "agreement", "--forward-only", "--hypothesis-profile", "dev",
                            "--hypothesis-seed", "3",
                            "--impl", "attention=tests.test_distinct_failures:two_bugs", *(["-x"] if exitfirst else [])],
                           cwd=root, capture_output=True, text=True, timeout=300)
