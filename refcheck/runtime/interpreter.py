@@ -9,7 +9,9 @@ Python numbers, and ``tl.dot`` refuses "bf16x3"/"bf16x6" (flash-linear-attention
 one of these). :func:`enable` replaces the interpreter internals responsible; each replacement
 says what the GPU or the compiler does and how we know. What the compiler refuses before anything runs
 (a loop-carried value whose type changes, say) the interpreter does not see: ``frontend`` puts captured
-launches through the compiler's front end on the CPU (``tests/test_frontend.py``).
+launches through the compiler's front end on the CPU (``tests/test_frontend.py``). :func:`enable`
+also installs ``type_cache``'s replacements, which build the front end's type objects once per shape
+(speed only: the same objects, the same results).
 
 Switching interpretation on (triton 3.9)
 ----------------------------------------
@@ -148,11 +150,14 @@ from typing import Any
 
 import numpy as np
 
+from . import type_cache
+
 SUPPORTED_VERSIONS = ("3.9.",)
 """Triton versions (prefixes) whose interpreter internals this module was checked against."""
 
 _FP8 = ("fp8e4nv", "fp8e5")
-_STOCK: dict[str, tuple[type, object]] = {}   # patched name -> (owner class, original)
+_STOCK: dict[tuple[Any, str], object] = {}   # (owner, patched attribute) -> original
+_STOCK_BY_NAME: dict[str, object] = {}          # attribute -> original, for the replacements that call it
 _PINNED: weakref.WeakKeyDictionary[object, object] = weakref.WeakKeyDictionary()
 
 
@@ -177,7 +182,7 @@ def enable() -> None:
     warnings.filterwarnings("ignore", "(overflow|invalid value) encountered", RuntimeWarning, "triton.runtime.interpreter")
     patches = _patch_table(stock, autotuner)
     for owner, name, _ in patches:
-        _STOCK[name] = (owner, owner.__dict__[name])
+        _STOCK[(owner, name)] = _STOCK_BY_NAME[name] = owner.__dict__[name]
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)
     _forget_rewrites()
@@ -186,8 +191,9 @@ def enable() -> None:
 def disable() -> None:
     """Restore the stock interpreter. Idempotent."""
     while _STOCK:
-        name, (owner, original) = _STOCK.popitem()
+        (owner, name), original = _STOCK.popitem()
         setattr(owner, name, original)
+    _STOCK_BY_NAME.clear()
     _forget_rewrites()
 
 
@@ -597,7 +603,7 @@ _BIG_FRAME: Any = None
 
 def _stock(name: str):
     """The original of a patched method."""
-    return _STOCK[name][1]
+    return _STOCK_BY_NAME[name]
 
 
 def _get_np_dtype(tt_dtype):
@@ -1020,6 +1026,14 @@ def _patch_table(stock, autotuner) -> list:
         if original is None or list(inspect.signature(original).parameters) != _SIGNATURES[name]:
             raise UnsupportedTritonError(f"triton {version}: {owner.__name__}.{name} is missing or has "
                                          f"another signature than {_SIGNATURES[name]}; no patch was applied")
+    # speed only: triton.language's type objects built once per shape (type_cache)
+    for owner, name, replacement in type_cache.patches():
+        key = name if inspect.ismodule(owner) else f"{owner.__name__}.{name}"
+        original = owner.__dict__.get(name)
+        if original is None or list(inspect.signature(original).parameters) != type_cache.SIGNATURES[key]:
+            raise UnsupportedTritonError(f"triton {version}: {key} is missing or has another signature than "
+                                         f"{type_cache.SIGNATURES[key]}; no patch was applied")
+        table.append((owner, name, replacement))
     # GPU (nvidia backend's CUDAOptions): tl.dot also takes "bf16x3" and "bf16x6" (_dot_bf16xn).
     # Stock: the interpreter's options refuse them ("input_precision must be one of ...").
     # sanitize_overflow: stock (True) computes every integer add, sub and mul of fewer than 64 bits again in int64,

@@ -161,7 +161,7 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
                     ("varlen", dict(dims, B=1, T=97),
                      dict(seqlens=(17, 0, 80), draw={"initial_state": True}, options=dict(final, **varlen_options))),
                     ("varlen_no_h0", dict(dims, B=1, T=100, H=1), dict(seqlens=(35, 0, 65))),
-                    ("chunk_plus_one", dict(dims, B=2, T=65), dict(options=dict(final, scale=0.3))),
+                    ("chunk_plus_one", dict(dims, B=1, T=65), dict(options=dict(final, scale=0.3))),
                     ("steep_partial", dict(dims, B=1, T=70, H=1),
                      dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
             base += [(label, dict(dims, B=1, T=t, **more[0] if more else {}), dict(options=dict(final, **opts)))
