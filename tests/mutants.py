@@ -115,13 +115,20 @@ def _attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqle
 
 # --- law 1: agreement ----------------------------------------------------------------------------
 
+@mutant("attention", "agreement", "grouped_heads")
+def attention_key_heads_tiled(q, k, v, **options):
+    """GQA: query head h reads key/value head h % Hk (the shared heads tiled) instead of h // (H // Hk)."""
+    groups = q.shape[2] // k.shape[2]
+    return _attention(q, k.repeat(1, 1, groups, 1), v.repeat(1, 1, groups, 1), **options)
+
+
 @mutant("kda", "agreement")
 def kda_scale_ignored(q, k, v, g, beta, *, scale=None, **options):
     """The readout scale argument is ignored (always K ** -0.5)."""
     return naive.kda(q, k, v, g, beta, **options)
 
 
-@mutant("gated_delta_rule", "agreement")
+@mutant("gated_delta_rule", "agreement", "grouped_heads")
 def gdr_value_heads_interleaved(q, k, v, g, beta, **options):
     """Grouped value heads: value head j reads query/key head j % H (interleaved) instead of j // (HV // H)."""
     h, hv = q.shape[2], v.shape[2]
@@ -246,6 +253,21 @@ def simple_gla_state_in_bf16(q, k, v, g, **options):
     """The final state is kept in bf16 precision (returned as float32)."""
     o, state = naive.simple_gla(q, k, v, g, **options)
     return o, None if state is None else state.to(torch.bfloat16).float()
+
+
+# --- law 15: decode equals prefill ---------------------------------------------------------------
+
+@mutant("gated_delta_rule", "decode_equals_prefill")
+def gdr_decode_path_drops_state(q, k, v, g, beta, *, initial_state=None, **options):
+    """A decode fast path (one token) that starts from a zero state instead of the state it is given."""
+    return naive.gated_delta_rule(q, k, v, g, beta, initial_state=None if q.shape[1] == 1 else initial_state,
+                                  **options)
+
+
+@mutant("kda", "decode_equals_prefill")
+def kda_decode_path_undecayed(q, k, v, g, beta, **options):
+    """A decode fast path (one token) that skips the token's decay of the carried state (g taken as 0)."""
+    return naive.kda(q, k, v, torch.zeros_like(g) if q.shape[1] == 1 else g, beta, **options)
 
 
 # --- law 5: determinism --------------------------------------------------------------------------

@@ -4,7 +4,8 @@ All of it is read from what refcheck itself checks against: the signature of the
 (``refcheck.model.ops.card(OP).reference``: required parameters by position, the others by keyword),
 the card's input dtypes, the output dtypes of ``refcheck.engine.verify.output_dtype`` (``o`` in the
 input dtype, every other output float32), the default scale of ``refcheck.references.contract.check_scale``,
-the card's rule for an empty sequence (``empty_outputs``) and law 11's for rows without keys, each
+the card's rule for an empty sequence (``empty_outputs``) and law 11's for rows without keys, the
+extensions a kernel may decline (``OpCard.extensions``), each
 input's dtype as the grid hands it over, the laws that concern the op (first sentence of each), the
 tensors of a grid case, and the reference's module and function docstrings (shapes and math).
 ``--json`` prints the same as JSON.
@@ -196,6 +197,7 @@ def contract(c: OpCard) -> dict:
         "default_scale": (f"scale=None: q.shape[-1] ** -0.5 (head dim 64: {check_scale(None, 64)}); a given scale "
                           "must be positive (refcheck.references.contract.check_scale)") if "scale" in sig.parameters else None,
         "edge_cases": edge_cases(c),
+        "extensions": [{"name": e.name, "keywords": list(e.keywords), "meaning": e.meaning} for e in c.extensions],
         "examples": examples(c),
         "module": ref.__module__, "module_doc": (inspect.getdoc(module) or "") if module else "",
         "doc": inspect.getdoc(ref) or "",
@@ -226,6 +228,12 @@ def text(info: dict) -> str:
         lines += ["default scale", para(info["default_scale"]), ""]
     if info["edge_cases"]:
         lines += ["edge cases", *map(para, info["edge_cases"]), ""]
+    if info["extensions"]:
+        lines += ["extensions", para("A kernel may decline each of these: its signature takes none of the "
+                                     "extension's keywords, or its Implementation record names it (declines=...); "
+                                     "cases that use it are then neither drawn nor run for that kernel."),
+                  *(para(f"{e['name']}: {e['meaning']}" + (f" (keywords {', '.join(e['keywords'])})" if e["keywords"]
+                                                           else "")) for e in info["extensions"]), ""]
     if info["laws"]:
         lines += ["laws it is held to (refcheck.engine.laws; a law that needs a knob or layout a kernel lacks is n/a)",
                   *(para(f"{law['law']}: {law['says']}") for law in info["laws"]), ""]

@@ -109,10 +109,13 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
     from ..engine import grid
     from ..engine.examples import Example, meets
     from ..engine.laws import LAWS, fixed_params, path_knobs
+    from ..model.ops import card
 
     units, skipped = [], []
     for impl in impls:
-        entries = [e for e in grid.cases(impl.op, quick) if not e.sweep and e.case.dtype in impl.dtypes]
+        op_card, declined = card(impl.op), card(impl.op).declined(impl)
+        entries = [e for e in grid.cases(impl.op, quick) if not e.sweep and e.case.dtype in impl.dtypes
+                   and not op_card.uses_declined(e.case, declined)]
         for law in LAWS.values():
             if law.why_not(impl) is not None:
                 if impl.op in law.ops:
@@ -304,6 +307,7 @@ def run(args) -> int:
 
     from .. import __version__
     from ..engine import grid
+    from ..model.ops import card
     from .selection import SelectionError, select
 
     if args.jobs is not None and args.jobs < 1:
@@ -347,6 +351,9 @@ def run(args) -> int:
         console.print(table)
     for op, impl_name, why in the_grid.unavailable:
         console.print(f"not run: {op} {escape(f'[{impl_name}]')}: {escape(why)}")
+    for op, impl_name, extension, n in the_grid.declined:
+        console.print(f"declined: {op} {escape(f'[{impl_name}]')}: extension {extension} "
+                      f"({escape(card(op).extension(extension).meaning)}): {n} grid case(s) not run")
     for impl in impls:
         if impl.forward_only_because:
             console.print(f"forward only: {impl.op} {escape(f'[{impl.name}]')}: {escape(impl.forward_only_because)}")

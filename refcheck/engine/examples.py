@@ -47,9 +47,14 @@ def cases(op: str, impl: Implementation | None = None, limits: Limits = SMALL, *
           **require) -> st.SearchStrategy[Case]:
     """Cases of ``op`` that ``impl`` can run, within ``limits``, meeting ``require`` (requirements
     that do not concern ``op`` are ignored), with the ``pinned`` fields of their ``signature`` (a
-    compile bucket's) fixed."""
+    compile bucket's) fixed, using none of the extensions ``impl`` declines (``OpCard.declined``)."""
     op_card = card(op)
-    return op_card.cases(impl, limits, pinned=pinned, **op_card.relevant(require))
+    declined = op_card.declined(impl)
+    if not declined:
+        return op_card.cases(impl, limits, pinned=pinned, **op_card.relevant(require))
+    # the op's strategy draws none of the declined extensions; the filter holds any strategy to it
+    drawn = op_card.cases(impl, limits, pinned=pinned, declined=declined, **op_card.relevant(require))
+    return drawn.filter(lambda case: not op_card.uses_declined(case, declined))
 
 
 def meets(case: Case, require: Mapping) -> bool:

@@ -73,6 +73,7 @@ class Grid:
     points: tuple[Point, ...]
     unavailable: tuple[tuple[str, str, str], ...]   # (op, impl, why)
     identity: dict
+    declined: tuple[tuple[str, str, str, int], ...] = ()   # (op, impl, extension, grid cases not run)
 
     @property
     def hash(self) -> str:
@@ -116,7 +117,8 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
     ops:   op names (default: every op card); impls: implementation names to keep (default: all);
     quick: the small grid (one base case per op and dtype, a short sweep) for tests and smoke runs;
     dtypes: only points of these input dtypes (the cases, and so the grid's identity, stay whole).
-    Implementations that cannot run on ``device`` are listed in ``unavailable`` with the reason.
+    Implementations that cannot run on ``device`` are listed in ``unavailable`` with the reason, the
+    cases of extensions an implementation declines (``OpCard.declined``) in ``declined``.
     Points are ordered case by case, so that the float64 truth of a case is computed once.
     """
     if ops is not None:
@@ -130,7 +132,9 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
             raise ValueError(f"impls: {', '.join(unknown)} not registered for {', '.join(ops)}; "
                              f"registered: {', '.join(sorted(known))}")
     points, unavailable = [], []
+    declined: dict[tuple[str, str, str], int] = {}
     for op in ops:
+        op_card = card(op)
         runnable = []
         for impl in registry.implementations(op):
             if impls is not None and impl.name not in impls:
@@ -143,9 +147,16 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
         for entry in cases(op, quick):
             if dtypes and entry.case.dtype not in dtypes:
                 continue
-            points += [Point(impl, mode, entry) for impl in runnable if entry.case.dtype in impl.dtypes
-                       for mode in impl.modes]
-    return Grid(tuple(points), tuple(unavailable), identity(ops, impls, quick))
+            for impl in runnable:
+                if entry.case.dtype not in impl.dtypes:
+                    continue
+                left_out = op_card.uses_declined(entry.case, op_card.declined(impl))
+                for name in left_out:   # a case of an extension the implementation declines: not run
+                    declined[(op, impl.name, name)] = declined.get((op, impl.name, name), 0) + 1
+                if not left_out:
+                    points += [Point(impl, mode, entry) for mode in impl.modes]
+    return Grid(tuple(points), tuple(unavailable), identity(ops, impls, quick),
+                tuple((*key, n) for key, n in declined.items()))
 
 
 # --- running the points: one runner for report and drift ------------------------------------------

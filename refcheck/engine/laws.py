@@ -168,7 +168,7 @@ class Trial:
         ``options`` override the case's options (e.g. ``output_final_state=True``)."""
         inputs = Inputs(inputs.tensors, inputs.positional, {**inputs.options, **options})
         with self.running():
-            return self.op.split(inputs.call(self.impl.fn, **self.knob_args(knobs)))
+            return self.op.split(self.op.fit_call(self.impl.fn, inputs).call(self.impl.fn, **self.knob_args(knobs)))
 
     def evaluate(self, inputs: Inputs, cotangents=None, knobs: dict | None = None) -> dict[str, torch.Tensor]:
         """Outputs and (with a backward) gradients of one call, against ``cotangents`` (a dict, or a
@@ -205,11 +205,12 @@ class Trial:
         return out
 
     # verdicts
-    def compare(self, what: str, out: dict, ref: dict, *, bitwise: bool = True, sums: bool = False) -> None:
+    def compare(self, what: str, out: dict, ref: dict, *, bitwise: bool = True, sums: bool = False,
+                summed: tuple[str, ...] = ()) -> None:
         """Within budget (fails) and, if ``bitwise``, bit for bit (noted; fails when strict): ``out``
         against ``ref``, two evaluations of the same math. ``sums``: ``ref`` is a composite
         whose parameter gradients (dA_log, ddt_bias) autograd summed over the pieces, an order no
-        single run shares: those are held to the budget only."""
+        single run shares: those are held to the budget only, as are the gradients named in ``summed``."""
         verdict = verify.measure(self.impl, self.case, out, ref, mode=self.mode,
                                  grads=self.grads, knobs=self.knob_args())
         if not verdict.passed:
@@ -217,7 +218,7 @@ class Trial:
                       verdict.signature)
         if not bitwise:
             return
-        skip = {self.op.grad_name(p) for p in self.op.shared_inputs} if sums else set()
+        skip = ({self.op.grad_name(p) for p in self.op.shared_inputs} if sums else set()) | set(summed)
         differ = {n: max_abs_diff(out[n], ref[n]) for n in ref
                   if n in out and n not in skip and not same_bits(out[n], ref[n])}
         if differ:
@@ -819,6 +820,72 @@ def _cut(impl, case: Case) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({"cut": st.integers(0, case.dim["T"] - 2)})
 
 
+def grouped_heads(t: Trial) -> None:
+    """Law 14: a call with grouped heads (gated_delta_rule's HV value heads over H query/key heads,
+    attention's H query heads over Hk key/value heads) equals the call with each shared head repeated
+    for every head of its group (``repeat_interleave`` on the head axis: head j reads head j // G):
+    the same outputs, and the shared inputs' gradients equal the repeated ones' summed over each group
+    (autograd sums them through the repeat). Outputs and the other gradients are compared bit for bit
+    (noted); the summed gradients, added in an order no single run shares, within budget."""
+    grouping = t.op.grouping
+    groups = grouping.groups(t.case)
+    inputs = t.inputs()
+    grouped = t.evaluate(inputs)
+
+    def repeated(x: Inputs) -> dict:
+        return t.call(x.map(lambda n, v: v.repeat_interleave(groups, dim=2) if n in grouping.inputs else v))
+    dense = t.composite(inputs, repeated, t.cotangents(grouped))
+    t.compare(f"{groups} heads per group against the call with each shared head repeated {groups} times", grouped,
+              dense, summed=tuple(t.op.grad_name(n) for n in grouping.inputs))
+
+
+DECODE_STEPS = 8
+"""At most this many one-token calls in law ``decode_equals_prefill`` (each a launch, and a backward)."""
+
+
+def decode_equals_prefill(t: Trial, *, prefill: int) -> None:
+    """Law 15: serving's decode: one call over the first ``prefill`` tokens (none when 0) with
+    output_final_state, then one call per remaining token, each starting from the state the previous
+    call returned, give the outputs, final state and gradients of one call over every token (the
+    gradients flow back through each carried state). At most ``DECODE_STEPS`` one-token calls."""
+    case, op = t.case, t.op
+    inputs = t.inputs()
+    whole = t.evaluate(inputs)
+    total = case.dim["T"]
+
+    def decoded(x: Inputs) -> dict:
+        outputs, state = [], x.tensors.get("initial_state")
+        spans = ([(0, prefill)] if prefill else []) + [(i, i + 1) for i in range(prefill, total)]
+        for start, end in spans:
+            step = op.piece(x, (start, end))
+            if state is None:
+                step.tensors.pop("initial_state", None)
+            else:
+                step.tensors["initial_state"] = state
+            last = end == total
+            out = t.call(step) if last else t.call(step, output_final_state=True)
+            if not last and "final_state" not in out:
+                t.fail("returned no final state with output_final_state=True")
+            outputs.append(out["o"])
+            state = out.get("final_state")
+        return {"o": torch.cat(outputs, 1), "final_state": state}
+    t.compare(f"one call against {f'a prefill of {prefill} tokens, then ' if prefill else ''}one-token calls, "
+              "each from the state the previous one returned", whole,
+              t.composite(inputs, decoded, t.cotangents(whole)), sums=True)
+
+
+def _prefill(impl, case: Case) -> st.SearchStrategy[dict]:
+    total = case.dim["T"]
+    return st.fixed_dictionaries({"prefill": st.integers(max(0, total - DECODE_STEPS), total - 1)})
+
+
+def _offers_grouping(impl: registry.Implementation) -> str | None:
+    grouping = card(impl.op).grouping
+    if grouping is not None and grouping.extension in card(impl.op).declined(impl):
+        return f"declines extension {grouping.extension}"
+    return None
+
+
 def _split(impl, case: Case) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({"split": st.integers(1, case.dim["T"] - 1)})
 
@@ -892,6 +959,9 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("rows_without_keys", "11", rows_without_keys, requires={"rows_without_keys": True}),
     Law("reads_past_input", "12", reads_past_input, cost=3),
     Law("head_first", "13", head_first, requires={"varlen": False}, applies=_offers_head_first, cost=2),
+    Law("grouped_heads", "14", grouped_heads, requires={"grouped": True}, applies=_offers_grouping, cost=2),
+    Law("decode_equals_prefill", "15", decode_equals_prefill, frozenset({"state", "causal"}),
+        {"min_len": 2, "varlen": False}, params=_prefill, cost=4),
 )}
 
 
@@ -907,6 +977,7 @@ def law(name: str) -> Law:
 FIXED_PARAMS = {
     "cut": lambda case: (case.dim["T"] - 1) // 2,     # causality: change everything after mid-sequence
     "split": lambda case: case.dim["T"] // 2,         # state chaining: carry the state across mid-sequence
+    "prefill": lambda case: max(0, case.dim["T"] - 3),  # decode: the last three tokens one at a time
 }
 """A fixed value for each required parameter of a law (a keyword-only argument of its function
 without a default), chosen from the case: mid-sequence, inside a chunk of a chunked kernel."""

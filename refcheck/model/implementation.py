@@ -47,6 +47,8 @@ class Implementation:
               says where); cases for it are drawn at or above it, so that runs go on testing the rest
     head_first: it also takes ``head_first=True``: every input and output with a token axis laid out
               ``[B, H, T, ...]`` instead of ``[B, T, H, ...]`` (not packed); law ``head_first`` checks it
+    declines: extensions of the op's contract it leaves out (``refcheck.model.ops.card.Extension``), beyond
+              those whose keywords its signature lacks: for one without keywords (grouped value heads)
     """
 
     op: str
@@ -66,6 +68,7 @@ class Implementation:
     backward_refusal: str | None = None
     forward_only_because: str | None = None
     head_first: bool = False
+    declines: tuple[str, ...] = ()
     description: str = ""
 
     def __post_init__(self):

@@ -83,7 +83,8 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
     by position, in order, the others (and the implementation's ``knobs``) by keyword. ``fn`` must
     take every one of them (``*args``/``**kwargs`` count), must not take a contract argument at
     another position (a swapped ``g``/``beta`` is a bug, not a style), and must not require more."""
-    contract = list(inspect.signature(card(op).reference).parameters.values())
+    op_card = card(op)
+    contract = list(inspect.signature(op_card.reference).parameters.values())
     by_position = [p.name for p in contract if p.default is p.empty]
     by_keyword = [p.name for p in contract if p.default is not p.empty]
     by_keyword += [k for k in knobs if k not in by_keyword]
@@ -94,6 +95,19 @@ def contract_problems(fn, op: str, knobs=()) -> list[str]:
     kinds = {p.kind for p in params}
     slots = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     problems = []
+    # an extension's keywords come together: all of them (it is offered) or none (declined: left out of calls)
+    names = {p.name for p in params}
+    for ext in op_card.extensions:
+        taken = [k for k in ext.keywords if k in names]
+        if inspect.Parameter.VAR_KEYWORD in kinds or not taken:
+            if not taken:
+                by_keyword = [k for k in by_keyword if k not in ext.keywords]
+            continue
+        missing = [k for k in ext.keywords if k not in names]
+        if missing:
+            problems.append(f"takes {', '.join(map(repr, taken))} but not {', '.join(map(repr, missing))}: the "
+                            f"keywords of extension {ext.name!r} come together (all of them, or none to decline it)")
+            by_keyword = [k for k in by_keyword if k not in missing]
     for i, name in enumerate(by_position):
         if i < len(slots):
             got = slots[i].name
@@ -174,6 +188,10 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
         problems = contract_problems(impl.fn, impl.op, list(impl.knobs))
     except Exception as err:
         raise SpecError(f"--impl {spec!r}: cannot load {impl.target}: {type(err).__name__}: {err}") from None
+    unknown = [n for n in impl.declines if n not in {e.name for e in card(impl.op).extensions}]
+    if unknown:
+        problems.append(f"declines {', '.join(map(repr, unknown))}, which {impl.op} does not have as extensions "
+                        f"({', '.join(e.name for e in card(impl.op).extensions) or 'it has none'})")
     if problems:
         raise SpecError(f"--impl {spec!r}: signature {inspect.signature(impl.fn)} does not fit the {impl.op} contract "
                         f"{inspect.signature(card(impl.op).reference)}:\n  " + "\n  ".join(problems))

@@ -31,7 +31,7 @@ from ...strategies import (
 )
 from ..case import PRECISION_MODES, Case
 from ..implementation import Implementation
-from .card import Inputs, OpCard, Template, Templates, sweep_lengths
+from .card import Grouping, Inputs, OpCard, Template, Templates, sweep_lengths
 from .inputs import cu_seqlens, normal, rounded
 from .linear import LINEAR_DTYPES
 
@@ -92,13 +92,14 @@ def fp8_inputs(case: Case, device) -> tuple[dict[str, torch.Tensor | float], dic
 def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
                     varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
                     causal: bool | None = None, min_keys: int = 1, rows_without_keys: bool = False,
-                    pinned: Mapping = EMPTY) -> Case:
+                    grouped: bool | None = None, pinned: Mapping = EMPTY) -> Case:
     """A case of attention: GQA (H = Hk * group), Dqk != Dv (MLA's 192/128 included), T != S,
     causal or not, batched or packed with separate query and key lengths (empty spans included)."""
     pick = picker(draw, pinned)
     dt = pick("dtype", dtypes(DTYPES, impl, dtype))
     hk = pick("Hk", st.integers(1, limits.max_heads))
-    h = pick("H", st.sampled_from(GQA_GROUPS).map(lambda group: hk * group))
+    groups = [g for g in GQA_GROUPS if grouped is None or (g > 1) == grouped]
+    h = pick("H", st.sampled_from(groups).map(lambda group: hk * group))
     pairs = st.tuples(*(head_dims_of(impl, dt, n, limits.max_dim) for n in ("Dqk", "Dv")))
     if limits.mla:
         pairs = st.one_of(pairs, st.just(MLA_DIMS))
@@ -243,7 +244,8 @@ def fa4_backward_refusal(device: str, case=None) -> str | None:
 CARD = OpCard(
     "attention", references.attention, references.attention_chunked, ("o", "lse"), ("q", "k", "v"), DTYPES, make_inputs,
     cases=cases,
-    traits=frozenset({"varlen", "causal", "keys"}), grid=grid, boundary=boundary,
+    traits=frozenset({"varlen", "causal", "keys", "grouped_heads"}), grid=grid, boundary=boundary,
+    grouping=Grouping(("k", "v"), "Hk", "H"),
     token_axes={"q": "q", "k": "k", "v": "k"}, join_dims={"o": 1, "lse": 2},
     causal=lambda case: bool(case.opts.get("causal")), after=after, empty_outputs=empty_outputs,
     implementations=(

@@ -19,12 +19,15 @@ Traits (``TRAITS``) and what a card that claims one must provide (``OpCard.probl
     keys           a key sequence apart from the queries (dims ``S``, ``Case.seqlens_k``).
                    Requirements ``min_keys``, ``rows_without_keys``.
     gate_function  the op is a gate: output ``gate``, option ``lower_bound``.
+    grouped_heads  heads of one kind shared by groups of another (attention's GQA, gated_delta_rule's
+                   grouped value heads): ``grouping``. Requirement ``grouped``.
 
 Requirements (``REQUIREMENTS``) are the one vocabulary in which laws ask for cases: the same words
 draw a case (keyword arguments of ``OpCard.cases``) and check a fixed one (``OpCard.meets``).
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -104,8 +107,21 @@ REQUIREMENTS: dict[str, Requirement] = {
                             "some sequence has at least this many keys"),
     "rows_without_keys": Requirement("keys", lambda c, case, want: not want or _rows_without_keys(case, c.causal(case)),
                                      "some query row sees no key (causal with S < T, or an empty key span)"),
+    "grouped": Requirement("grouped_heads", lambda c, case, want: want is None or (c.grouping.groups(case) > 1) == want,
+                           "grouped heads (more than one head per group: GQA, grouped value heads) or not"),
 }
 """Requirement name -> (the trait it concerns, or None for every op; its check; what it means)."""
+
+
+def _keywords(fn: Callable) -> frozenset[str] | None:
+    """The keyword names ``fn`` takes, or None when it takes any (``**kwargs``, or no signature)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def _after_cut(case: Case, cut: int) -> dict[str, torch.Tensor]:
@@ -122,6 +138,7 @@ TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
     "decay_gate": lambda c: [] if "g" in c.differentiable else ["differentiable input 'g'"],
     "keys": lambda c: [] if c.token_axes and "k" in c.token_axes.values() else ["token_axes with a key axis 'k'"],
     "gate_function": lambda c: [] if "gate" in c.outputs else ["output 'gate'"],
+    "grouped_heads": lambda c: [] if c.grouping else ["grouping (which heads are shared by a group)"],
 }
 """Trait -> what a card claiming it lacks (empty: complete). See the module docstring."""
 
@@ -147,6 +164,54 @@ def sweep_lengths(quick: bool) -> tuple[int, ...]:
     return QUICK_SWEEP_T if quick else SWEEP_T
 
 
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Grouped heads (trait ``grouped_heads``): ``many`` heads (a dim name) in groups of G = many / few, each
+    group reading one head of ``inputs``, which have ``few`` heads on dim 2 (head j of the many reads head
+    j // G). gated_delta_rule: q, k with H heads read by HV value heads; attention: k, v with Hk heads read by
+    H query heads. A case without the ``many`` dim has one head per group. ``extension``: the op's
+    extension that offers grouping, if a kernel may decline it."""
+
+    inputs: tuple[str, ...]
+    few: str
+    many: str
+    extension: str | None = None
+
+    def groups(self, case: Case) -> int:
+        d = case.dim
+        return d.get(self.many, d[self.few]) // d[self.few]
+
+
+@dataclass(frozen=True)
+class Extension:
+    """A part of an op's contract that a kernel may leave out: options that a model uses and the
+    textbook form of the op does not have (the gate computed in the kernel, grouped value heads, a
+    sliding window). A kernel *declines* an extension when its signature takes none of the
+    extension's keywords, or when its record says so (``Implementation.declines``: for an extension
+    without keywords, such as a shape); cases that use a declined extension are then neither drawn
+    nor run for it, and its other verdicts stand. Taking some of an extension's keywords and not the
+    others is a contract error (``registry.contract_problems``).
+
+    name:     what the report, ``refcheck contract`` and ``declines`` call it
+    keywords: the contract's keyword arguments that belong to it; a case that does not use the
+              extension gives them their default values (or leaves them out), and a kernel that
+              declines it is called without them
+    uses:     ``case -> bool``: the case needs the extension (default: one of its keywords is set
+              in the case's options, or is one of its tensors)
+    meaning:  one line for the contract
+    """
+
+    name: str
+    keywords: tuple[str, ...]
+    meaning: str
+    uses: Callable[[Case], bool] | None = None
+
+    def used_by(self, case: Case) -> bool:
+        if self.uses is not None:
+            return self.uses(case)
+        return any(case.opts.get(k) not in (None, False) for k in self.keywords)
 
 
 @dataclass(frozen=True)
@@ -180,6 +245,8 @@ class OpCard:
     empty_outputs:  ``(case, inputs, length, sequence, provides) -> outputs`` of a packed sequence
                     without tokens (trait ``varlen``)
     implementations: ours and the peers' (the naive forms are added for every card by the registry)
+    extensions:     the parts of the contract a kernel may leave out (``Extension``)
+    grouping:       which heads a group shares (trait ``grouped_heads``)
     """
 
     name: str
@@ -201,6 +268,8 @@ class OpCard:
     empty_outputs: Callable | None = None
     implementations: tuple[Implementation, ...] = ()
     chunk_options: Mapping[str, object] = field(default_factory=dict)
+    extensions: tuple[Extension, ...] = ()
+    grouping: Grouping | None = None
 
     def __post_init__(self):
         unknown = set(self.traits) - set(TRAITS)
@@ -209,6 +278,59 @@ class OpCard:
         for impl in self.implementations:
             if impl.op != self.name:
                 raise ValueError(f"op {self.name}: lists an implementation of {impl.op!r} ({impl.name})")
+        contract = inspect.signature(self.reference).parameters
+        for ext in self.extensions:
+            bad = [k for k in ext.keywords if k not in contract or contract[k].default is inspect.Parameter.empty]
+            if bad:
+                raise ValueError(f"op {self.name}: extension {ext.name!r} names {', '.join(bad)}, which the "
+                                 "reference does not take as keyword arguments with a default")
+
+    # --- extensions: what a kernel may leave out ---------------------------------------------------
+
+    def extension(self, name: str) -> Extension:
+        for ext in self.extensions:
+            if ext.name == name:
+                return ext
+        known = ", ".join(e.name for e in self.extensions) or "none"
+        raise ValueError(f"op {self.name} has no extension {name!r} (its extensions: {known})")
+
+    def declined(self, impl: Implementation | None) -> frozenset[str]:
+        """The extensions ``impl`` declines: those its record names (``Implementation.declines``) and
+        those whose keywords its signature takes none of (``**kwargs`` takes every one)."""
+        if impl is None:
+            return frozenset()
+        named = set(impl.declines)
+        for name in named:
+            self.extension(name)   # a typo in a record is an error, not an extension silently kept
+        try:
+            takes = _keywords(impl.fn)
+        except Exception:      # a peer that does not import here: nothing runs, nothing is declined
+            takes = None
+        return frozenset(named | {e.name for e in self.extensions
+                                  if e.keywords and takes is not None and not takes & set(e.keywords)})
+
+    def declined_by_callee(self, fn: Callable) -> tuple[str, ...]:
+        """The extension keywords ``fn``'s signature does not take (what a call must leave out)."""
+        takes = _keywords(fn)
+        if takes is None:
+            return ()
+        return tuple(k for e in self.extensions for k in e.keywords if k not in takes)
+
+    def uses_declined(self, case: Case, declined: frozenset[str]) -> list[str]:
+        """The declined extensions ``case`` needs."""
+        return [e.name for e in self.extensions if e.name in declined and e.used_by(case)]
+
+    def fit_call(self, fn: Callable, inputs: Inputs) -> Inputs:
+        """``inputs`` as ``fn`` is called with them: without the keywords of extensions it does not take
+        (the case does not use them: their defaults; ValueError if it does, which drawing never does)."""
+        drop = self.declined_by_callee(fn)
+        if not drop:
+            return inputs
+        used = [k for k in drop if k in inputs.tensors or inputs.options.get(k) not in (None, False)]
+        if used:
+            raise ValueError(f"{self.name}: the case sets {', '.join(used)}, which the implementation does not take")
+        return Inputs({n: t for n, t in inputs.tensors.items() if n not in drop}, inputs.positional,
+                      {n: v for n, v in inputs.options.items() if n not in drop})
 
     def problems(self) -> list[str]:
         """What this card lacks for the traits it claims (empty when complete)."""

@@ -14,7 +14,7 @@ from refcheck import references
 
 from ..implementation import Implementation
 from .card import Inputs
-from .linear import gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
+from .linear import GATE_IN_KERNEL, gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
 
 
 def make_inputs(case, device) -> Inputs:
@@ -29,10 +29,12 @@ def make_inputs(case, device) -> Inputs:
     return Inputs(tensors, ("q", "k", "v", "g", "beta"), opts)
 
 
-def options(draw, pick, k, gate_dtype):
+def options(draw, pick, k, gate_dtype, declined):
     """l2norm of q and k (from K = 2 on: with K = 1, q / ||q|| is +-1 and its gradient only the 1e-6
-    epsilon's artifact), the gate in the kernel (a raw gate, A_log, dt_bias or not)."""
+    epsilon's artifact), the gate in the kernel (a raw gate, A_log, dt_bias or not) unless declined."""
     opts = {"use_qk_l2norm": pick("use_qk_l2norm", st.booleans() if k > 1 else st.just(False))}
+    if GATE_IN_KERNEL.name in declined:
+        return opts, {}, None
     opts["use_gate_in_kernel"] = pick("use_gate_in_kernel", st.booleans())
     return opts, gate_in_kernel_draws(pick, gate_dtype) if opts["use_gate_in_kernel"] else {}, None
 
@@ -66,7 +68,7 @@ CARD = linear_card(
     "gated_delta_rule", reference=references.gated_delta_rule,
     chunked_reference=references.gated_delta_rule_chunked,
     differentiable=("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), make_inputs=make_inputs,
-    options=options, shared_inputs=("A_log", "dt_bias"),
+    options=options, shared_inputs=("A_log", "dt_bias"), extensions=(GATE_IN_KERNEL,),
     grid_varlen_options={"use_qk_l2norm": True},
     # grouped value heads (Qwen3-Next, Qwen3.5: 16 query/key heads, 32 value heads): 1, 2 or 4 per query/key head,
     # and a grid case with two value heads per query/key head, one token past a chunk

@@ -31,7 +31,7 @@ def make_inputs(case, device) -> Inputs:
     return Inputs(tensors, ("q", "k", "v", "g", "beta"), opts)
 
 
-def options(draw, pick, k, gate_dtype):
+def options(draw, pick, k, gate_dtype, declined):
     """l2norm of q and k (from K = 2 on: with K = 1, q / ||q|| is +-1 and its gradient only the 1e-6
     epsilon's artifact), the gate in the kernel (raw gate, A_log, dt_bias or not), safe_gate with a
     lower bound (the log-decays clamped to it)."""

@@ -29,7 +29,7 @@ from ...strategies import (
     seqlens,
 )
 from ..case import DTYPES, Case
-from .card import Inputs, OpCard, Template, Templates, sweep_lengths
+from .card import Extension, Grouping, Inputs, OpCard, Template, Templates, sweep_lengths
 from .inputs import cu_seqlens, draw_log_decay, normal, rounded
 
 LINEAR_DTYPES = ("fp32", "bf16", "fp16")
@@ -79,6 +79,15 @@ def gate_parameters(case: Case, gen: torch.Generator, device, width: int) -> dic
     return out
 
 
+GATE_IN_KERNEL = Extension(
+    "gate_in_kernel", ("use_gate_in_kernel", "A_log", "dt_bias"),
+    "the gate computed in the kernel from a raw gate g: -exp(A_log) * softplus(g + dt_bias), as the models' layers call it")
+GROUPED_VALUE_HEADS = Extension(
+    "grouped_value_heads", (), "HV value heads over H query/key heads (HV a multiple of H; value head j reads "
+    "query/key head j // (HV / H)): declined in an Implementation record (declines=...), as it has no keyword",
+    uses=lambda case: "HV" in case.dim)
+
+
 def gate_in_kernel_draws(pick, gate_dtype: str | None) -> dict:
     """``Case.draw`` entries of a gate computed in the kernel: dt_bias or not, the raw gate's dtype."""
     return {"dt_bias": pick("dt_bias", st.booleans()),
@@ -88,31 +97,39 @@ def gate_in_kernel_draws(pick, gate_dtype: str | None) -> dict:
 # --- cases ---------------------------------------------------------------------------------------
 
 Options = Callable[..., tuple[dict, dict, float | None]]
-"""An op's own options: ``(draw, pick, k, gate_dtype) -> (options, drawn, clamp)``: keyword options
-of the call, ``Case.draw`` entries (a ``gate_dtype`` there means the gate is raw, not log-decays)
-and the clamp of the log-decays (safe_gate's lower bound), or None."""
+"""An op's own options: ``(draw, pick, k, gate_dtype, declined) -> (options, drawn, clamp)``: keyword
+options of the call (none of the ``declined`` extensions'), ``Case.draw`` entries (a ``gate_dtype``
+there means the gate is raw, not log-decays) and the clamp of the log-decays (safe_gate's lower
+bound), or None."""
 
 
-def no_options(draw, pick, k, gate_dtype) -> tuple[dict, dict, float | None]:
+def no_options(draw, pick, k, gate_dtype, declined) -> tuple[dict, dict, float | None]:
     return {}, {}, None
 
 
 def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options, value_groups: tuple[int, ...] = (1,)) -> Callable:
     """The case strategy of a linear op: B, T (or packed lengths), H, K, V (and ``HV`` value heads, ``H``
-    times one of ``value_groups``, where that is not 1); initial state or not; the scale,
-    output_final_state and the op's own ``options``; gates from ``log_decays``.
+    times one of ``value_groups``, where that is not 1, unless the kernel declines extension
+    ``grouped_value_heads``); initial state or not; the scale, output_final_state and the op's own
+    ``options`` (none of a ``declined`` extension's); gates from ``log_decays``.
     ``pinned`` fixes what a compiler specializes on (``refcheck.engine.examples.signature``)."""
     @st.composite
     def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, varlen: bool | None = None,
               min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None, gate_dtype: str | None = None,
-              causal: bool | None = None, pinned: Mapping = EMPTY) -> Case:
+              causal: bool | None = None, grouped: bool | None = None, pinned: Mapping = EMPTY,
+              declined: frozenset = frozenset()) -> Case:
         if causal is False:
             raise ValueError(f"causal: every {name} case is causal")
         pick = picker(draw, pinned)
         dt = pick("dtype", dtypes(of_dtypes, impl, dtype))
         h = pick("H", st.integers(1, limits.max_heads))
         # value heads: a group of them per query/key head; a pinned signature has HV where its case had GVA
-        hv = pinned.get("HV", h) if pinned else h * (draw(st.sampled_from(value_groups)) if len(value_groups) > 1 else 1)
+        groups = (1,) if GROUPED_VALUE_HEADS.name in declined or grouped is False else value_groups
+        if grouped:
+            groups = tuple(n for n in groups if n > 1)
+            if not groups:
+                raise ValueError(f"grouped: {name} has no grouped value heads to draw")
+        hv = pinned.get("HV", h) if pinned else h * (draw(st.sampled_from(groups)) if len(groups) > 1 else 1)
         k, v = (pick(n, head_dims_of(impl, dt, n, limits.max_dim)) for n in ("K", "V"))
         if min_batch > 1:
             varlen = False
@@ -130,7 +147,7 @@ def linear_cases(name: str, of_dtypes: tuple[str, ...], options: Options, value_
         drawn = {"initial_state": pick("initial_state", st.booleans())}
         if seqs is not None:
             drawn["cu_dtype"] = pick("cu_dtype", st.sampled_from(["int32", "int64"]))
-        own, own_drawn, clamp = options(draw, pick, k, gate_dtype)
+        own, own_drawn, clamp = options(draw, pick, k, gate_dtype, declined)
         opts.update(own)
         drawn.update(own_drawn)
         if "gate_dtype" not in drawn:
@@ -214,16 +231,22 @@ def fla_gated_chunk_backward_refusal(device: str, case=None) -> str | None:
 def linear_card(name: str, *, reference, chunked_reference, differentiable: tuple[str, ...], make_inputs,
                 options: Options = no_options, grid_varlen_options: Mapping = EMPTY, grid_extra: tuple = (),
                 shared_inputs: tuple[str, ...] = (), implementations: tuple = (),
-                input_dtypes: tuple[str, ...] = LINEAR_DTYPES, value_groups: tuple[int, ...] = (1,)) -> OpCard:
+                input_dtypes: tuple[str, ...] = LINEAR_DTYPES, value_groups: tuple[int, ...] = (1,),
+                extensions: tuple[Extension, ...] = ()) -> OpCard:
     """The record of a linear-attention op: outputs ``o`` and ``final_state``; traits varlen, state,
     causal and decay_gate; every token input along the query axis; ``value_groups``: the value heads
-    per query/key head its cases draw (grouped value heads)."""
+    per query/key head its cases draw (grouped value heads: then extension ``grouped_value_heads`` is
+    one of its ``extensions``)."""
+    grouping = None
+    if len(value_groups) > 1:
+        extensions = (*extensions, GROUPED_VALUE_HEADS)
+        grouping = Grouping(("q", "k"), "H", "HV", GROUPED_VALUE_HEADS.name)
     token_inputs = {n: "q" for n in differentiable if n not in ("initial_state", *shared_inputs)}
     return OpCard(
         name, reference, chunked_reference, ("o", "final_state"), differentiable, input_dtypes, make_inputs,
         cases=linear_cases(name, input_dtypes, options, value_groups),
-        traits=frozenset({"varlen", "state", "causal", "decay_gate"}),
+        traits=frozenset({"varlen", "state", "causal", "decay_gate", *(("grouped_heads",) if grouping else ())}),
         grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
         token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
         causal=lambda case: True, empty_outputs=empty_linear_outputs, implementations=implementations,
-        chunk_options={"decays": "differenced"})
+        chunk_options={"decays": "differenced"}, extensions=extensions, grouping=grouping)
