@@ -145,30 +145,44 @@ def simple_gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):
                cu_seqlens=cu_seqlens)
 
 
-def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, window_size=None,
+              softcap=None, sinks=None):
     """The attention contract at 50 digits; returns ``(o [B, T, H, Dv], lse [B, H, T])``.
 
-    A row that sees no key gets ``o = 0`` and ``lse = -inf``.
+    Row i of a sequence of T queries and S keys sees key j when ``i + S - T - left <= j <= i + S - T + right``
+    (causal: right = 0; a side None: unbounded); softcap caps the scaled score, ``c tanh(s / c)``; a sink adds
+    ``exp(sinks[h])`` to the denominator. A row that sees no key (and has no sink) gets ``o = 0`` and
+    ``lse = -inf``.
     """
     with mp.workdps(DPS):
         b, t, h, dqk = q.shape
         s_len, hk, dv = k.shape[1], k.shape[2], v.shape[-1]
         q, k, v = to_mp(q), to_mp(k), to_mp(v)
+        sink = None if sinks is None else to_mp(sinks)
         scale = mpmath.mpf(dqk) ** -0.5 if scale is None else mpmath.mpf(scale)
+        left, right = window_size if window_size is not None else (None, None)
+        if causal:
+            right = 0 if right is None else min(right, 0)
         o, lse = mp_zeros(b, t, h, dv), mp_zeros(b, h, t)
         for (row, qs, qe), (_, ks, ke) in zip(_spans(cu_seqlens_q, b, t), _spans(cu_seqlens_k, b, s_len)):
             for i in range(qs, qe):
-                last = ke - 1 - ((qe - 1) - i) if causal else ke - 1   # bottom-right aligned
-                keys = range(ks, min(last, ke - 1) + 1)
+                diagonal = (i - qs) + (ke - ks) - (qe - qs)              # in key positions of the sequence
+                keys = [j for j in range(ks, ke) if (left is None or j - ks >= diagonal - left)
+                        and (right is None or j - ks <= diagonal + right)]
                 for head in range(h):
                     kv = head // (h // hk)
-                    scores = [scale * (q[row, i, head] @ k[row, j, kv]) for j in keys]
-                    if not scores:
+                    scores = []
+                    for j in keys:
+                        raw = scale * (q[row, i, head] @ k[row, j, kv])
+                        scores.append(raw if softcap is None else mpmath.mpf(softcap) * mp.tanh(raw / softcap))
+                    terms = [mp.exp(x) for x in scores] + ([] if sink is None else [mp.exp(sink[head])])
+                    if not terms:
                         lse[row, head, i] = mpmath.mpf("-inf")
                         continue
-                    total = mp.log(mp.fsum(mp.exp(s) for s in scores))
+                    total = mp.log(mp.fsum(terms))
                     lse[row, head, i] = total
-                    o[row, i, head] = sum(mp.exp(s - total) * v[row, j, kv] for s, j in zip(scores, keys))
+                    o[row, i, head] = sum((mp.exp(x - total) * v[row, j, kv] for x, j in zip(scores, keys)),
+                                          mp_zeros(dv))
         return o, lse
 
 

@@ -34,19 +34,24 @@ MUTANTS: dict[str, Mutant] = {}
 CONTROLS: dict[str, Implementation] = {}
 
 
-def _record(op: str, fn, knobs, head_first: bool = False) -> Implementation:
+def _record(op: str, fn, knobs, head_first: bool = False, declines: tuple[str, ...] = ()) -> Implementation:
     """The record of ``fn``: named ``tests.mutants:NAME`` (the module attribute holding the record,
     which a law's reproducer resolves), calling the function kept as ``_NAME_fn``."""
     globals()[f"_{fn.__name__}_fn"] = fn
     return Implementation(op, f"{__name__}:{fn.__name__}", f"{__name__}:_{fn.__name__}_fn",
-                          knobs=dict(knobs or {}), head_first=head_first, description=(fn.__doc__ or "").strip())
+                          knobs=dict(knobs or {}), head_first=head_first, declines=declines,
+                          description=(fn.__doc__ or "").strip())
 
 
-def mutant(op: str, *kills: str, knobs=None, head_first: bool = False):
+PLAIN_ATTENTION = ("window", "softcap", "sinks")
+"""The extensions ``_attention`` (and the mutants built on it, whose ``**options`` would take them) leaves out."""
+
+
+def mutant(op: str, *kills: str, knobs=None, head_first: bool = False, declines: tuple[str, ...] = ()):
     """Decorator: ``fn`` is a mutant of ``op`` that the laws ``kills`` must catch; the module
     attribute becomes its record."""
     def register(fn) -> Implementation:
-        impl = _record(op, fn, knobs, head_first)
+        impl = _record(op, fn, knobs, head_first, declines)
         MUTANTS[fn.__name__] = Mutant(impl, kills, impl.description)
         return impl
     return register
@@ -115,7 +120,7 @@ def _attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqle
 
 # --- law 1: agreement ----------------------------------------------------------------------------
 
-@mutant("attention", "agreement", "grouped_heads")
+@mutant("attention", "agreement", "grouped_heads", declines=PLAIN_ATTENTION)
 def attention_key_heads_tiled(q, k, v, **options):
     """GQA: query head h reads key/value head h % Hk (the shared heads tiled) instead of h // (H // Hk)."""
     groups = q.shape[2] // k.shape[2]
@@ -152,7 +157,7 @@ def gla_dropped_partial_chunk(q, k, v, g, **options):
     return _gla_dropping_partial_chunk(q, k, v, g, **options)
 
 
-@mutant("attention", "agreement")
+@mutant("attention", "agreement", declines=PLAIN_ATTENTION)
 def attention_top_left_causal(q, k, v, **options):
     """The causal mask is aligned top-left (row i sees keys j <= i) instead of bottom-right."""
     return _attention(q, k, v, top_left=True, **options)
@@ -176,7 +181,7 @@ def gla_off_by_one_mask(q, k, v, g, *, scale=None, **options):
     return o + nxt.to(o.dtype), state
 
 
-@mutant("attention", "causality")
+@mutant("attention", "causality", declines=PLAIN_ATTENTION)
 def attention_off_by_one_causal(q, k, v, **options):
     """The causal mask lets row i see one key too many (j <= i + S - T + 1)."""
     return _attention(q, k, v, offset=1, **options)
@@ -207,7 +212,7 @@ def kda_state_leaks_across_sequences(q, k, v, g, beta, *, cu_seqlens=None, initi
     return o, (torch.cat(finals) if output_final_state else None)
 
 
-@mutant("attention", "varlen_equals_separate")
+@mutant("attention", "varlen_equals_separate", declines=PLAIN_ATTENTION)
 def attention_packed_keys_shared(q, k, v, **options):
     """Packed attention: each query sequence also attends to the keys of earlier sequences."""
     def from_start(pairs):
@@ -253,6 +258,64 @@ def simple_gla_state_in_bf16(q, k, v, g, **options):
     """The final state is kept in bf16 precision (returned as float32)."""
     o, state = naive.simple_gla(q, k, v, g, **options)
     return o, None if state is None else state.to(torch.bfloat16).float()
+
+
+# --- laws 16, 17: attention's window, softcap and sinks ------------------------------------------
+
+@mutant("attention", "agreement", "window_locality")
+def attention_window_one_too_wide(q, k, v, *, window_size=None, **options):
+    """The sliding window's left side reaches one key too far (left + 1)."""
+    if window_size is not None and window_size[0] is not None:
+        window_size = (window_size[0] + 1, window_size[1])
+    return naive.attention(q, k, v, window_size=window_size, **options)
+
+
+@mutant("attention", "window_locality")
+def attention_window_drops_causal(q, k, v, *, window_size=None, causal=False, **options):
+    """Given a window, the causal mask is dropped: a window open on the right lets a causal row see later keys."""
+    return naive.attention(q, k, v, window_size=window_size, causal=causal and window_size is None, **options)
+
+
+@mutant("attention", "sinks_neutral")
+def attention_sinks_nan_to_num(q, k, v, *, sinks=None, **options):
+    """Non-finite sink values replaced by 0 (as for NaN): a sink of -inf becomes a sink of 0."""
+    if sinks is not None:
+        sinks = torch.where(torch.isfinite(sinks), sinks, torch.zeros_like(sinks))
+    return naive.attention(q, k, v, sinks=sinks, **options)
+
+
+@mutant("attention", "agreement")
+def attention_sinks_left_out(q, k, v, *, sinks=None, **options):
+    """The sinks are accepted and left out of the softmax denominator."""
+    return naive.attention(q, k, v, **options)
+
+
+@mutant("attention", "agreement")
+def attention_sink_with_a_value(q, k, v, *, sinks=None, **options):
+    """The sink is a key of value 1 instead of 0: o gains exp(sink - lse) on every channel."""
+    o, lse = naive.attention(q, k, v, sinks=sinks, **options)
+    if sinks is None:
+        return o, lse
+    weight = torch.exp(sinks.float().view(1, -1, 1) - lse).transpose(1, 2).unsqueeze(-1)     # [B, T, H, 1]
+    return (o.float() + weight).to(o.dtype), lse
+
+
+@mutant("attention", "agreement")
+def attention_softcap_before_scale(q, k, v, *, softcap=None, scale=None, **options):
+    """The softcap applied to q.k before the scale: scale * c tanh(q.k / c), i.e. a softcap of scale * c."""
+    given = q.shape[-1] ** -0.5 if scale is None else scale
+    return naive.attention(q, k, v, scale=scale, softcap=None if softcap is None else softcap * given, **options)
+
+
+@mutant("attention", "sinks_neutral")
+def attention_sinks_nan_without_keys(q, k, v, *, sinks=None, **options):
+    """A sink's weight formed as exp(sink - max(sink, m)) unguarded: NaN on rows that see no key when the
+    sink is -inf (o and lse NaN there)."""
+    o, lse = naive.attention(q, k, v, sinks=sinks, **options)
+    if sinks is None:
+        return o, lse
+    bad = torch.isneginf(lse)
+    return torch.where(bad.transpose(1, 2).unsqueeze(-1), torch.nan, o.float()).to(o.dtype), torch.where(bad, torch.nan, lse)
 
 
 # --- law 15: decode equals prefill ---------------------------------------------------------------
@@ -442,26 +505,26 @@ def gate_of_abs(g, A_log, dt_bias=None, lower_bound=None):
 
 # --- law 11: attention ---------------------------------------------------------------------------
 
-@mutant("attention", "key_permutation")
+@mutant("attention", "key_permutation", declines=PLAIN_ATTENTION)
 def attention_position_bias(q, k, v, **options):
     """A stray position bias (-0.5 per key position) leaks into the scores."""
     return _attention(q, k, v, bias=-0.5, **options)
 
 
-@mutant("attention", "key_permutation")
+@mutant("attention", "key_permutation", declines=PLAIN_ATTENTION)
 def attention_sink_on_first_key(q, k, v, **options):
     """The first key gets +2 on its score (an attention sink nobody asked for)."""
     return _attention(q, k, v, sink=2.0, **options)
 
 
-@mutant("attention", "rows_without_keys")
+@mutant("attention", "rows_without_keys", declines=PLAIN_ATTENTION)
 def attention_lse_base2(q, k, v, **options):
     """lse in base 2 (log2 sum 2^s) instead of the natural log."""
     o, lse = naive.attention(q, k, v, **options)
     return o, lse * math.log2(math.e)
 
 
-@mutant("attention", "rows_without_keys")
+@mutant("attention", "rows_without_keys", declines=PLAIN_ATTENTION)
 def attention_finite_mask(q, k, v, **options):
     """Masked scores set to -1e4 instead of -inf: a row that sees no key averages every value."""
     return _attention(q, k, v, fill=-1e4, **options)

@@ -6,7 +6,8 @@ Bounds asserted (measured maxima in brackets, torch 2.13 CPU):
   <= 1e-13 [2.3e-16], over batched / packed (empty sequences) / steep-decay (-1000 per step) cases,
   with initial states, the L2 norm and the in-kernel gate.
 * attention: relative RMS error of o and of the finite lse <= 1e-13 [3.8e-16]; rows that see no key
-  have o == 0 and lse == -inf exactly.
+  have o == 0 and lse == -inf exactly; with sliding windows, softcap and sinks (dense and flash forms)
+  the same bound, and with sinks every row's lse is finite.
 * ``gates.softplus``: error <= 1 eps relative [0.44 eps] from -1000 to 1000, plus 5e-324 absolute
   where the true value is subnormal or below the float64 range (softplus(-1000) = 5e-435 -> 0).
 * ``kda_gate``: ``|gate - truth| <= 2 eps (1 + c) |truth| + 1e-300`` [0.75 eps (1 + c)], c the
@@ -126,6 +127,41 @@ def test_attention_within_bound_of_mpmath(case, causal):
     assert torch.all(o.transpose(1, 2)[~seen] == 0)           # o [B, T, H, Dv] -> [B, H, T, Dv]
     assert mp_truth.relative_error(o, o_mp) <= ATTENTION_BOUND
     assert mp_truth.relative_error(lse[seen], lse_mp[seen.numpy()]) <= ATTENTION_BOUND
+
+
+ATTENTION_OPTIONS = {   # window, softcap and sinks over the cases above (sinks: [H], drawn)
+    "window (2, 1)": dict(window_size=(2, 1)),
+    "window (0, None), softcap 1.5": dict(window_size=(0, None), softcap=1.5),
+    "sinks": dict(sinks=True),
+    "window (1, 0), softcap 3, sinks": dict(window_size=(1, 0), softcap=3.0, sinks=True),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("options", list(ATTENTION_OPTIONS))
+@pytest.mark.parametrize("case", ["gqa T < S", "mqa T > S", "packed, empty key sequence"])
+def test_attention_window_softcap_sinks_within_bound_of_mpmath(case, options, causal):
+    """Both forms (dense and flash) against mpmath; with a sink, a row that sees no key gets lse = its sink
+    and o = 0."""
+    t, s, h, hk, dqk, dv, cu_q, cu_k = ATTENTION_CASES[case]
+    gen = torch.Generator().manual_seed(len(case) + len(options))
+    b = 2 if cu_q is None else 1
+    q, k, v = _randn(gen, b, t, h, dqk) * 2, _randn(gen, b, s, hk, dqk) * 2, _randn(gen, b, s, hk, dv)
+    kw: dict = dict(causal=causal, **ATTENTION_OPTIONS[options])
+    if kw.get("sinks"):
+        kw["sinks"] = _randn(gen, h) * 2
+    if cu_q is not None:
+        kw.update(cu_seqlens_q=torch.tensor(cu_q), cu_seqlens_k=torch.tensor(cu_k))
+    o_mp, lse_mp = mp_truth.attention(q, k, v, **kw)
+    seen = torch.tensor(np.vectorize(lambda x: bool(mpmath.isfinite(x)))(lse_mp))
+    for form in (references.attention, references.attention_chunked):
+        o, lse = form(q, k, v, **kw)
+        assert torch.equal(torch.isfinite(lse), seen)
+        assert torch.all(lse[~seen] == float("-inf"))
+        assert mp_truth.relative_error(o, o_mp) <= ATTENTION_BOUND
+        assert mp_truth.relative_error(lse[seen], lse_mp[seen.numpy()]) <= ATTENTION_BOUND
+    if "sinks" in kw:
+        assert bool(seen.all())                                 # every row has its sink
 
 
 EXTREMES = [-1000.0, -800.0, -745.0, -740.0, -710.0, -700.0, -50.0, -40.0, -30.0, -20.0, -1.0, -1e-8,

@@ -690,7 +690,8 @@ def key_permutation(t: Trial) -> None:
 
 def rows_without_keys(t: Trial) -> None:
     """Law 11: lse matches the float64 truth within budget, and a query row that sees no key
-    (causal with S < T, an empty key span) gets exactly o = 0 and lse = -inf, as the contract says."""
+    (causal with S < T, an empty key span) gets exactly o = 0 and lse = -inf, as the contract says
+    (with sinks its lse is its head's sink: law 1 holds it to that)."""
     ref = verify.truth(t.case, False)
     out = t.evaluate(t.inputs())
     empty = torch.isneginf(ref["lse"]).to(out["o"].device)             # [B, H, T]
@@ -839,6 +840,57 @@ def grouped_heads(t: Trial) -> None:
               dense, summed=tuple(t.op.grad_name(n) for n in grouping.inputs))
 
 
+def window_locality(t: Trial, *, row: int) -> None:
+    """Law 16: changing the keys and values a query does not see (outside its sliding window, after its
+    diagonal where causal, in another packed sequence: ``OpCard.unseen``) leaves its output and, with an
+    upstream gradient at that query only, every gradient unchanged: within budget and bit for bit
+    (noted). Causality's key side is its special case."""
+    case, op = t.case, t.op
+    hidden = op.unseen(case, row).to(t.device)
+    if not bool(hidden.any()):
+        t.vacuous(f"query {row} sees every key")
+    base_in, alt = t.inputs(), t.inputs(case.replace(seed=case.seed ^ 0x5EED))
+
+    def mix(name, x):
+        if op.token_axes.get(name) != "k":
+            return x
+        x = x.clone()
+        x[:, hidden] = alt.tensors[name][:, hidden]
+        return x
+
+    def at_row_only(outputs):
+        cts = t.cotangents(outputs)
+        for name, dim in op.join_dims.items():
+            if name in cts:
+                keep = torch.zeros(cts[name].shape[dim], dtype=cts[name].dtype, device=cts[name].device)
+                keep[row] = 1
+                cts[name] = cts[name] * keep.view([-1 if i == dim else 1 for i in range(cts[name].dim())])
+        return cts
+
+    def at_row(res):
+        return {n: x.narrow(op.join_dims[n], row, 1) if n in op.join_dims else x for n, x in res.items()}
+    before = t.evaluate(base_in, at_row_only)
+    after = t.evaluate(base_in.map(mix), at_row_only)
+    t.compare(f"query {row} after changing the {int(hidden.sum())} keys it does not see", at_row(after), at_row(before))
+
+
+def _row(impl, case: Case) -> st.SearchStrategy[dict]:
+    return st.fixed_dictionaries({"row": st.integers(0, case.dim["T"] - 1)})
+
+
+def sinks_neutral(t: Trial) -> None:
+    """Law 17: a sink of -inf is no sink: every head's sink at -inf gives the outputs and gradients of the
+    call without sinks (within budget and bit for bit, noted), and a gradient of exactly 0 to the sinks."""
+    inputs = t.inputs()
+    plain = Inputs({n: x for n, x in inputs.tensors.items() if n != "sinks"}, inputs.positional, inputs.options)
+    gone = inputs.map(lambda n, x: torch.full_like(x, -math.inf) if n == "sinks" else x)
+    with_sinks, without = t.evaluate(gone), t.evaluate(plain)
+    dsinks = with_sinks.pop(t.op.grad_name("sinks"), None)
+    if dsinks is not None and bool((dsinks != 0).any()):
+        t.fail(f"sinks of -inf get a gradient other than 0: {dsinks.tolist()}")
+    t.compare("sinks of -inf against no sinks", with_sinks, without)
+
+
 DECODE_STEPS = 8
 """At most this many one-token calls in law ``decode_equals_prefill`` (each a launch, and a backward)."""
 
@@ -938,6 +990,11 @@ class Law:
             return why
         if "dtype" in self.requires and self.requires["dtype"] not in impl.dtypes:
             return f"needs {self.requires['dtype']} inputs"
+        declined = card(impl.op).declined(impl)
+        for key, want in self.requires.items():
+            extension = REQUIREMENTS[key].extension
+            if want and extension in declined:
+                return f"declines extension {extension}"
         return self.applies(impl)
 
 
@@ -955,13 +1012,15 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("fp16_gates", "9", fp16_gates, requires={"gate_dtype": "fp16"}, cost=2),
     Law("gate_bounds", "10", gate_bounds, frozenset({"gate_function"})),
     Law("gate_monotone", "10", gate_monotone, frozenset({"gate_function"}), cost=2),
-    Law("key_permutation", "11", key_permutation, requires={"causal": False, "min_keys": 2}, cost=2),
+    Law("key_permutation", "11", key_permutation, requires={"causal": False, "min_keys": 2, "window": False}, cost=2),
     Law("rows_without_keys", "11", rows_without_keys, requires={"rows_without_keys": True}),
     Law("reads_past_input", "12", reads_past_input, cost=3),
     Law("head_first", "13", head_first, requires={"varlen": False}, applies=_offers_head_first, cost=2),
     Law("grouped_heads", "14", grouped_heads, requires={"grouped": True}, applies=_offers_grouping, cost=2),
     Law("decode_equals_prefill", "15", decode_equals_prefill, frozenset({"state", "causal"}),
         {"min_len": 2, "varlen": False}, params=_prefill, cost=4),
+    Law("window_locality", "16", window_locality, requires={"window": True}, params=_row, cost=2),
+    Law("sinks_neutral", "17", sinks_neutral, requires={"sinks": True}, cost=2),
 )}
 
 
@@ -978,6 +1037,7 @@ FIXED_PARAMS = {
     "cut": lambda case: (case.dim["T"] - 1) // 2,     # causality: change everything after mid-sequence
     "split": lambda case: case.dim["T"] // 2,         # state chaining: carry the state across mid-sequence
     "prefill": lambda case: max(0, case.dim["T"] - 3),  # decode: the last three tokens one at a time
+    "row": lambda case: case.dim["T"] - 1,            # window locality: the last query (its window ends the keys)
 }
 """A fixed value for each required parameter of a law (a keyword-only argument of its function
 without a default), chosen from the case: mid-sequence, inside a chunk of a chunked kernel."""

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from refcheck import references
-from refcheck.references.attention import check_attention_inputs
+from refcheck.references.attention import Mask, check_attention_inputs
 
 from ...strategies import (
     EMPTY,
@@ -31,7 +31,7 @@ from ...strategies import (
 )
 from ..case import PRECISION_MODES, Case
 from ..implementation import Implementation
-from .card import Grouping, Inputs, OpCard, Template, Templates, sweep_lengths
+from .card import Extension, Grouping, Inputs, OpCard, Template, Templates, sweep_lengths
 from .inputs import cu_seqlens, normal, rounded
 from .linear import LINEAR_DTYPES
 
@@ -50,7 +50,7 @@ forward's schedule (a program per tile, or persistent programs looping over tile
 
 def make_inputs(case: Case, device) -> Inputs:
     """q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``, v ``[B, S, Hk, Dv]``; packed: cu_seqlens_q and
-    cu_seqlens_k."""
+    cu_seqlens_k; with sinks, ``sinks [H]`` float32 (N(0, 2^2): logits about a score's size)."""
     d = case.dim
     gen = torch.Generator().manual_seed(case.seed)
     b, t, s, h, hk, dqk, dv = (d[n] for n in ("B", "T", "S", "H", "Hk", "Dqk", "Dv"))
@@ -61,7 +61,30 @@ def make_inputs(case: Case, device) -> Inputs:
     if case.seqlens is not None:
         tensors["cu_seqlens_q"] = cu_seqlens(case, case.seqlens, device)
         tensors["cu_seqlens_k"] = cu_seqlens(case, case.seqlens_k, device)
+    if case.drawn.get("sinks"):
+        tensors["sinks"] = normal(gen, (h,), device, 2.0)
     return Inputs(tensors, ("q", "k", "v"), case.opts)
+
+
+WINDOW = Extension("window", ("window_size",), "a sliding window: window_size = (left, right) keys around each "
+                   "row's diagonal, a side None unbounded (Mistral, Gemma 2 and 3, gpt-oss)")
+SOFTCAP = Extension("softcap", ("softcap",), "logit softcap: scores softcap * tanh(s / softcap), after the scale "
+                    "(Gemma 2, Grok)")
+SINKS = Extension("sinks", ("sinks",), "attention sinks: sinks [H], a per-head logit in every row's softmax "
+                  "denominator, a key of value 0 (gpt-oss); it has a gradient", uses=lambda case: bool(case.drawn.get("sinks")))
+SOFTCAPS = (1.0, 5.0, 50.0)
+"""Softcaps drawn: squashing most scores, some, almost none (Gemma 2's 50)."""
+
+
+def window_sides(t: int, s: int, causal: bool) -> st.SearchStrategy:
+    """A window (left, right) for T queries and S keys: the left side mostly a few keys (what a window
+    is about), else up to past the sequence, or None; the right side the same (causal: None or 0, as the
+    diagonal bounds it anyway); not both None."""
+    reach = max(t, s, 1)
+    near = st.integers(0, min(reach, 4))
+    left = st.one_of(near, near, st.integers(0, reach + 1), st.none())
+    right = st.one_of(st.none(), st.just(0)) if causal else st.one_of(st.none(), near, st.integers(0, reach + 1))
+    return st.tuples(left, right).filter(lambda w: w != (None, None))
 
 
 # --- fp8 forward: budgets [attention.{o,lse}.fp8e4m3|fp8e5m2], ours only (no law draws fp8 cases) --
@@ -92,9 +115,13 @@ def fp8_inputs(case: Case, device) -> tuple[dict[str, torch.Tensor | float], dic
 def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
                     varlen: bool | None = None, min_seqs: int = 1, min_batch: int = 1, dtype: str | None = None,
                     causal: bool | None = None, min_keys: int = 1, rows_without_keys: bool = False,
-                    grouped: bool | None = None, pinned: Mapping = EMPTY) -> Case:
+                    grouped: bool | None = None, window: bool | None = None, sinks: bool | None = None,
+                    pinned: Mapping = EMPTY,
+                    declined: frozenset = frozenset()) -> Case:
     """A case of attention: GQA (H = Hk * group), Dqk != Dv (MLA's 192/128 included), T != S,
-    causal or not, batched or packed with separate query and key lengths (empty spans included)."""
+    causal or not, batched or packed with separate query and key lengths (empty spans included); a
+    sliding window, a softcap and sinks, each a third of the time, unless declined (no sinks where rows
+    without keys are asked for: their lse is then -inf, what law 11 checks)."""
     pick = picker(draw, pinned)
     dt = pick("dtype", dtypes(DTYPES, impl, dtype))
     hk = pick("Hk", st.integers(1, limits.max_heads))
@@ -137,6 +164,23 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
             s = draw(lengths(min_keys, cap))
     options = {"causal": is_causal, "scale": pick("scale", scales())}
     drawn = {"cu_dtype": pick("cu_dtype", st.sampled_from(["int32", "int64"]))} if packed else {}
+
+    def extension(name: str, key: str, values: st.SearchStrategy, wanted: bool | None = None):
+        # a pinned signature (a compile bucket) has the option exactly where its case had it
+        if name in declined or wanted is False or (pinned and key not in pinned):
+            return None
+        if pinned:
+            return pinned[key]
+        return draw(values) if wanted else draw(st.one_of(st.none(), st.none(), values))
+    longest = max(seqs or (t,)), max(seqs_k or (s,))
+    sides = extension(WINDOW.name, "window_size", window_sides(*longest, is_causal), window)
+    if sides is not None:
+        options["window_size"] = sides
+    cap = extension(SOFTCAP.name, "softcap", st.sampled_from(SOFTCAPS))
+    if cap is not None:
+        options["softcap"] = cap
+    if extension(SINKS.name, "sinks", st.just(True), False if rows_without_keys else sinks):
+        drawn["sinks"] = True
     dims = {"B": b, "T": t, "S": s, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv}
     return Case.make("attention", dims, dt, draw(seeds()), seqlens=seqs, seqlens_k=seqs_k, options=options, draw=drawn)
 
@@ -145,7 +189,8 @@ def grid(quick: bool) -> Templates:
     """A causal GQA batch with more queries than keys (its first rows see no key); packed non-causal
     sequences (one empty query span) with as many key heads as query heads, so that a kernel that
     refuses the backward of GQA with Dqk != Dv (flash-attn-4) has its gradients checked there, and with
-    a given scale (0.3, not the default); causal sweep with S = T."""
+    a given scale (0.3, not the default); a causal sliding window of 12 keys; a softcap of 5; sinks, with
+    rows that see no key (their lse is the sink); causal sweep with S = T."""
     base: list[Template]
     if quick:
         base = [("dense", dict(B=1, T=12, S=16, H=2, Hk=1, Dqk=16, Dv=8), dict(options={"causal": True}))]
@@ -153,7 +198,11 @@ def grid(quick: bool) -> Templates:
         dims = dict(T=40, S=50, H=4, Hk=2, Dqk=32, Dv=24)
         base = [("dense", dict(dims, B=2, T=50, S=40), dict(options={"causal": True})),
                 ("varlen", dict(dims, B=1, Hk=4), dict(seqlens=(13, 0, 27), seqlens_k=(20, 5, 25),
-                                                       options={"scale": 0.3}))]
+                                                       options={"scale": 0.3})),
+                # the extensions, one case each (a kernel may offer one and decline another)
+                ("window", dict(dims, B=1, T=50, S=50), dict(options={"causal": True, "window_size": (12, None)})),
+                ("softcap", dict(dims, B=1), dict(options={"softcap": 5.0})),
+                ("sinks", dict(dims, B=1, T=50, S=40), dict(options={"causal": True}, draw={"sinks": True}))]
     sweep_dims = dict(B=1, H=2, Hk=1, Dqk=16, Dv=8) if quick else dict(B=1, H=2, Hk=1, Dqk=32, Dv=32)
     return base, [(f"T={t}", dict(sweep_dims, T=t, S=t), dict(options={"causal": True}))
                   for t in sweep_lengths(quick)]
@@ -186,12 +235,27 @@ def after(case: Case, cut: int) -> dict[str, torch.Tensor]:
 
 
 def empty_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
-    """A query span without keys (or without queries): o = 0 and lse = -inf on its rows, and their dq = 0."""
+    """A query span without keys (or without queries): o = 0 and lse = -inf on its rows (with sinks: lse =
+    the sink of each head, whose gradient then gets the upstream gradient of lse), and their dq = 0."""
     d, ref = case.dim, x.tensors["q"]
     out = {"o": ref.new_zeros(1, length, d["H"], d["Dv"], dtype=case.torch_dtype)}
     if "lse" in provides:
-        out["lse"] = torch.full((1, d["H"], length), -math.inf, device=ref.device)
+        sinks = x.tensors.get("sinks")
+        out["lse"] = (torch.full((1, d["H"], length), -math.inf, device=ref.device) if sinks is None
+                      else sinks.float().view(1, -1, 1).expand(1, d["H"], length))
     return out
+
+
+def unseen(case: Case, row: int) -> torch.Tensor:
+    """``[S]`` bool: the keys query position ``row`` does not see (outside its window, after its diagonal
+    where causal, in another packed sequence): ``references.attention.Mask``, per sequence."""
+    hidden = torch.ones(case.dim["S"], dtype=torch.bool)
+    window, is_causal = case.opts.get("window_size"), bool(case.opts.get("causal"))
+    for (qs, qe), (ks, ke) in _spans(case):
+        if qs <= row < qe:
+            mask = Mask(qe - qs, ke - ks, is_causal, window).visible(qe - qs, 0, ke - ks, "cpu")
+            hidden[ks:ke] = False if mask is None else ~mask[row - qs]
+    return hidden
 
 
 # --- peers: torch SDPA and flash-attn-4, renamed arguments and reshapes only ---------------------
@@ -242,12 +306,12 @@ def fa4_backward_refusal(device: str, case=None) -> str | None:
 
 
 CARD = OpCard(
-    "attention", references.attention, references.attention_chunked, ("o", "lse"), ("q", "k", "v"), DTYPES, make_inputs,
-    cases=cases,
+    "attention", references.attention, references.attention_chunked, ("o", "lse"), ("q", "k", "v", "sinks"), DTYPES,
+    make_inputs, cases=cases,
     traits=frozenset({"varlen", "causal", "keys", "grouped_heads"}), grid=grid, boundary=boundary,
-    grouping=Grouping(("k", "v"), "Hk", "H"),
+    grouping=Grouping(("k", "v"), "Hk", "H"), extensions=(WINDOW, SOFTCAP, SINKS), shared_inputs=("sinks",),
     token_axes={"q": "q", "k": "k", "v": "k"}, join_dims={"o": 1, "lse": 2},
-    causal=lambda case: bool(case.opts.get("causal")), after=after, empty_outputs=empty_outputs,
+    causal=lambda case: bool(case.opts.get("causal")), after=after, unseen=unseen, empty_outputs=empty_outputs,
     implementations=(
         Implementation("attention", "triton", "refcheck.optimized:attention", knobs=TRITON_KNOBS, triton=True,
                        description="our Triton flash attention (FA2 schedule, deterministic backward)"),

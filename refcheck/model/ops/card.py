@@ -16,8 +16,9 @@ Traits (``TRAITS``) and what a card that claims one must provide (``OpCard.probl
                    Requirement ``causal``.
     decay_gate     a log-decay gate input ``g`` whose dtype is drawn apart (``Case.draw``'s
                    ``gate_dtype``). Requirement ``gate_dtype``.
-    keys           a key sequence apart from the queries (dims ``S``, ``Case.seqlens_k``).
-                   Requirements ``min_keys``, ``rows_without_keys``.
+    keys           a key sequence apart from the queries (dims ``S``, ``Case.seqlens_k``): ``unseen``
+                   (the keys a query row does not see). Requirements ``min_keys``,
+                   ``rows_without_keys``, ``window``, ``sinks``.
     gate_function  the op is a gate: output ``gate``, option ``lower_bound``.
     grouped_heads  heads of one kind shared by groups of another (attention's GQA, gated_delta_rule's
                    grouped value heads): ``grouping``. Requirement ``grouped``.
@@ -84,11 +85,13 @@ def _rows_without_keys(case: Case, causal: bool) -> bool:
 
 class Requirement(NamedTuple):
     """One entry of ``REQUIREMENTS``: the trait it concerns (None for every op), its check
-    ``(card, case, wanted value) -> bool`` and what it means."""
+    ``(card, case, wanted value) -> bool``, what it means, and the extension a case meeting it (wanted
+    True) uses, if any: a kernel that declines that extension cannot be asked for such cases."""
 
     trait: str | None
     check: Callable[..., bool]
     meaning: str
+    extension: str | None = None
 
 
 REQUIREMENTS: dict[str, Requirement] = {
@@ -107,6 +110,10 @@ REQUIREMENTS: dict[str, Requirement] = {
                             "some sequence has at least this many keys"),
     "rows_without_keys": Requirement("keys", lambda c, case, want: not want or _rows_without_keys(case, c.causal(case)),
                                      "some query row sees no key (causal with S < T, or an empty key span)"),
+    "window": Requirement("keys", lambda c, case, want: want is None or (case.opts.get("window_size") is not None) == want,
+                          "a sliding window (window_size) or not", "window"),
+    "sinks": Requirement("keys", lambda c, case, want: want is None or bool(case.drawn.get("sinks")) == want,
+                         "attention sinks (a per-head logit in every row's softmax) or not", "sinks"),
     "grouped": Requirement("grouped_heads", lambda c, case, want: want is None or (c.grouping.groups(case) > 1) == want,
                            "grouped heads (more than one head per group: GQA, grouped value heads) or not"),
 }
@@ -136,7 +143,9 @@ TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
         ("differentiable input 'initial_state'", "initial_state" in c.differentiable)) if not ok],
     "causal": lambda c: [] if c.causal else ["causal (whether a case is causal)"],
     "decay_gate": lambda c: [] if "g" in c.differentiable else ["differentiable input 'g'"],
-    "keys": lambda c: [] if c.token_axes and "k" in c.token_axes.values() else ["token_axes with a key axis 'k'"],
+    "keys": lambda c: [what for what, ok in (
+        ("token_axes with a key axis 'k'", c.token_axes and "k" in c.token_axes.values()),
+        ("unseen (the keys a query row does not see)", c.unseen is not None)) if not ok],
     "gate_function": lambda c: [] if "gate" in c.outputs else ["output 'gate'"],
     "grouped_heads": lambda c: [] if c.grouping else ["grouping (which heads are shared by a group)"],
 }
@@ -242,6 +251,8 @@ class OpCard:
     causal:         ``case -> bool`` (trait ``causal``)
     after:          ``(case, cut) -> {axis: bool mask}``: positions no output at or before ``cut`` may
                     depend on (default: queries after the cut)
+    unseen:         ``(case, row) -> [S] bool``: the keys query position ``row`` does not see (trait
+                    ``keys``: its window, the causal diagonal, other packed sequences)
     empty_outputs:  ``(case, inputs, length, sequence, provides) -> outputs`` of a packed sequence
                     without tokens (trait ``varlen``)
     implementations: ours and the peers' (the naive forms are added for every card by the registry)
@@ -265,6 +276,7 @@ class OpCard:
     shared_inputs: tuple[str, ...] = ()
     causal: Callable[[Case], bool] | None = None
     after: Callable[[Case, int], dict[str, torch.Tensor]] = _after_cut
+    unseen: Callable[[Case, int], torch.Tensor] | None = None
     empty_outputs: Callable | None = None
     implementations: tuple[Implementation, ...] = ()
     chunk_options: Mapping[str, object] = field(default_factory=dict)
