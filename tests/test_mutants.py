@@ -16,6 +16,7 @@ from hypothesis import Phase, settings
 
 from refcheck.engine.laws import LAWS, LawViolation, hypothesis_check
 from refcheck.strategies import profiles
+from tests.gaming import HACKS
 from tests.mutants import CONTROLS, MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,7 +26,10 @@ NO_SHRINK = settings(**{**CI, "phases": (Phase.explicit, Phase.generate)})
 
 
 def test_every_law_has_two_mutants():
+    """Each law kills at least two deliberately broken implementations: the mutants here, or the gaming
+    kernels of ``tests/gaming.py`` (``tests/test_gaming.py`` shows each caught by its law)."""
     counts = Counter(law for m in MUTANTS.values() for law in m.kills)
+    counts.update(h.caught_by for h in HACKS.values())
     assert {law: counts[law] for law in LAWS if counts[law] < 2} == {}
     assert set(counts) <= set(LAWS)
 

@@ -38,7 +38,7 @@ from ..model import budgets as budgets_mod
 from ..model import registry
 from ..model.case import PRECISION_MODES, Case
 from ..model.metrics import bitwise_equal, max_abs_diff, rel_rms
-from ..model.ops import OPS, REQUIREMENTS, Inputs, card
+from ..model.ops import OPS, REQUIREMENTS, Inputs, ReturnError, card
 from ..runtime import workers
 from ..strategies import INTERPRETED, SMALL, Limits
 from . import verify
@@ -159,6 +159,8 @@ class Trial:
             yield
         except LawViolation:
             raise
+        except ReturnError as err:
+            self.fail(f"{what} returned what the contract does not: {err}")
         except Exception as err:
             tb = "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-6))
             self.fail(f"{what} raised {type(err).__name__} on valid input: {err}\n{tb}")
@@ -168,7 +170,8 @@ class Trial:
         ``options`` override the case's options (e.g. ``output_final_state=True``)."""
         inputs = Inputs(inputs.tensors, inputs.positional, {**inputs.options, **options})
         with self.running():
-            return self.op.split(self.op.fit_call(self.impl.fn, inputs).call(self.impl.fn, **self.knob_args(knobs)))
+            called = self.op.fit_call(self.impl.fn, inputs)
+            return self.op.split(called.call(self.impl.fn, **self.knob_args(knobs)), called)
 
     def evaluate(self, inputs: Inputs, cotangents=None, knobs: dict | None = None) -> dict[str, torch.Tensor]:
         """Outputs and (with a backward) gradients of one call, against ``cotangents`` (a dict, or a
@@ -891,6 +894,28 @@ def sinks_neutral(t: Trial) -> None:
     t.compare("sinks of -inf against no sinks", with_sinks, without)
 
 
+def inputs_rewritten(t: Trial) -> None:
+    """Law 18: new values written into the same input tensors (the same addresses, shapes and dtypes)
+    after a call give, on the next call, the truth of the new values: outputs and gradients within
+    budget of the float64 reference. A result cached by pointer or by shape, or read from a buffer
+    the first call left, shows the old values."""
+    x = t.inputs()
+    t.composite(x, t.call, fresh_leaves=False)
+    new = t.case.replace(seed=t.case.seed ^ 0xDA7A)
+    fresh = t.inputs(new)
+    with torch.no_grad():
+        for name, tensor in x.tensors.items():
+            if tensor.is_floating_point():
+                tensor.copy_(fresh.tensors[name])
+                tensor.grad = None
+    out = t.composite(x, t.call, lambda result: verify.upstream_gradients(t.op, new, result), fresh_leaves=False)
+    ref = verify.truth(new, t.grads, verify.cotangent_names(t.op, registry.provides(t.impl)))
+    verdict = verify.measure(t.impl, new, out, ref, mode=t.mode, grads=t.grads, knobs=t.knob_args())
+    if not verdict.passed:
+        t.fail("after new values were written into the same input tensors, the next call is not within budget "
+               f"of their float64 truth ({new.describe()})\n{verdict.table()}", verdict.signature)
+
+
 DECODE_STEPS = 8
 """At most this many one-token calls in law ``decode_equals_prefill`` (each a launch, and a backward)."""
 
@@ -1021,6 +1046,7 @@ LAWS: dict[str, Law] = {law.name: law for law in (
         {"min_len": 2, "varlen": False}, params=_prefill, cost=4),
     Law("window_locality", "16", window_locality, requires={"window": True}, params=_row, cost=2),
     Law("sinks_neutral", "17", sinks_neutral, requires={"sinks": True}, cost=2),
+    Law("inputs_rewritten", "18", inputs_rewritten, cost=2),
 )}
 
 

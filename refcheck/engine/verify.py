@@ -200,7 +200,8 @@ def evaluate(fn, op: OpCard, inputs: Inputs, *, grads: bool, cotangents=None, **
     if grads:
         inputs, leaves = leaf_inputs(op, inputs)
     with torch.set_grad_enabled(grads):
-        result = op.split(op.fit_call(fn, inputs).call(fn, **knobs))
+        called = op.fit_call(fn, inputs)
+        result = op.split(called.call(fn, **knobs), called)
     if not grads:
         return {n: t.detach() for n, t in result.items()}
     return backprop(op, result, cotangents(result) if callable(cotangents) else cotangents, leaves)

@@ -43,6 +43,11 @@ GRAD_NAMES = {"initial_state": "dh0"}
 """Gradient output names are ``d`` + input name, except where listed here."""
 
 
+class ReturnError(TypeError):
+    """What an implementation returned is not what the contract returns (``OpCard.split``): a verdict on
+    the implementation, as a wrong value is, never a crash of the check."""
+
+
 @dataclass
 class Inputs:
     """Tensors and options of one call of an op.
@@ -372,13 +377,41 @@ class OpCard:
             return chunked(*args, **options, **kwargs)
         return in_chunks
 
-    def split(self, result) -> dict[str, torch.Tensor]:
-        """Name the values an implementation returned; a ``None`` output is left out."""
+    def split(self, result, inputs: Inputs | None = None) -> dict[str, torch.Tensor]:
+        """Name the values an implementation returned; a ``None`` output is left out. Each one must be a
+        plain dense ``torch.Tensor`` (no subclass: a lazy tensor that computes only when compared is
+        none) and, given the ``inputs`` of the call, on their device and sharing storage with none of
+        them nor with another output (a copy of an input returned as is, a result cached in a buffer
+        the caller holds): ``ReturnError`` otherwise, before anything reads the values."""
         values = result if isinstance(result, tuple) else (result,)
         if len(values) != len(self.outputs):
-            raise TypeError(f"{self.name}: expected {len(self.outputs)} return values "
-                            f"{self.outputs}, got {len(values)}")
-        return {n: v for n, v in zip(self.outputs, values) if v is not None}
+            raise ReturnError(f"{self.name}: expected {len(self.outputs)} return values "
+                              f"{self.outputs}, got {len(values)}")
+        named = {n: v for n, v in zip(self.outputs, values) if v is not None}
+        for name, value in named.items():
+            if type(value) is not torch.Tensor:
+                raise ReturnError(f"{name}: a {type(value).__module__}.{type(value).__qualname__}, where the "
+                                  "contract returns a plain torch.Tensor")
+            if value.layout is not torch.strided:
+                raise ReturnError(f"{name}: layout {value.layout}, where the contract returns a dense tensor")
+        if inputs is None:
+            return named
+        device = inputs.tensors[inputs.positional[0]].device
+        given = {n: t for n, t in inputs.tensors.items() if isinstance(t, torch.Tensor)}
+        seen: dict[int, str] = {}
+        for name, t in given.items():
+            if t.numel():
+                seen.setdefault(t.untyped_storage().data_ptr(), f"input {name}")
+        for name, value in named.items():
+            if value.device != device:
+                raise ReturnError(f"{name}: on {value.device}, where the inputs are on {device}")
+            if not value.numel():
+                continue
+            ptr = value.untyped_storage().data_ptr()
+            if ptr in seen:
+                raise ReturnError(f"{name}: shares its storage with {seen[ptr]} (the contract returns new tensors)")
+            seen[ptr] = f"output {name}"
+        return named
 
     # --- requirements: one vocabulary to draw and to check ---------------------------------------
 
