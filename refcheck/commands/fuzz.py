@@ -157,6 +157,7 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
     from hypothesis import given
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
+    from hypothesis.errors import UnsatisfiedAssumption
     from hypothesis.reporting import with_reporter
 
     from ..engine import laws
@@ -172,6 +173,8 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         result.examples += 1
         try:
             outcome = laws.check(law, impl, example, device=device, strict=strict)
+        except UnsatisfiedAssumption:    # a vacuous boundary example (``Trial.vacuous``): no verdict there
+            continue
         except Exception as err:
             fixed = Failure.of(example, err)
             result.search_seconds = time.monotonic() - started
@@ -193,6 +196,8 @@ def search(law, impl, settings, *, limits, mode: str | None, device: str, strict
         entries, began = triton_cache_entries(), time.monotonic()
         try:
             outcome = laws.check(law, impl, example, device=device, strict=strict)
+        except UnsatisfiedAssumption:    # a vacuous example (``Trial.vacuous``): Hypothesis draws another
+            raise
         except Exception as err:
             if not failures:
                 result.search_seconds = time.monotonic() - started
