@@ -128,3 +128,22 @@ def test_bad_input_names_the_argument(change, argument):
         kwargs["cu_seqlens_q"] = torch.tensor([0, 4])
     with pytest.raises(ValueError, match=argument):
         flash_backward_fp32(q, k, v, **kwargs)
+
+
+# --- the extensions: window, softcap, sinks -------------------------------------------------------------------------
+
+EXTENSION_LAWS = ("agreement", "window_locality", "sinks_neutral", "grouped_heads", "varlen_equals_separate")
+
+
+@pytest.mark.parametrize("law", EXTENSION_LAWS)
+@pytest.mark.parametrize("name", ["online_softmax_b16", "flash_backward_input_dtype", "dense_textbook"])
+def test_correct_members_hold_the_laws_with_windows_softcaps_and_sinks(name, law):
+    """Written from other formulas than the reference (the window as an index test of its own, sinks folded
+    in after the last key block or as a last column of logsumexp, the flash backward's own softcap and sink
+    gradients): every law that concerns the extensions holds on the ci draws, which use them a third of the
+    time each (window_locality and sinks_neutral: always)."""
+    from hypothesis import settings
+
+    from refcheck.engine.laws import hypothesis_check
+    [impl] = registry.resolve(f"attention=tests.zoo.attention:{name}")
+    hypothesis_check(law, impl, settings=settings(max_examples=12, deadline=None, database=None, derandomize=True))
