@@ -28,11 +28,12 @@ HACKS: dict[str, Hack] = {}
 EXTENSIONS = {"attention": ("window", "softcap", "sinks"), "gated_delta_rule": ("gate_in_kernel", "grouped_value_heads")}
 
 
-def hack(op: str, caught_by: str, pattern: str, says: str = ""):
-    """Decorator: ``fn`` games ``op`` with ``pattern``; law ``caught_by`` must catch it, saying ``says``."""
+def hack(op: str, caught_by: str, pattern: str, says: str = "", backward: bool = True):
+    """Decorator: ``fn`` games ``op`` with ``pattern``; law ``caught_by`` must catch it, saying ``says``
+    (``backward=False``: a forward kernel, so that only the trick, not a missing gradient, can fail it)."""
     def register(fn):
         globals()[f"_{fn.__name__}_fn"] = fn
-        impl = Implementation(op, f"{__name__}:{fn.__name__}", f"{__name__}:_{fn.__name__}_fn",
+        impl = Implementation(op, f"{__name__}:{fn.__name__}", f"{__name__}:_{fn.__name__}_fn", backward=backward,
                               declines=EXTENSIONS[op], description=(fn.__doc__ or "").strip())
         HACKS[fn.__name__] = Hack(impl, caught_by, pattern, says)
         return impl
@@ -85,13 +86,13 @@ def attention_lazy_subclass(q, k, v, **options):
     return o.as_subclass(LazyTensor), lse
 
 
-# --- results cached by pointer or by shape ---------------------------------------------------------
+# --- results cached by pointer or by shape (forward kernels: a cached result has no graph to the new inputs) ---
 
 _BY_POINTER: dict = {}
 _BY_SHAPE: dict = {}
 
 
-@hack("attention", "inputs_rewritten", "a result cached by the inputs' addresses")
+@hack("attention", "inputs_rewritten", "a result cached by the inputs' addresses", backward=False)
 def attention_cached_by_pointer(q, k, v, **options):
     key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), q.shape)
     if key not in _BY_POINTER:
@@ -100,7 +101,7 @@ def attention_cached_by_pointer(q, k, v, **options):
     return o.clone(), lse.clone()
 
 
-@hack("gated_delta_rule", "inputs_rewritten", "a result cached by the inputs' shapes")
+@hack("gated_delta_rule", "inputs_rewritten", "a result cached by the inputs' shapes", backward=False)
 def gdr_cached_by_shape(q, k, v, g, beta, **options):
     key = (q.shape, v.shape, q.dtype, tuple(sorted((n, repr(x.shape) if torch.is_tensor(x) else repr(x))
                                                   for n, x in options.items())))

@@ -9,8 +9,8 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES = tuple(f"refcheck.commands.{name}" for name in ("cli", "contract", "report", "fuzz", "drift",
-                                                                          "budget_diff"))
+COMMAND_MODULES = tuple(f"refcheck.commands.{name}" for name in ("cli", "contract", "report", "fuzz", "verify",
+                                                                          "drift", "budget_diff"))
 
 
 class UsageError(Exception):

@@ -1,0 +1,128 @@
+"""``refcheck verify OP --impl SPEC``: one verdict on one kernel, for a harness that scores candidates.
+
+The grid (every point of OP in every dtype and mode the kernel takes, against the float64 truth), then
+every law that concerns the kernel searched with Hypothesis for the time left of ``--seconds``, cheap
+laws first, stopping at the first falsified law (``refcheck fuzz -x``). ``--json`` prints one object,
+schema ``SCHEMA``::
+
+    {"schema": "refcheck.verdict/1", "op", "impl", "device", "refcheck": version, "seed",
+     "verdict": "pass" | "fail" | "usage_error", "seconds",
+     "grid": {"points", "failed"}, "laws": {"searched": [{"law", "examples", "status"}], "skipped": [{"law", "why"}]},
+     "failures": [{"kind": "grid" | "law", "law": name or null, "case", "message", "reproduce"}],
+     "error": the usage error (verdict "usage_error" only)}
+
+Exit status 0 when it passes, 1 on a finding, 2 on a usage error (nothing ran). A harness loop::
+
+    for candidate in candidates:
+        done = subprocess.run(["refcheck", "verify", "attention", "--impl", f"{candidate}:attention",
+                               "--seconds", "60", "--json"], capture_output=True, text=True)
+        verdict = json.loads(done.stdout)      # verdict["verdict"], verdict["failures"][0]["law"], ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+SCHEMA = "refcheck.verdict/1"
+"""The verdict's schema name; a change of its fields is a new number."""
+
+
+def add_parser(subparsers) -> None:
+    from .selection import add_options
+
+    p = subparsers.add_parser("verify", help="one verdict on one kernel: the grid, then every law for --seconds",
+                              description=__doc__.splitlines()[0].replace("``", ""))
+    p.add_argument("op", help="the op (refcheck list shows them; a user's with --op-card)")
+    p.add_argument("--seconds", type=float, default=60.0, metavar="S",
+                   help="the time for the whole verdict (default 60): the grid, then the laws for what is left")
+    p.add_argument("--seed", type=int, default=0, help="the laws' search seed (default 0: the same verdict twice)")
+    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (schema refcheck.verdict/1)")
+    add_options(p, op=False)
+    p.set_defaults(run=run)
+
+
+def _usage_error(args, message: str) -> int:
+    if args.json:
+        print(json.dumps({"schema": SCHEMA, "op": args.op, "impl": " ".join(args.impl or []),
+                          "verdict": "usage_error", "error": message}))
+    else:
+        print(f"refcheck verify: {message}")
+    return 2
+
+
+def _reproduce_line(text: str) -> str | None:
+    found = re.search(r"reproduce: (.*)$", text, re.M)
+    return found.group(1) if found else None
+
+
+def run(args) -> int:
+    from .. import __version__
+    from .cli import UsageError
+    from .fuzz import _checked, _laws_for, search_all
+
+    fuzz_args = argparse.Namespace(**vars(args), max_examples=None, threads=1, gpus="1", out_dir=Path("."),
+                                   precision=None)
+    if not args.seconds > 0:
+        return _usage_error(args, f"--seconds: expected a positive number, got {args.seconds}")
+    try:
+        device, impl = _checked(fuzz_args)
+        laws, skipped = _laws_for(impl, [])
+    except UsageError as err:
+        return _usage_error(args, str(err))
+    if device != "cpu":
+        return _usage_error(args, f"--device {device}: verify runs on the CPU for now (refcheck fuzz and report "
+                                  "take a GPU)")
+
+    import torch
+    from hypothesis import settings as hsettings
+    from rich.console import Console
+
+    from ..engine import grid
+    from ..strategies import profiles
+
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    failures: list[dict] = []
+    the_grid = grid.build(device, ops=[impl.op], impls=[impl.name], dtypes=tuple(args.dtype or ()) or None)
+    outcomes = grid.run_points(list(the_grid.points), device)
+    for point, (verdict, crash, _) in zip(the_grid.points, outcomes):
+        if verdict is not None and verdict.passed:
+            continue
+        message = crash if crash is not None else verdict.table()
+        failures.append({"kind": "grid", "law": None, "case": point.case.describe(), "mode": point.mode,
+                         "message": message, "reproduce": (verdict.reproducer(device) if verdict is not None else None)})
+    grid_failed = len(failures)
+
+    profiles.register()
+    settings = hsettings(hsettings.get_profile("fuzz"), report_multiple_bugs=False, database=None)
+    left = args.seconds - (time.monotonic() - started)
+    results = []
+    if left > 0 and not failures:
+        results = search_all(impl, laws, settings, device=device, mode=None, seconds=left, strict=False,
+                             seed=args.seed, console=Console(stderr=True, quiet=args.json), uncapped=True)
+    for r in results:
+        if r.failure is not None:
+            failures.append({"kind": "law", "law": r.law.name, "case": r.failure.example.case.describe(),
+                             "mode": r.failure.example.mode, "message": r.failure.text,
+                             "reproduce": _reproduce_line(r.failure.text)})
+    searched = [{"law": r.law.name, "examples": r.examples, "status": r.status} for r in results]
+    why = ("a grid point failed" if grid_failed else "a law was falsified before it" if failures else "no time left")
+    not_run = [{"law": law.name, "examples": 0, "status": f"not run ({why})"} for law in laws[len(results):]]
+    verdict = {"schema": SCHEMA, "op": impl.op, "impl": impl.target, "device": device, "refcheck": __version__,
+               "seed": args.seed, "verdict": "fail" if failures else "pass",
+               "seconds": round(time.monotonic() - started, 1),
+               "grid": {"points": len(the_grid.points), "failed": grid_failed},
+               "laws": {"searched": searched + not_run, "skipped": [{"law": law.name, "why": why} for law, why in skipped]},
+               "failures": failures}
+    if args.json:
+        print(json.dumps(verdict, indent=1))
+    else:
+        print(f"refcheck verify {impl.op} [{impl.target}] on {device}: {verdict['verdict'].upper()} in "
+              f"{verdict['seconds']} s: grid {len(the_grid.points) - grid_failed}/{len(the_grid.points)} points, "
+              f"laws {sum(r.failure is None for r in results)}/{len(laws)} hold")
+        for f in failures:
+            print(f"\n{f['kind']} {f['law'] or ''} {f['case']}:\n{f['message']}")
+    return 1 if failures else 0

@@ -1,0 +1,54 @@
+"""``refcheck verify``: one verdict a harness can read. A correct kernel written from another formula passes
+(the grid and every law it is held to); a kernel that games the check fails, the law or grid point that
+caught it named with a reproducer; a usage error is a verdict of its own and runs nothing; the JSON keys are
+those of schema refcheck.verdict/1."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refcheck.commands import cli
+from refcheck.commands.verify import SCHEMA
+from refcheck.model import registry
+
+KEYS = {"schema", "op", "impl", "device", "refcheck", "seed", "verdict", "seconds", "grid", "laws", "failures"}
+
+
+@pytest.fixture(autouse=True)
+def restore_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+
+
+def verify(capsys, *args: str) -> tuple[int, dict]:
+    code = cli.main(["verify", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_a_correct_kernel_of_another_formula_passes(capsys):
+    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "15")
+    assert code == 0 and v["verdict"] == "pass" and v["failures"] == [], v
+    assert set(v) == KEYS and v["schema"] == SCHEMA
+    assert v["grid"]["points"] > 0 and v["grid"]["failed"] == 0
+    held = [s for s in v["laws"]["searched"] if s["status"].startswith("holds")]
+    assert len(held) == len(v["laws"]["searched"]) and all(s["examples"] > 0 for s in held), v["laws"]
+
+
+def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys):
+    code, v = verify(capsys, "attention", "--impl", "tests.gaming:attention_lazy_subclass", "--seconds", "15")
+    assert code == 1 and v["verdict"] == "fail" and set(v) == KEYS, v
+    first = v["failures"][0]
+    assert first["kind"] == "grid" and "plain torch.Tensor" in first["message"], first
+    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.gaming:gdr_cached_by_shape", "--seconds", "30",
+                     "--dtype", "fp32")
+    assert code == 1 and v["verdict"] == "fail", v
+    law = next(f for f in v["failures"] if f["kind"] == "law")
+    assert law["law"] and law["reproduce"].startswith("python -c"), law
+
+
+def test_a_usage_error_is_a_verdict_and_runs_nothing(capsys):
+    code, v = verify(capsys, "attention", "--impl", "no_such_module:attention")
+    assert code == 2 and v == {"schema": SCHEMA, "op": "attention", "impl": "no_such_module:attention",
+                               "verdict": "usage_error", "error": v["error"]} and "--impl" in v["error"], v
+    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "0")
+    assert code == 2 and "--seconds" in v["error"], v
