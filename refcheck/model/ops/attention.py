@@ -260,20 +260,41 @@ def unseen(case: Case, row: int) -> torch.Tensor:
 
 # --- peers: torch SDPA and flash-attn-4, renamed arguments and reshapes only ---------------------
 
-def sdpa_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
-    """torch SDPA per sequence (bottom-right causal mask, GQA by repeating heads); no lse."""
+def sdpa_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, window_size=None,
+                   sinks=None):
+    """torch SDPA per sequence (GQA by repeating heads); no lse. The causal mask (bottom-right) and a sliding
+    window as an explicit boolean mask; sinks as one more key of value 0 whose score is the sink: q and k get
+    one more channel, 1 for q and 0 for the keys, ``sinks[h] / scale`` for the sink key (so that
+    ``scale * q.k = sinks[h]``): the law "a sink is a key", as a peer."""
     pairs = check_attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
     groups = q.shape[2] // k.shape[2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    window = window_size or (None, None)
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
     for row, (qs, qe), (ks, ke) in pairs:
         qi = q[row, qs:qe].transpose(0, 1)
         kj = k[row, ks:ke].repeat_interleave(groups, dim=1).transpose(0, 1)
         vj = v[row, ks:ke].repeat_interleave(groups, dim=1).transpose(0, 1)
         mask = None
-        if causal:
+        if causal or window_size is not None:
             i = torch.arange(qe - qs, device=q.device).unsqueeze(1)
             j = torch.arange(ke - ks, device=q.device).unsqueeze(0)
-            mask = j <= i + (ke - ks) - (qe - qs)
+            d = j - i - ((ke - ks) - (qe - qs))          # key j's distance past row i's diagonal
+            mask = torch.ones_like(d, dtype=torch.bool)
+            if causal:
+                mask &= d <= 0
+            if window[0] is not None:
+                mask &= d >= -window[0]
+            if window[1] is not None:
+                mask &= d <= window[1]
+        if sinks is not None:
+            h = qi.shape[0]
+            qi = torch.cat([qi, qi.new_ones(h, qi.shape[1], 1)], -1)
+            sink_key = torch.cat([kj.new_zeros(h, 1, kj.shape[-1]), (sinks.to(kj.dtype) / scale).view(h, 1, 1)], -1)
+            kj = torch.cat([torch.cat([kj, kj.new_zeros(h, kj.shape[1], 1)], -1), sink_key], 1)
+            vj = torch.cat([vj, vj.new_zeros(h, 1, vj.shape[-1])], 1)
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], 1)
         o = F.scaled_dot_product_attention(qi, kj, vj, attn_mask=mask, scale=scale)
         out[row, qs:qe] = o.transpose(0, 1)
     return out, None
