@@ -18,8 +18,11 @@ _exp = np.frompyfunc(lambda x: mp.exp(x), 1, 1)
 _sqrt = np.frompyfunc(lambda x: mp.sqrt(x), 1, 1)
 
 
-def to_mp(x: torch.Tensor) -> np.ndarray:
-    """A float64 tensor as an object array of ``mpf`` (exact: every float64 is an mpf)."""
+def to_mp(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A float64 tensor as an object array of ``mpf`` (exact: every float64 is an mpf); an object array of
+    ``mpf`` as it is."""
+    if isinstance(x, np.ndarray):
+        return x
     flat = [mpmath.mpf(v) for v in x.detach().to(torch.float64).reshape(-1).tolist()]
     return np.array(flat + [None], dtype=object)[:-1].reshape(tuple(x.shape))
 
@@ -118,16 +121,24 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, us
 
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm=False,
-                     use_gate_in_kernel=False, A_log=None, dt_bias=None):
+                     use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
+                     allow_neg_eigval=False, state_v_first=False):
     """The gated_delta_rule contract at 50 digits (g ``[B, T, HV]``, one decay per value head and step;
     with ``use_gate_in_kernel`` ``-exp(A_log[j]) * softplus(g + dt_bias[j])`` for value head j: kda's gate
-    with the same value in every channel)."""
+    with the same value in every channel; with ``use_beta_sigmoid_in_kernel`` beta is ``1 / (1 + e^-beta)``
+    at 50 digits, doubled with ``allow_neg_eigval``; with ``state_v_first`` the states are ``[.., V, K]``)."""
     kd = q.shape[-1]
     gate = g.unsqueeze(-1).expand(*g.shape, kd)
     if use_gate_in_kernel and dt_bias is not None:
         dt_bias = dt_bias.repeat_interleave(kd)
-    return kda(q, k, v, gate, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-               use_qk_l2norm=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+    if use_beta_sigmoid_in_kernel:
+        with mp.workdps(DPS):
+            beta = np.vectorize(lambda x: (2 if allow_neg_eigval else 1) / (1 + mp.exp(-x)), otypes=[object])(to_mp(beta))
+    if initial_state is not None and state_v_first:
+        initial_state = initial_state.transpose(-1, -2)
+    o, final = kda(q, k, v, gate, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                   use_qk_l2norm=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+    return o, (final.transpose(0, 1, 3, 2) if state_v_first else final)
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, cu_seqlens=None):

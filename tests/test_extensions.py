@@ -26,7 +26,8 @@ OP = "gated_delta_rule"
 
 def textbook_gdr(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                  cu_seqlens=None, use_qk_l2norm=False):
-    """Gated DeltaNet without the gate computed in the kernel (it has no use_gate_in_kernel, A_log, dt_bias)."""
+    """Gated DeltaNet without the gate or beta's sigmoid computed in the kernel and with the state key-first (it
+    has no use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)."""
     return naive_form(OP)(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
 
@@ -43,9 +44,10 @@ TEXTBOOK = Implementation(OP, "textbook", f"{__name__}:textbook_gdr", declines=(
 
 def test_a_kernel_without_an_extensions_keywords_fits_the_contract_and_declines_it():
     assert registry.contract_problems(textbook_gdr, OP) == []
-    assert card(OP).declined(TEXTBOOK) == {"gate_in_kernel", "grouped_value_heads"}
+    by_signature = {"gate_in_kernel", "beta_in_kernel", "state_v_first"}
+    assert card(OP).declined(TEXTBOOK) == by_signature | {"grouped_value_heads"}
     plain = dataclasses.replace(TEXTBOOK, declines=())
-    assert card(OP).declined(plain) == {"gate_in_kernel"}
+    assert card(OP).declined(plain) == by_signature
     assert card(OP).declined(registry.get(OP, "naive")) == frozenset()
 
 
@@ -85,10 +87,11 @@ def test_the_grid_leaves_out_a_declined_extensions_cases_and_says_how_many(monke
     theirs = [p for p in g.points if p.impl.name == "naive"]
     assert mine and all(not card(OP).uses_declined(p.case, card(OP).declined(TEXTBOOK)) for p in mine)
     labels = {p.entry.label for p in theirs} - {p.entry.label for p in mine}
-    assert labels == {"gva", "gate_in_kernel"}, labels
+    assert labels == {"gva", "gate_in_kernel", "beta_logits_v_first"}, labels
     declined = {(impl, ext): n for op, impl, ext, n in g.declined}
     n_dtypes = len(card(OP).dtypes)
-    assert declined == {("textbook", "grouped_value_heads"): 2 * n_dtypes, ("textbook", "gate_in_kernel"): n_dtypes}
+    assert declined == {("textbook", "grouped_value_heads"): 2 * n_dtypes, ("textbook", "gate_in_kernel"): n_dtypes,
+                        ("textbook", "beta_in_kernel"): n_dtypes, ("textbook", "state_v_first"): n_dtypes}
 
 
 @pytest.mark.parametrize("law", ["agreement", "varlen_equals_separate", "state_chaining"])

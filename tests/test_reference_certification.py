@@ -48,7 +48,8 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
     """Tiny inputs of kda / gla / simple_gla: ``batched`` (B = 2, initial states), ``packed`` (three
     sequences, one empty; kda: L2 norm, in-kernel gate with dt_bias and safe_gate at lower_bound -5),
     ``steep`` (decays of -1000 at random steps; kda: the softplus gate with A_log = 5); gated_delta_rule's
-    ``gva``: packed, two value heads per query/key head, the gate computed from A_log and dt_bias."""
+    ``gva``: packed, two value heads per query/key head, the gate computed from A_log and dt_bias;
+    ``beta_logits``: packed, beta as logits doubled in the kernel (allow_neg_eigval), states value-first."""
     gen = torch.Generator().manual_seed(sum(map(ord, op + case)))
     h, kd, vd = 2, 4, 3
     hv = 2 * h if case == "gva" else h       # gated_delta_rule's grouped value heads: two per query/key head
@@ -69,6 +70,10 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
             g = 3 * _randn(gen, b, t, hv)
             kw.update(use_gate_in_kernel=True, A_log=torch.tensor([0.3, -1.0, 1.5, 0.0], dtype=F64),
                       dt_bias=_randn(gen, hv))
+        if case == "beta_logits":   # beta as logits, 2 sigmoid(beta) in the kernel; states laid out [.., V, K]
+            beta = 3 * _randn(gen, b, t, hv)
+            kw.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, state_v_first=True,
+                      initial_state=kw["initial_state"].transpose(-1, -2).contiguous())
         return (q, k, v, g, beta), kw
     if case == "packed":
         g = 3 * _randn(gen, b, t, h, kd)
@@ -81,7 +86,7 @@ def linear_case(op: str, case: str) -> tuple[tuple, dict]:
 
 
 LINEAR_CASES = [(op, case) for op in ("kda", "gla", "simple_gla", "gated_delta_rule")
-                for case in ("batched", "packed", "steep")] + [("gated_delta_rule", "gva")]
+                for case in ("batched", "packed", "steep")] + [("gated_delta_rule", "gva"), ("gated_delta_rule", "beta_logits")]
 
 
 @pytest.mark.parametrize("form", ["", "_chunked"], ids=["recurrent", "chunked"])

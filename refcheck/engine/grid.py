@@ -31,7 +31,7 @@ from ..model.case import Case
 from ..model.ops import OPS, card
 from ..runtime.workers import Unit
 
-GRID_VERSION = 7
+GRID_VERSION = 8
 """Bump when a case of the grid changes: records of another version are refused by ``compare``."""
 
 @dataclass(frozen=True)

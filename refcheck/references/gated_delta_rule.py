@@ -15,6 +15,10 @@ With ``use_gate_in_kernel`` the decay is computed from the raw gate ``g [B, T, H
 and ``dt_bias [HV]`` (as the models' layers call FLA): ``g_t = -exp(A_log) * softplus(g_t + dt_bias)``
 (``gates.kda_gate`` with one channel); ``A_log`` and ``dt_bias`` get gradients.
 With ``use_qk_l2norm`` q and k are first divided by their L2 norm (``x / sqrt(sum(x^2) + 1e-6)``).
+With ``use_beta_sigmoid_in_kernel`` beta holds logits and the step uses ``sigmoid(beta)``, or
+``2 sigmoid(beta)`` in ``[0, 2)`` with ``allow_neg_eigval`` (the update's eigenvalue ``1 - beta`` may be
+negative; FLA's option, which takes effect only with the sigmoid in the kernel). With ``state_v_first``
+the states are laid out ``[N, HV, V, K]`` (the transpose of ``S``), initial and final alike.
 It is KDA (``kda.py``) with the decay ``g [B, T, H]`` broadcast over K, so both forms are KDA's:
 ``gated_delta_rule`` walks the recurrence, ``gated_delta_rule_chunked`` evaluates it in chunks.
 """
@@ -25,7 +29,8 @@ from .gates import kda_gate
 from .kda import kda, kda_chunked
 
 
-def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias=None):
+def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
     """Validate what is the gated delta rule's own (grouped value heads, a scalar gate and beta
     ``[B, T, HV]``, the gate computed from ``A_log`` and ``dt_bias`` with ``use_gate_in_kernel``); return q
     and k with each query/key head repeated for the value heads of its group, and the log-decay broadcast
@@ -54,29 +59,46 @@ def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias
         for name, given in (("A_log", A_log), ("dt_bias", dt_bias)):
             if given is not None:
                 raise ValueError(f"{name}: given without use_gate_in_kernel=True (it takes part in the gate only then)")
+    if use_beta_sigmoid_in_kernel:
+        beta = beta.sigmoid() * (2 if allow_neg_eigval else 1)
+    elif allow_neg_eigval:
+        raise ValueError("allow_neg_eigval: given without use_beta_sigmoid_in_kernel=True (it scales the sigmoid "
+                         "computed in the kernel only then)")
     group = hv // h
     q, k = (x.repeat_interleave(group, dim=2) if group > 1 else x for x in (q, k))
     return q, k, v, g.unsqueeze(-1).expand(b, t, hv, kd), beta
 
 
+def _v_first(state, state_v_first: bool):
+    """A state ``[N, HV, K, V]`` in the layout asked for (``[N, HV, V, K]`` with ``state_v_first``), or None."""
+    return state.transpose(-1, -2) if state is not None and state_v_first else state
+
+
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                     cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None, dt_bias=None):
+                     cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False):
     """The gated delta rule by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
-    Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)``, computed in ``q.dtype``. A kernel's
-    dtypes are the contract's: o in the input dtype, final_state in float32.
+    Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)`` (``[N, HV, V, K]`` with
+    ``state_v_first``), computed in ``q.dtype``. A kernel's dtypes are the contract's: o in the input dtype,
+    final_state in float32.
     """
-    q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias)
-    return kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-               output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
+    q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias,
+                                    use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    o, final = kda(q, k, v, g, beta, scale=scale, initial_state=_v_first(initial_state, state_v_first),
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
+    return o, _v_first(final, state_v_first)
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                              cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None,
-                             dt_bias=None, chunk_size=64, decays="stable"):
+                             dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                             state_v_first=False, chunk_size=64, decays="stable"):
     """The gated delta rule in chunks of ``chunk_size`` (``kda_chunked``); same contract and result as
     ``gated_delta_rule`` (to rounding); ``decays`` as in ``kda_chunked``."""
-    q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias)
-    return kda_chunked(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
-                       chunk_size=chunk_size, decays=decays)
+    q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias,
+                                    use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    o, final = kda_chunked(q, k, v, g, beta, scale=scale, initial_state=_v_first(initial_state, state_v_first),
+                           output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+                           chunk_size=chunk_size, decays=decays)
+    return o, _v_first(final, state_v_first)

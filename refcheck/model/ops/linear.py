@@ -203,7 +203,8 @@ def empty_linear_outputs(case: Case, x: Inputs, length: int, n: int, provides) -
     out = {"o": ref.new_zeros(1, 0, hv, d["V"])}
     if case.opts.get("output_final_state"):
         h0 = x.tensors.get("initial_state")
-        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(1, hv, d["K"], d["V"], device=ref.device)
+        dims = (d["V"], d["K"]) if case.opts.get("state_v_first") else (d["K"], d["V"])   # gated_delta_rule's layout
+        out["final_state"] = h0[n:n + 1] if h0 is not None else torch.zeros(1, hv, *dims, device=ref.device)
     return out
 
 
