@@ -52,3 +52,5 @@ def test_a_usage_error_is_a_verdict_and_runs_nothing(capsys):
                                "verdict": "usage_error", "error": v["error"]} and "--impl" in v["error"], v
     code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "0")
     assert code == 2 and "--seconds" in v["error"], v
+    code, v = verify(capsys, "attention")
+    assert code == 2 and "verify judges one implementation" in v["error"], v

@@ -65,8 +65,13 @@ def run(args) -> int:
 
     fuzz_args = argparse.Namespace(**vars(args), max_examples=None, threads=1, gpus="1", out_dir=Path("."),
                                    precision=None)
+    from .selection import items
+
     if not args.seconds > 0:
         return _usage_error(args, f"--seconds: expected a positive number, got {args.seconds}")
+    if len(items(args.impl)) != 1:
+        return _usage_error(args, f"--impl: verify judges one implementation (module:callable, or a registered name), "
+                                  f"got {len(items(args.impl))}")
     try:
         device, impl = _checked(fuzz_args)
         laws, skipped = _laws_for(impl, [])
