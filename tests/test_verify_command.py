@@ -11,13 +11,25 @@ import pytest
 from refcheck.commands import cli
 from refcheck.commands.verify import SCHEMA
 from refcheck.model import registry
+from refcheck.model.naive import naive_form
 
-KEYS = {"schema", "op", "impl", "device", "refcheck", "seed", "verdict", "seconds", "grid", "laws", "failures"}
+KEYS = {"schema", "op", "impl", "spec", "device", "refcheck", "seed", "verdict", "seconds", "grid", "declined", "laws",
+        "failures"}
 
 
 @pytest.fixture(autouse=True)
 def restore_registry(monkeypatch):
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))
+
+
+def no_gva_gdr(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+               use_qk_l2norm=False):
+    """A textbook Gated DeltaNet that refuses grouped value heads, and whose record does not decline them."""
+    if v.shape[2] != q.shape[2]:
+        raise NotImplementedError("no grouped value heads")
+    return naive_form("gated_delta_rule")(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                          output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                                          use_qk_l2norm=use_qk_l2norm)
 
 
 def verify(capsys, *args: str) -> tuple[int, dict]:
@@ -32,6 +44,7 @@ def test_a_correct_kernel_of_another_formula_passes(capsys):
     assert v["grid"]["points"] > 0 and v["grid"]["failed"] == 0
     held = [s for s in v["laws"]["searched"] if s["status"].startswith("holds")]
     assert len(held) == len(v["laws"]["searched"]) and all(s["examples"] > 0 for s in held), v["laws"]
+    assert v["declined"] == [] and v["spec"] == "tests.zoo.attention:online_softmax_b16"
 
 
 def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys):
@@ -44,6 +57,14 @@ def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys)
     assert code == 1 and v["verdict"] == "fail", v
     law = next(f for f in v["failures"] if f["kind"] == "law")
     assert law["law"] and law["reproduce"].startswith("python -c"), law
+
+
+def test_the_verdict_says_what_a_kernel_declines_and_hints_at_it_where_a_case_needs_it(capsys):
+    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.test_verify_command:no_gva_gdr", "--seconds", "10")
+    assert code == 1 and {d["extension"] for d in v["declined"]} == {"gate_in_kernel", "beta_in_kernel", "state_v_first"}
+    assert all(d["grid_cases"] > 0 for d in v["declined"]), v["declined"]
+    grid = [f for f in v["failures"] if f["kind"] == "grid"]
+    assert grid and all("extension(s) grouped_value_heads" in f["message"] for f in grid), grid
 
 
 def test_a_usage_error_is_a_verdict_and_runs_nothing(capsys):

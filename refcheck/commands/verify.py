@@ -5,9 +5,10 @@ every law that concerns the kernel searched with Hypothesis for the time left of
 laws first, stopping at the first falsified law (``refcheck fuzz -x``). ``--json`` prints one object,
 schema ``SCHEMA``::
 
-    {"schema": "refcheck.verdict/1", "op", "impl", "device", "refcheck": version, "seed",
-     "verdict": "pass" | "fail" | "usage_error", "seconds",
-     "grid": {"points", "failed"}, "laws": {"searched": [{"law", "examples", "status"}], "skipped": [{"law", "why"}]},
+    {"schema": "refcheck.verdict/1", "op", "impl" (its target), "spec" (as given), "device", "refcheck": version,
+     "seed", "verdict": "pass" | "fail" | "usage_error", "seconds", "grid": {"points", "failed"},
+     "declined": [{"extension", "grid_cases"}] (the contract's parts the kernel declines, and the grid cases not run),
+     "laws": {"searched": [{"law", "examples", "status"}], "skipped": [{"law", "why"}]},
      "failures": [{"kind": "grid" | "law", "law": name or null, "case", "message", "reproduce"}],
      "error": the usage error (verdict "usage_error" only)}
 
@@ -86,6 +87,7 @@ def run(args) -> int:
     from rich.console import Console
 
     from ..engine import grid
+    from ..model.ops import card
     from ..strategies import profiles
 
     torch.set_num_threads(1)
@@ -93,10 +95,15 @@ def run(args) -> int:
     failures: list[dict] = []
     the_grid = grid.build(device, ops=[impl.op], impls=[impl.name], dtypes=tuple(args.dtype or ()) or None)
     outcomes = grid.run_points(list(the_grid.points), device)
+    op_card = card(impl.op)
     for point, (verdict, crash, _) in zip(the_grid.points, outcomes):
         if verdict is not None and verdict.passed:
             continue
         message = crash if crash is not None else verdict.table()
+        used = [e for e in op_card.extensions if e.used_by(point.case)]
+        if used:     # the case uses a part of the contract the kernel may decline
+            message += ("\n  (this case uses the extension(s) " + ", ".join(e.name for e in used) + " of the contract; "
+                        "a kernel that does not implement one declines it: refcheck contract " + impl.op + ")")
         failures.append({"kind": "grid", "law": None, "case": point.case.describe(), "mode": point.mode,
                          "message": message, "reproduce": (verdict.reproducer(device) if verdict is not None else None)})
     grid_failed = len(failures)
@@ -116,10 +123,12 @@ def run(args) -> int:
     searched = [{"law": r.law.name, "examples": r.examples, "status": r.status} for r in results]
     why = ("a grid point failed" if grid_failed else "a law was falsified before it" if failures else "no time left")
     not_run = [{"law": law.name, "examples": 0, "status": f"not run ({why})"} for law in laws[len(results):]]
-    verdict = {"schema": SCHEMA, "op": impl.op, "impl": impl.target, "device": device, "refcheck": __version__,
-               "seed": args.seed, "verdict": "fail" if failures else "pass",
+    verdict = {"schema": SCHEMA, "op": impl.op, "impl": impl.target, "spec": items(args.impl)[0], "device": device,
+               "refcheck": __version__, "seed": args.seed, "verdict": "fail" if failures else "pass",
                "seconds": round(time.monotonic() - started, 1),
                "grid": {"points": len(the_grid.points), "failed": grid_failed},
+               "declined": [{"extension": name, "grid_cases": sum(n for op, i, e, n in the_grid.declined if e == name)}
+                            for name in sorted(op_card.declined(impl))],
                "laws": {"searched": searched + not_run, "skipped": [{"law": law.name, "why": why} for law, why in skipped]},
                "failures": failures}
     if args.json:

@@ -84,7 +84,9 @@ GATE_IN_KERNEL = Extension(
     "the gate computed in the kernel from a raw gate g: -exp(A_log) * softplus(g + dt_bias), as the models' layers call it")
 GROUPED_VALUE_HEADS = Extension(
     "grouped_value_heads", (), "HV value heads over H query/key heads (HV a multiple of H; value head j reads "
-    "query/key head j // (HV / H)): declined in an Implementation record (declines=...), as it has no keyword",
+    "query/key head j // (HV / H)); it has no keyword, so a kernel declines it in a record: in mykernels.py, "
+    "MINE = refcheck.model.implementation.Implementation(OP, 'mine', 'mykernels:fn', "
+    "declines=('grouped_value_heads',)), named as --impl mykernels:MINE",
     uses=lambda case: "HV" in case.dim)
 
 
