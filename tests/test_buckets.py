@@ -32,7 +32,7 @@ def test_seeds_choose_different_buckets():
     assert len({buckets.plan(impl, LARGE, seed=s) for s in range(6)}) > 1
 
 
-@pytest.mark.parametrize("op", ["kda", "gla", "simple_gla", "kda_gate", "attention"])
+@pytest.mark.parametrize("op", ["kda", "gla", "simple_gla", "kda_gate", "attention", "gated_delta_rule"])
 @settings(max_examples=25, deadline=None, database=None)
 @given(data=__import__("hypothesis").strategies.data())
 def test_pinned_signature_round_trips(op, data):

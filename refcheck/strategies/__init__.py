@@ -79,10 +79,19 @@ compiling and autotuning; 256 is drawn on the CPU."""
 EMPTY: Mapping = MappingProxyType({})
 
 
+_DRAWN = object()
+
+
 def picker(draw, pinned: Mapping = EMPTY):
-    """``pick(name, strategy)``: the pinned value of ``name``, else one drawn from ``strategy``."""
-    def pick(name: str, strategy: st.SearchStrategy):
-        return pinned[name] if name in pinned else draw(strategy)
+    """``pick(name, strategy, absent=...)``: the pinned value of ``name``, else one drawn from ``strategy``;
+    with ``absent``, for a field a case has only when it uses it (an optional keyword): a pinned signature
+    without ``name`` gives ``absent`` (its case did not have it), not a draw."""
+    def pick(name: str, strategy: st.SearchStrategy, absent=_DRAWN):
+        if name in pinned:
+            return pinned[name]
+        if pinned and absent is not _DRAWN:
+            return absent
+        return draw(strategy)
     return pick
 
 

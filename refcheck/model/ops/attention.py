@@ -166,12 +166,9 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1,
     drawn = {"cu_dtype": pick("cu_dtype", st.sampled_from(["int32", "int64"]))} if packed else {}
 
     def extension(name: str, key: str, values: st.SearchStrategy, wanted: bool | None = None):
-        # a pinned signature (a compile bucket) has the option exactly where its case had it
-        if name in declined or wanted is False or (pinned and key not in pinned):
+        if name in declined or wanted is False:
             return None
-        if pinned:
-            return pinned[key]
-        return draw(values) if wanted else draw(st.one_of(st.none(), st.none(), values))
+        return pick(key, values if wanted else st.one_of(st.none(), st.none(), values), absent=None)
     longest = max(seqs or (t,)), max(seqs_k or (s,))
     sides = extension(WINDOW.name, "window_size", window_sides(*longest, is_causal), window)
     if sides is not None:

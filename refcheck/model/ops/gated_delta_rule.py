@@ -48,10 +48,11 @@ def options(draw, pick, k, gate_dtype, declined):
     those), the state value-first (a third of the time), the gate in the kernel (a raw gate, A_log,
     dt_bias or not). A pinned signature (a compile bucket) has an option exactly where its case had it."""
     opts = {"use_qk_l2norm": pick("use_qk_l2norm", st.booleans() if k > 1 else st.just(False))}
-    if BETA_IN_KERNEL.name not in declined and pick("use_beta_sigmoid_in_kernel", st.sampled_from([False, False, True])):
+    if BETA_IN_KERNEL.name not in declined and pick("use_beta_sigmoid_in_kernel", st.sampled_from([False, False, True]),
+                                                     absent=False):
         opts["use_beta_sigmoid_in_kernel"] = True
         opts["allow_neg_eigval"] = pick("allow_neg_eigval", st.booleans())
-    if STATE_V_FIRST.name not in declined and pick("state_v_first", st.sampled_from([False, False, True])):
+    if STATE_V_FIRST.name not in declined and pick("state_v_first", st.sampled_from([False, False, True]), absent=False):
         opts["state_v_first"] = True
     if GATE_IN_KERNEL.name in declined:
         return opts, {}, None
