@@ -348,7 +348,7 @@ def command_line(args) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _laws_for(impl, names: list[str]):
+def laws_to_search(impl, names: list[str]):
     """The laws to search, and the skipped ones with the reason."""
     from ..engine.laws import LAWS
     from ..engine.laws import law as get_law
@@ -367,7 +367,7 @@ def _laws_for(impl, names: list[str]):
     return searched, skipped
 
 
-def _checked(args):
+def checked_selection(args):
     """The device and implementation of a ``fuzz`` command line; ``UsageError`` for anything off
     (checked before any kernel runs: budgets, device, op, dtypes, the implementation)."""
     from ..model.ops import OPS
@@ -574,8 +574,8 @@ def run(args) -> int:
     from ..strategies import profiles
     from .selection import items
 
-    device, impl = _checked(args)
-    to_search, skipped = _laws_for(impl, items(args.law))
+    device, impl = checked_selection(args)
+    to_search, skipped = laws_to_search(impl, items(args.law))
     import torch
     torch.set_num_threads(args.threads)
     profiles.register()

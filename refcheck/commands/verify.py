@@ -62,7 +62,7 @@ def _reproduce_line(text: str) -> str | None:
 def run(args) -> int:
     from .. import __version__
     from .cli import UsageError
-    from .fuzz import _checked, _laws_for, search_all
+    from .fuzz import checked_selection, laws_to_search, search_all
 
     fuzz_args = argparse.Namespace(**vars(args), max_examples=None, threads=1, gpus="1", out_dir=Path("."),
                                    precision=None)
@@ -74,8 +74,8 @@ def run(args) -> int:
         return _usage_error(args, f"--impl: verify judges one implementation (module:callable, or a registered name), "
                                   f"got {len(items(args.impl))}")
     try:
-        device, impl = _checked(fuzz_args)
-        laws, skipped = _laws_for(impl, [])
+        device, impl = checked_selection(fuzz_args)
+        laws, skipped = laws_to_search(impl, [])
     except UsageError as err:
         return _usage_error(args, str(err))
     if device != "cpu":

@@ -144,13 +144,14 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
                 runnable.append(impl.on(device))
             else:
                 unavailable.append((op, impl.name, why))
+        declines = {impl.name: op_card.declined(impl) for impl in runnable}
         for entry in cases(op, quick):
             if dtypes and entry.case.dtype not in dtypes:
                 continue
             for impl in runnable:
                 if entry.case.dtype not in impl.dtypes:
                     continue
-                left_out = op_card.uses_declined(entry.case, op_card.declined(impl))
+                left_out = op_card.uses_declined(entry.case, declines[impl.name])
                 for name in left_out:   # a case of an extension the implementation declines: not run
                     declined[(op, impl.name, name)] = declined.get((op, impl.name, name), 0) + 1
                 if not left_out:

@@ -298,16 +298,8 @@ def causality(t: Trial, *, cut: int) -> None:
     the outputs at positions ``<= cut`` unchanged, and, with upstream gradients zero after ``cut``,
     every gradient unchanged. Inputs are replaced by those of another seed (valid draws)."""
     case = t.case
-    base_in, alt = t.inputs(), t.inputs(case.replace(seed=case.seed ^ 0x5EED))
-    later = {axis: mask.to(t.device) for axis, mask in t.op.after(case, cut).items()}
-
-    def mix(name, x):
-        axis = t.op.token_axes.get(name)
-        if axis is None:
-            return x
-        x = x.clone()
-        x[:, later[axis]] = alt.tensors[name][:, later[axis]]
-        return x
+    base_in = t.inputs()
+    changed = _changed(t, base_in, t.op.after(case, cut))
 
     def masked(outputs):
         cts = t.cotangents(outputs)
@@ -319,7 +311,7 @@ def causality(t: Trial, *, cut: int) -> None:
         return cts
 
     before = t.evaluate(base_in, masked)
-    after = t.evaluate(base_in.map(mix), masked)
+    after = t.evaluate(changed, masked)
 
     def kept(res):
         res = {n: x for n, x in res.items() if n != "final_state"}
@@ -328,6 +320,22 @@ def causality(t: Trial, *, cut: int) -> None:
                 res[name] = res[name].narrow(dim, 0, cut + 1)
         return res
     t.compare(f"outputs at positions <= {cut} after changing later inputs", kept(after), kept(before))
+
+
+def _changed(t: Trial, x: Inputs, positions: Mapping[str, torch.Tensor]) -> Inputs:
+    """``x`` with every input along a token axis of ``positions`` (axis -> bool mask over it) replaced there by
+    the inputs of another seed (valid draws): what causality and window locality change."""
+    alt = t.inputs(t.case.replace(seed=t.case.seed ^ 0x5EED))
+    masks = {axis: mask.to(t.device) for axis, mask in positions.items()}
+
+    def mix(name, v):
+        axis = t.op.token_axes.get(name)
+        if axis not in masks:
+            return v
+        v = v.clone()
+        v[:, masks[axis]] = alt.tensors[name][:, masks[axis]]
+        return v
+    return x.map(mix)
 
 
 def varlen_equals_separate(t: Trial) -> None:
@@ -849,17 +857,10 @@ def window_locality(t: Trial, *, row: int) -> None:
     upstream gradient at that query only, every gradient unchanged: within budget and bit for bit
     (noted). Causality's key side is its special case."""
     case, op = t.case, t.op
-    hidden = op.unseen(case, row).to(t.device)
+    hidden = op.unseen(case, row)
     if not bool(hidden.any()):
         t.vacuous(f"query {row} sees every key")
-    base_in, alt = t.inputs(), t.inputs(case.replace(seed=case.seed ^ 0x5EED))
-
-    def mix(name, x):
-        if op.token_axes.get(name) != "k":
-            return x
-        x = x.clone()
-        x[:, hidden] = alt.tensors[name][:, hidden]
-        return x
+    base_in = t.inputs()
 
     def at_row_only(outputs):
         cts = t.cotangents(outputs)
@@ -873,7 +874,7 @@ def window_locality(t: Trial, *, row: int) -> None:
     def at_row(res):
         return {n: x.narrow(op.join_dims[n], row, 1) if n in op.join_dims else x for n, x in res.items()}
     before = t.evaluate(base_in, at_row_only)
-    after = t.evaluate(base_in.map(mix), at_row_only)
+    after = t.evaluate(_changed(t, base_in, {"k": hidden}), at_row_only)
     t.compare(f"query {row} after changing the {int(hidden.sum())} keys it does not see", at_row(after), at_row(before))
 
 

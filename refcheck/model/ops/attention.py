@@ -218,17 +218,23 @@ def _spans(case: Case) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     return CARD.spans(case) if case.seqlens is not None else [((0, case.dim["T"]), (0, case.dim["S"]))]
 
 
-def after(case: Case, cut: int) -> dict[str, torch.Tensor]:
-    """Queries after ``cut`` and every key no query row ``<= cut`` sees (bottom-right causal mask,
-    per packed sequence)."""
+def _keys_unseen(case: Case, first: int, last: int) -> torch.Tensor:
+    """``[S]`` bool: the keys no query position in ``first .. last`` sees (outside each row's window,
+    after its diagonal where causal, in another packed sequence): ``references.attention.Mask``, per sequence."""
     hidden = torch.ones(case.dim["S"], dtype=torch.bool)
+    window, is_causal = case.opts.get("window_size"), bool(case.opts.get("causal"))
     for (qs, qe), (ks, ke) in _spans(case):
-        if qs > cut or qe == qs:
+        rows = range(max(first, qs) - qs, min(last + 1, qe) - qs)
+        if not rows:
             continue
-        last = min(qe - 1, cut) - qs                       # last kept query row, local index
-        visible = last + (ke - ks) - (qe - qs)             # it sees local keys 0..visible
-        hidden[ks:ks + max(0, min(ke - ks, visible + 1))] = False
-    return {"q": torch.arange(case.dim["T"]) > cut, "k": hidden}
+        mask = Mask(qe - qs, ke - ks, is_causal, window).visible(qe - qs, 0, ke - ks, "cpu")
+        hidden[ks:ke] = False if mask is None else ~mask[rows.start:rows.stop].any(0)
+    return hidden
+
+
+def after(case: Case, cut: int) -> dict[str, torch.Tensor]:
+    """Queries after ``cut`` and every key no query row ``<= cut`` sees (per packed sequence)."""
+    return {"q": torch.arange(case.dim["T"]) > cut, "k": _keys_unseen(case, 0, cut)}
 
 
 def empty_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
@@ -244,15 +250,8 @@ def empty_outputs(case: Case, x: Inputs, length: int, n: int, provides) -> dict:
 
 
 def unseen(case: Case, row: int) -> torch.Tensor:
-    """``[S]`` bool: the keys query position ``row`` does not see (outside its window, after its diagonal
-    where causal, in another packed sequence): ``references.attention.Mask``, per sequence."""
-    hidden = torch.ones(case.dim["S"], dtype=torch.bool)
-    window, is_causal = case.opts.get("window_size"), bool(case.opts.get("causal"))
-    for (qs, qe), (ks, ke) in _spans(case):
-        if qs <= row < qe:
-            mask = Mask(qe - qs, ke - ks, is_causal, window).visible(qe - qs, 0, ke - ks, "cpu")
-            hidden[ks:ke] = False if mask is None else ~mask[row - qs]
-    return hidden
+    """``[S]`` bool: the keys query position ``row`` does not see."""
+    return _keys_unseen(case, row, row)
 
 
 # --- peers: torch SDPA and flash-attn-4, renamed arguments and reshapes only ---------------------
