@@ -183,3 +183,22 @@ def bug_id(name: str, case: Case) -> str:
 def test_each_buggy_twin_is_caught(op, name, case):
     verdict = verify(impl(op, name), case)
     assert not verdict.passed, verdict.table()
+
+
+# --- the laws of serving: decode, grouped value heads, inputs rewritten --------------------------------------------
+
+SERVING = [(op, name, law) for op, name in CORRECT
+           for law in ("decode_equals_prefill", "grouped_heads", "inputs_rewritten")
+           if law != "grouped_heads" or op == "gated_delta_rule"]     # the one linear op with grouped heads
+
+
+@pytest.mark.parametrize("op, name, law", SERVING, ids=[f"{n}-{law}" for _, n, law in SERVING])
+def test_correct_members_hold_the_serving_laws(op, name, law):
+    """Written from other formulas (chunked with a hand-written backward, the WY form, the recurrence in the input
+    dtype): one-token decode calls equal one call, a grouped call equals the repeated one (gated_delta_rule), new
+    values in the same tensors give their truth; on the ci profile's draws."""
+    from hypothesis import settings
+
+    from refcheck.engine.laws import hypothesis_check
+    from refcheck.strategies import profiles
+    hypothesis_check(law, impl(op, name), settings=settings(**profiles.PROFILES["ci"]))
