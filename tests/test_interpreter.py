@@ -750,3 +750,46 @@ def test_fp32_exp2_flushes_subnormal_results_and_keeps_infinities():
     expected = torch.where(exact < 2.0 ** -126, torch.zeros_like(exact), exact).float()
     torch.testing.assert_close(y, expected, rtol=2.0 ** -22, atol=0)   # exp2's own rounding aside
     assert y[expected == 0].eq(0).all() and y[-4:-2].eq(0).all() and y[-2:].isinf().all()
+
+
+def test_the_operand_shortcut_gives_what_the_stock_type_checking_gives():
+    """``type_cache``'s binary-operand shortcut against the stock ``binary_op_type_checking_impl``: for
+    every pair of types and shapes (same and different, blocks and scalars, pointers) and every flag, the
+    same result types and the same values, or the same error."""
+    import itertools
+
+    import numpy as np
+    import triton.language as tl
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime import interpreter as stock
+
+    from refcheck.runtime import type_cache
+
+    interpreter.disable()      # the stock function itself (the fixture restores the patches after)
+    stock_operands = TritonSemantic.binary_op_type_checking_impl
+    shortcut = next(fn for _, name, fn in type_cache.patches() if name == "binary_op_type_checking_impl")
+    semantic = TritonSemantic(stock.interpreter_builder)
+    dtypes = [tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.int8, tl.int32, tl.int64, tl.uint32,
+              tl.pointer_type(tl.float32)]
+
+    def value(dtype, shape):
+        np_dtype = np.uint64 if dtype.is_ptr() else stock._get_np_dtype(dtype)
+        data = (np.arange(int(np.prod(shape)) or 1) % 5 + 1).astype(np_dtype).reshape(shape or ())
+        return tl.tensor(stock.TensorHandle(data, dtype.scalar if not dtype.is_ptr() else dtype),
+                         tl.block_type(dtype, list(shape)) if shape else dtype)
+
+    def outcome(fn, lhs, rhs, flags):
+        try:
+            out = fn(semantic, lhs, rhs, *flags)
+        except Exception as err:
+            return type(err).__name__
+        return [(str(t.type), t.handle.data.dtype, t.handle.data.tobytes()) for t in out]
+
+    checked = 0
+    for (a, b), (sa, sb) in itertools.product(itertools.product(dtypes, repeat=2), [((4,), (4,)), ((2, 4), (2, 4)),
+                                                                                   ((1, 4), (2, 4)), ((), ())]):
+        for flags in itertools.product([False, True], repeat=4):
+            lhs, rhs = value(a, sa), value(b, sb)
+            assert outcome(shortcut, lhs, rhs, flags) == outcome(stock_operands, lhs, rhs, flags), (a, b, sa, sb, flags)
+            checked += 1
+    assert checked == len(dtypes) ** 2 * 4 * 16

@@ -38,7 +38,7 @@ def verify(capsys, *args: str) -> tuple[int, dict]:
 
 
 def test_a_correct_kernel_of_another_formula_passes(capsys):
-    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "15")
+    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "4")
     assert code == 0 and v["verdict"] == "pass" and v["failures"] == [], v
     assert set(v) == KEYS and v["schema"] == SCHEMA
     assert v["grid"]["points"] > 0 and v["grid"]["failed"] == 0
@@ -48,11 +48,11 @@ def test_a_correct_kernel_of_another_formula_passes(capsys):
 
 
 def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys):
-    code, v = verify(capsys, "attention", "--impl", "tests.gaming:attention_lazy_subclass", "--seconds", "15")
+    code, v = verify(capsys, "attention", "--impl", "tests.gaming:attention_lazy_subclass", "--seconds", "3")
     assert code == 1 and v["verdict"] == "fail" and set(v) == KEYS, v
     first = v["failures"][0]
     assert first["kind"] == "grid" and "plain torch.Tensor" in first["message"], first
-    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.gaming:gdr_cached_by_shape", "--seconds", "30",
+    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.gaming:gdr_cached_by_shape", "--seconds", "6",
                      "--dtype", "fp32")
     assert code == 1 and v["verdict"] == "fail", v
     law = next(f for f in v["failures"] if f["kind"] == "law")
@@ -60,7 +60,7 @@ def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys)
 
 
 def test_the_verdict_says_what_a_kernel_declines_and_hints_at_it_where_a_case_needs_it(capsys):
-    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.test_verify_command:no_gva_gdr", "--seconds", "10")
+    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.test_verify_command:no_gva_gdr", "--seconds", "3")
     assert code == 1 and {d["extension"] for d in v["declined"]} == {"gate_in_kernel", "beta_in_kernel", "state_v_first"}
     assert all(d["grid_cases"] > 0 for d in v["declined"]), v["declined"]
     grid = [f for f in v["failures"] if f["kind"] == "grid"]
