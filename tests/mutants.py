@@ -333,6 +333,57 @@ def kda_decode_path_undecayed(q, k, v, g, beta, **options):
     return naive.kda(q, k, v, torch.zeros_like(g) if q.shape[1] == 1 else g, beta, **options)
 
 
+# --- law 19: state pool --------------------------------------------------------------------------
+
+@mutant("kda", "state_pool")
+def kda_pool_ignores_indices(q, k, v, g, beta, *, initial_state=None, ssm_state_indices=None,
+                             inplace_final_state=False, **options):
+    """Reads the pool's first N slots, not those ssm_state_indices names (writes the named ones)."""
+    if ssm_state_indices is None:
+        return naive.kda(q, k, v, g, beta, initial_state=initial_state, **options)
+    first = torch.arange(len(ssm_state_indices), device=ssm_state_indices.device)
+    o, final = naive.kda(q, k, v, g, beta, initial_state=initial_state, ssm_state_indices=first,
+                         **{**options, "output_final_state": True})
+    if inplace_final_state:
+        initial_state[ssm_state_indices] = final
+        return o, None
+    return o, final
+
+
+@mutant("gated_delta_rule", "state_pool")
+def gdr_pool_writes_next_slot(q, k, v, g, beta, *, initial_state=None, ssm_state_indices=None,
+                              inplace_final_state=False, **options):
+    """Writes each final state into the slot after the one it was read from (an off-by-one stride)."""
+    if not inplace_final_state:
+        return naive.gated_delta_rule(q, k, v, g, beta, initial_state=initial_state,
+                                      ssm_state_indices=ssm_state_indices, **options)
+    o, final = naive.gated_delta_rule(q, k, v, g, beta, initial_state=initial_state,
+                                      ssm_state_indices=ssm_state_indices, **{**options, "output_final_state": True})
+    initial_state[(ssm_state_indices + 1) % initial_state.shape[0]] = final
+    return o, None
+
+
+@mutant("kda", "state_pool")
+def kda_pool_zeroes_the_pool(q, k, v, g, beta, *, initial_state=None, ssm_state_indices=None,
+                             inplace_final_state=False, **options):
+    """Clears the whole pool before writing the named slots back (a memset of the state buffer)."""
+    o, final = naive.kda(q, k, v, g, beta, initial_state=initial_state, ssm_state_indices=ssm_state_indices,
+                         **{**options, "output_final_state": True} if inplace_final_state else options)
+    if not inplace_final_state:
+        return o, final
+    initial_state.zero_()
+    initial_state[ssm_state_indices] = final
+    return o, None
+
+
+@mutant("kda", "state_pool")
+def kda_pool_final_state_not_written(q, k, v, g, beta, *, initial_state=None, ssm_state_indices=None,
+                                     inplace_final_state=False, **options):
+    """Returns the final states instead of writing them into the pool (the keyword taken, not honoured)."""
+    return naive.kda(q, k, v, g, beta, initial_state=initial_state, ssm_state_indices=ssm_state_indices,
+                     **{**options, "output_final_state": True} if inplace_final_state else options)
+
+
 # --- law 5: determinism --------------------------------------------------------------------------
 
 @mutant("kda", "determinism")

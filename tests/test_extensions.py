@@ -44,7 +44,7 @@ TEXTBOOK = Implementation(OP, "textbook", f"{__name__}:textbook_gdr", declines=(
 
 def test_a_kernel_without_an_extensions_keywords_fits_the_contract_and_declines_it():
     assert registry.contract_problems(textbook_gdr, OP) == []
-    by_signature = {"gate_in_kernel", "beta_in_kernel", "state_v_first"}
+    by_signature = {"gate_in_kernel", "beta_in_kernel", "state_v_first", "state_pool"}
     assert card(OP).declined(TEXTBOOK) == by_signature | {"grouped_value_heads"}
     plain = dataclasses.replace(TEXTBOOK, declines=())
     assert card(OP).declined(plain) == by_signature

@@ -152,6 +152,27 @@ def test_chunked_forms_return_no_state_unless_asked():
     assert final is None and o.shape == (1, 5, 1, 2)
 
 
+@pytest.mark.parametrize("op", ["kda", "kda_chunked", "gated_delta_rule", "gated_delta_rule_chunked"])
+def test_a_decode_step_over_a_state_pool_is_the_step_given_its_states(op):
+    """The pool form (``recurrence.over_sequences``): sequence n starts from slot ``ssm_state_indices[n]``; in place,
+    its final state lands there, no other slot changes, and none is returned; exactly the direct call's numbers."""
+    gen = torch.Generator().manual_seed(5)
+    r = lambda *s: torch.randn(*s, dtype=F64, generator=gen)  # noqa: E731
+    b, h, kd, vd, slots = 3, 2, 4, 3, torch.tensor([4, 0, 2])
+    x = dict(q=r(b, 1, h, kd), k=torch.nn.functional.normalize(r(b, 1, h, kd), dim=-1), v=r(b, 1, h, vd),
+             g=-torch.rand(b, 1, h, *((kd,) if op.startswith("kda") else ()), dtype=F64, generator=gen),
+             beta=torch.rand(b, 1, h, dtype=F64, generator=gen))
+    fn, pool = getattr(references, op), r(6, h, kd, vd)
+    o, final = fn(**x, initial_state=pool[slots].clone(), output_final_state=True)
+    gathered, gathered_final = fn(**x, initial_state=pool.clone(), ssm_state_indices=slots, output_final_state=True)
+    assert torch.equal(gathered, o) and torch.equal(gathered_final, final)
+    written = pool.clone()
+    o_pool, none = fn(**x, initial_state=written, ssm_state_indices=slots, inplace_final_state=True)
+    others = [i for i in range(6) if i not in slots.tolist()]
+    assert none is None and torch.equal(o_pool, o) and torch.equal(written[slots], final)
+    assert torch.equal(written[others], pool[others])
+
+
 # --------------------------------------------------------------------------- bad input
 
 B, T, H, K, V = 2, 6, 4, 3, 5
@@ -229,6 +250,21 @@ KDA_MISTAKES = {
     "A_log without use_gate_in_kernel": (_opt(A_log=torch.zeros(H)), "A_log"),
     "A_log shape": (_opt(use_gate_in_kernel=True, A_log=torch.zeros(H + 1)), "A_log"),
     "dt_bias shape": (_opt(use_gate_in_kernel=True, A_log=torch.zeros(H), dt_bias=torch.zeros(H)), "dt_bias"),
+    "a pool without initial_state": (_opt(ssm_state_indices=torch.tensor([0, 1])), "initial_state"),
+    "a pool of other heads": (_opt(initial_state=torch.zeros(4, H + 1, K, V), ssm_state_indices=torch.tensor([0, 1])),
+                              "initial_state"),
+    "a slot outside the pool": (_opt(initial_state=torch.zeros(4, H, K, V), ssm_state_indices=torch.tensor([0, 4])),
+                                "ssm_state_indices"),
+    "a slot per sequence": (_opt(initial_state=torch.zeros(4, H, K, V), ssm_state_indices=torch.tensor([0])),
+                            "ssm_state_indices"),
+    "float slots": (_opt(initial_state=torch.zeros(4, H, K, V), ssm_state_indices=torch.tensor([0.0, 1.0])),
+                    "ssm_state_indices"),
+    "one slot written twice": (_opt(initial_state=torch.zeros(4, H, K, V), ssm_state_indices=torch.tensor([2, 2]),
+                                    inplace_final_state=True), "ssm_state_indices"),
+    "in place and returned": (_opt(initial_state=torch.zeros(4, H, K, V), ssm_state_indices=torch.tensor([0, 1]),
+                                   inplace_final_state=True, output_final_state=True), "output_final_state"),
+    "in place without a pool": (_opt(initial_state=torch.zeros(B, H, K, V), inplace_final_state=True),
+                                "inplace_final_state"),
 }
 SIMPLE_GLA_MISTAKES = {"g per channel": (_with("g", lambda t: t[..., None].expand(B, T, H, K)), "g")}
 CHUNK_MISTAKES = {f"chunk_size {c!r}": (_opt(chunk_size=c), "chunk_size") for c in (0, -8, 2.5, True, "64")}

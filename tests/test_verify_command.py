@@ -61,8 +61,11 @@ def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys)
 
 def test_the_verdict_says_what_a_kernel_declines_and_hints_at_it_where_a_case_needs_it(capsys):
     code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.test_verify_command:no_gva_gdr", "--seconds", "3")
-    assert code == 1 and {d["extension"] for d in v["declined"]} == {"gate_in_kernel", "beta_in_kernel", "state_v_first"}
-    assert all(d["grid_cases"] > 0 for d in v["declined"]), v["declined"]
+    assert code == 1 and {d["extension"] for d in v["declined"]} == {"gate_in_kernel", "beta_in_kernel", "state_v_first",
+                                                                     "state_pool"}
+    declined = {d["extension"]: d for d in v["declined"]}
+    assert all(d["grid_cases"] > 0 for name, d in declined.items() if name != "state_pool"), v["declined"]
+    assert declined["state_pool"]["grid_cases"] == 0 and declined["state_pool"]["laws"] == ["state_pool"], declined
     grid = [f for f in v["failures"] if f["kind"] == "grid"]
     assert grid and all("extension(s) grouped_value_heads" in f["message"] for f in grid), grid
 

@@ -185,18 +185,19 @@ def test_each_buggy_twin_is_caught(op, name, case):
     assert not verdict.passed, verdict.table()
 
 
-# --- the laws of serving: decode, grouped value heads, inputs rewritten --------------------------------------------
+# --- the laws of serving: decode, grouped value heads, inputs rewritten, a state pool ----------------------------
 
 SERVING = [(op, name, law) for op, name in CORRECT
-           for law in ("decode_equals_prefill", "grouped_heads", "inputs_rewritten")
-           if law != "grouped_heads" or op == "gated_delta_rule"]     # the one linear op with grouped heads
+           for law in ("decode_equals_prefill", "grouped_heads", "inputs_rewritten", "state_pool")
+           if law not in ("grouped_heads", "state_pool") or op == "gated_delta_rule"]  # grouped heads, a state pool
 
 
 @pytest.mark.parametrize("op, name, law", SERVING, ids=[f"{n}-{law}" for _, n, law in SERVING])
 def test_correct_members_hold_the_serving_laws(op, name, law):
     """Written from other formulas (chunked with a hand-written backward, the WY form, the recurrence in the input
     dtype): one-token decode calls equal one call, a grouped call equals the repeated one (gated_delta_rule), new
-    values in the same tensors give their truth; on the ci profile's draws."""
+    values in the same tensors give their truth, a decode step over a state pool equals the step given its states
+    (gated_delta_rule); on the ci profile's draws."""
     from hypothesis import settings
 
     from refcheck.engine.laws import hypothesis_check

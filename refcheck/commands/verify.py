@@ -7,7 +7,8 @@ schema ``SCHEMA``::
 
     {"schema": "refcheck.verdict/1", "op", "impl" (its target), "spec" (as given), "device", "refcheck": version,
      "seed", "verdict": "pass" | "fail" | "usage_error", "seconds", "grid": {"points", "failed"},
-     "declined": [{"extension", "grid_cases"}] (the contract's parts the kernel declines, and the grid cases not run),
+     "declined": [{"extension", "grid_cases", "laws"}] (the contract's parts the kernel declines, the grid cases
+                 and the laws not run for it),
      "laws": {"searched": [{"law", "examples", "status"}], "skipped": [{"law", "why"}]},
      "failures": [{"kind": "grid" | "law", "law": name or null, "case", "message", "reproduce"}],
      "error": the usage error (verdict "usage_error" only)}
@@ -127,7 +128,8 @@ def run(args) -> int:
                "refcheck": __version__, "seed": args.seed, "verdict": "fail" if failures else "pass",
                "seconds": round(time.monotonic() - started, 1),
                "grid": {"points": len(the_grid.points), "failed": grid_failed},
-               "declined": [{"extension": name, "grid_cases": sum(n for op, i, e, n in the_grid.declined if e == name)}
+               "declined": [{"extension": name, "grid_cases": sum(n for op, i, e, n in the_grid.declined if e == name),
+                             "laws": [law.name for law, why in skipped if why == f"declines extension {name}"]}
                             for name in sorted(op_card.declined(impl))],
                "laws": {"searched": searched + not_run, "skipped": [{"law": law.name, "why": why} for law, why in skipped]},
                "failures": failures}

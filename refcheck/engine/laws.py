@@ -952,6 +952,58 @@ def decode_equals_prefill(t: Trial, *, prefill: int) -> None:
               t.composite(inputs, decoded, t.cotangents(whole)), sums=True)
 
 
+POOL_SPARE_SLOTS = 3
+"""Slots of the pool in law ``state_pool`` that no sequence names (the first holds NaN)."""
+
+
+def state_pool(t: Trial) -> None:
+    """Law 19: serving's decode over a state pool. One token per sequence, each sequence's state read
+    from the pool slot ``ssm_state_indices`` names and its final state written back there in place
+    (``inplace_final_state``), gives the outputs and final states of the same call given those states
+    directly (``initial_state=pool[indices]``, ``output_final_state``): within budget and bit for bit
+    (noted). Every slot no sequence names (one holds NaN) and every other input stay bitwise unchanged:
+    the pool's named slots are the one side effect the contract allows. Forward only (decode)."""
+    case, op = t.case, t.op
+    step = op.piece(t.inputs(), (0, 1))
+    with torch.no_grad():
+        states = step.tensors.get("initial_state")
+        if states is None:      # the states this kernel reaches after one token from zero
+            states = t.call(step, output_final_state=True).get("final_state")
+            if states is None:
+                t.fail("returned no final state with output_final_state=True")
+        n = states.shape[0]
+        gen = torch.Generator().manual_seed(case.seed ^ 0x9001)
+        slots = torch.randperm(n + POOL_SPARE_SLOTS, generator=gen)
+        named, spare = slots[:n].to(states.device), slots[n:].to(states.device)
+        pool = torch.randn((n + POOL_SPARE_SLOTS, *states.shape[1:]), generator=gen).to(states)
+        pool[named] = states.float()
+        pool[spare[0]] = float("nan")
+        given = Inputs({**step.tensors, "initial_state": pool[named].clone()}, step.positional, step.options)
+        direct = t.call(given, output_final_state=True)
+        pooled = Inputs({**step.tensors, "initial_state": pool.clone(), "ssm_state_indices": named.clone()},
+                        step.positional, step.options)
+        before = {name: x.clone() for name, x in pooled.tensors.items()}
+        out = t.call(pooled, output_final_state=False, inplace_final_state=True)
+    written = pooled.tensors["initial_state"]
+    if out.get("final_state") is not None:
+        t.fail("returned a final state with inplace_final_state=True (the final states belong in the pool)")
+    touched = [int(s) for s in spare if not same_bits(written[s], before["initial_state"][s])]
+    if touched:
+        t.fail(f"changed pool slot(s) {touched}, which no sequence names (ssm_state_indices {named.tolist()})")
+    changed = [name for name, x in pooled.tensors.items() if name != "initial_state" and not same_bits(x, before[name])]
+    if changed:
+        t.fail("modified inputs other than the pool's named slots in place: " + ", ".join(changed))
+    t.compare(f"a decode step over a pool of {n + POOL_SPARE_SLOTS} states (slots {named.tolist()}) against "
+              "the same step given those states", {"o": out["o"], "final_state": written[named]},
+              {"o": direct["o"], "final_state": direct["final_state"]})
+
+
+def _offers_state_pool(impl: registry.Implementation) -> str | None:
+    if "state_pool" in card(impl.op).declined(impl):
+        return "declines extension state_pool"
+    return None
+
+
 def _prefill(impl, case: Case) -> st.SearchStrategy[dict]:
     total = case.dim["T"]
     return st.fixed_dictionaries({"prefill": st.integers(max(0, total - DECODE_STEPS), total - 1)})
@@ -1048,6 +1100,8 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("window_locality", "16", window_locality, requires={"window": True}, params=_row, cost=2),
     Law("sinks_neutral", "17", sinks_neutral, requires={"sinks": True}, cost=2),
     Law("inputs_rewritten", "18", inputs_rewritten, cost=2),
+    Law("state_pool", "19", state_pool, frozenset({"state", "state_pool"}), {"varlen": False, "min_len": 1},
+        applies=_offers_state_pool, cost=3),
 )}
 
 

@@ -183,12 +183,13 @@ def to_chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
 def chunk_scan(inputs: dict[str, torch.Tensor], write: Write, scale: float, k_dim: int, v_dim: int,
                initial_state: torch.Tensor | None, output_final_state: bool,
                cu_seqlens: torch.Tensor | None, chunk_size: int,
-               decays: str = "stable") -> tuple[torch.Tensor, torch.Tensor | None]:
+               decays: str = "stable", **pool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``chunk_step`` over the chunks of each sequence (decays formed as ``decays`` says).
 
     inputs: name -> ``[B, T, H, ...]`` in the compute dtype, holding q, k, g ``[B, T, H, K]``,
     v ``[B, T, H, V]`` and whatever ``write`` reads. The state starts at ``initial_state[n]``
     (``[N, H, K, V]``) or 0. Returns ``o [B, T, H, V]`` and, if asked, the final states ``[N, H, K, V]``.
+    ``pool``: ``recurrence.over_sequences``' state pool keywords.
     """
     check_decay_form(decays)
 
@@ -202,4 +203,4 @@ def chunk_scan(inputs: dict[str, torch.Tensor], write: Write, scale: float, k_di
             outs.append(o.transpose(0, 1))
         return state, torch.cat(outs)[:length]
 
-    return over_sequences(run_sequence, inputs, k_dim, v_dim, initial_state, output_final_state, cu_seqlens)
+    return over_sequences(run_sequence, inputs, k_dim, v_dim, initial_state, output_final_state, cu_seqlens, **pool)

@@ -78,6 +78,33 @@ def check_state(name: str, state, n: int, h: int, k: int, v: int) -> torch.Tenso
     return state
 
 
+def check_state_pool(pool, indices, n: int, h: int, k: int, v: int, *, inplace: bool,
+                     output_final_state: bool) -> tuple[torch.Tensor, list[int]]:
+    """A decode step's states held in a pool (serving's continuous batching): ``pool`` (given as
+    ``initial_state``) ``[P, H, K, V]`` float32, ``indices`` (``ssm_state_indices``) a 1-D int tensor
+    ``[N]`` naming each sequence's slot in ``[0, P)``, distinct when the final states are written back
+    (``inplace``: then no final state is returned as well). Returns the pool and the slots as ints."""
+    if pool is None:
+        raise ValueError("initial_state: required with ssm_state_indices (the pool of states the indices name)")
+    check_tensor("initial_state", pool, 4, (torch.float32, torch.float64))
+    if tuple(pool.shape[1:]) != (h, k, v):
+        raise ValueError(f"initial_state: expected a pool of shape (P, {h}, {k}, {v}) ([P, H, K, V]: P slots) "
+                         f"with ssm_state_indices, got {tuple(pool.shape)}")
+    check_tensor("ssm_state_indices", indices, 1, (torch.int32, torch.int64))
+    slots = indices.tolist()
+    if len(slots) != n:
+        raise ValueError(f"ssm_state_indices: expected one slot per sequence ({n}), got {len(slots)}")
+    if any(not 0 <= s < pool.shape[0] for s in slots):
+        raise ValueError(f"ssm_state_indices: expected slots in [0, {pool.shape[0]}) (the pool's P), got {slots}")
+    if inplace and len(set(slots)) != len(slots):
+        raise ValueError(f"ssm_state_indices: two sequences name one slot, which inplace_final_state would write "
+                         f"twice: {slots}")
+    if inplace and output_final_state:
+        raise ValueError("output_final_state: with inplace_final_state=True the final states are written into "
+                         "the pool; ask for one or the other")
+    return pool, slots
+
+
 def check_scale(scale, head_dim: int) -> float:
     """The default softmax/readout scale is ``head_dim ** -0.5``; a given one must be positive."""
     if scale is None:

@@ -19,6 +19,9 @@ With ``use_beta_sigmoid_in_kernel`` beta holds logits and the step uses ``sigmoi
 ``2 sigmoid(beta)`` in ``[0, 2)`` with ``allow_neg_eigval`` (the update's eigenvalue ``1 - beta`` may be
 negative; FLA's option, which takes effect only with the sigmoid in the kernel). With ``state_v_first``
 the states are laid out ``[N, HV, V, K]`` (the transpose of ``S``), initial and final alike.
+A decode step over a state pool (serving): with ``ssm_state_indices [N]`` the initial state is a pool
+``[P, HV, K, V]`` and sequence n starts from slot ``ssm_state_indices[n]``; with ``inplace_final_state``
+its final state is written back into that slot, in place, and none is returned (as KDA's).
 It is KDA (``kda.py``) with the decay ``g [B, T, H]`` broadcast over K, so both forms are KDA's:
 ``gated_delta_rule`` walks the recurrence, ``gated_delta_rule_chunked`` evaluates it in chunks.
 """
@@ -76,7 +79,8 @@ def _v_first(state, state_v_first: bool):
 
 def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                      cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False):
+                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
+                     ssm_state_indices=None, inplace_final_state=False):
     """The gated delta rule by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)`` (``[N, HV, V, K]`` with
@@ -86,19 +90,22 @@ def gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output
     q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias,
                                     use_beta_sigmoid_in_kernel, allow_neg_eigval)
     o, final = kda(q, k, v, g, beta, scale=scale, initial_state=_v_first(initial_state, state_v_first),
-                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm)
+                   output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+                   ssm_state_indices=ssm_state_indices, inplace_final_state=inplace_final_state)
     return o, _v_first(final, state_v_first)
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                              cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None,
                              dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                             state_v_first=False, chunk_size=64, decays="stable"):
+                             state_v_first=False, ssm_state_indices=None, inplace_final_state=False, chunk_size=64,
+                             decays="stable"):
     """The gated delta rule in chunks of ``chunk_size`` (``kda_chunked``); same contract and result as
     ``gated_delta_rule`` (to rounding); ``decays`` as in ``kda_chunked``."""
     q, k, v, g, beta = gva_operands(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias,
                                     use_beta_sigmoid_in_kernel, allow_neg_eigval)
     o, final = kda_chunked(q, k, v, g, beta, scale=scale, initial_state=_v_first(initial_state, state_v_first),
                            output_final_state=output_final_state, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
-                           chunk_size=chunk_size, decays=decays)
+                           chunk_size=chunk_size, decays=decays, ssm_state_indices=ssm_state_indices,
+                           inplace_final_state=inplace_final_state)
     return o, _v_first(final, state_v_first)

@@ -11,6 +11,10 @@ Shapes: q, k ``[B, T, H, K]``; v ``[B, T, H, V]``; g ``[B, T, H, K]``; beta ``[B
 states ``[N, H, K, V]`` (N: the number of sequences, B unless packed). With ``use_qk_l2norm`` q and k are
 first divided by their L2 norm (``x / sqrt(sum(x^2) + 1e-6)``); with ``use_gate_in_kernel`` the decay is
 ``kda_gate(g, A_log, dt_bias, lower_bound)``; ``safe_gate`` promises ``lower_bound <= decay <= 0``.
+A decode step over a state pool (serving's continuous batching): with ``ssm_state_indices [N]`` the
+initial state is a pool ``[P, H, K, V]`` and sequence n starts from slot ``ssm_state_indices[n]``; with
+``inplace_final_state`` its final state is written back into that slot, in place (the contract's one
+side effect), and none is returned (``recurrence.over_sequences``).
 
 ``kda`` walks the recurrence step by step; ``kda_chunked`` evaluates the same math in chunks
 (``chunk.chunk_scan`` with the WY form of the delta rule, ``delta_rule_write``).
@@ -79,7 +83,7 @@ def kda_operands(q, k, v, g, beta, *, scale, use_qk_l2norm, safe_gate, lower_bou
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
         use_qk_l2norm=False, safe_gate=False, lower_bound=None, use_gate_in_kernel=False, A_log=None,
-        dt_bias=None):
+        dt_bias=None, ssm_state_indices=None, inplace_final_state=False):
     """KDA by its recurrence, evaluated in ``q.dtype`` (float64 for the truth).
 
     Returns ``(o [B, T, H, V], final_state [N, H, K, V] or None)``, computed in ``q.dtype``. A kernel's
@@ -96,7 +100,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
         return state, scale * torch.einsum("hkv,hk->hv", state, x["q"])
 
     return scan(step, dict(q=q, k=k, v=v, g=g, beta=beta), kd, vd, initial_state, output_final_state,
-                cu_seqlens)
+                cu_seqlens, state_indices=ssm_state_indices, inplace_final_state=inplace_final_state)
 
 
 def unit_lower_solve(lower: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
@@ -135,7 +139,8 @@ def delta_rule_write(x: dict[str, torch.Tensor], G: torch.Tensor,
 
 def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                 cu_seqlens=None, use_qk_l2norm=False, safe_gate=False, lower_bound=None,
-                use_gate_in_kernel=False, A_log=None, dt_bias=None, chunk_size=64, decays="stable"):
+                use_gate_in_kernel=False, A_log=None, dt_bias=None, ssm_state_indices=None,
+                inplace_final_state=False, chunk_size=64, decays="stable"):
     """KDA in chunks of ``chunk_size`` steps (``chunk.chunk_scan`` with ``delta_rule_write``).
 
     Same contract and result as ``kda`` (to rounding), in ``q.dtype``; ``chunk_size`` is any positive
@@ -149,4 +154,5 @@ def kda_chunked(q, k, v, g, beta, *, scale=None, initial_state=None, output_fina
         q, k, v, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm, safe_gate=safe_gate,
         lower_bound=lower_bound, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
     return chunk_scan(dict(q=q, k=k, v=v, g=g, beta=beta), delta_rule_write, scale, kd, vd, initial_state,
-                      output_final_state, cu_seqlens, chunk_size, decays)
+                      output_final_state, cu_seqlens, chunk_size, decays, state_indices=ssm_state_indices,
+                      inplace_final_state=inplace_final_state)

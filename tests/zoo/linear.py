@@ -348,6 +348,20 @@ def _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state
     return o, (torch.stack(finals) if output_final_state else None)
 
 
+def _pooled(run, initial_state, output_final_state, ssm_state_indices, inplace_final_state):
+    """Serving's state pool, apart from the references' bookkeeping: ``run(initial_state, output_final_state)``
+    over the slots ``ssm_state_indices`` names (``index_select``), the final states written back into them
+    (``index_copy_``) with ``inplace_final_state``."""
+    if ssm_state_indices is None:
+        return run(initial_state, output_final_state)
+    slots = ssm_state_indices.long()
+    o, final = run(initial_state.index_select(0, slots), True)
+    if not inplace_final_state:
+        return o, (final if output_final_state else None)
+    initial_state.index_copy_(0, slots, final.to(initial_state.dtype))
+    return o, None
+
+
 # --- the zoo -----------------------------------------------------------------------------------------------------
 
 def simple_gla_chunk16_dg_cumsum(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
@@ -389,23 +403,26 @@ def gla_recurrent_input_dtype(q, k, v, g, *, scale=None, initial_state=None, out
 
 
 def gated_delta_rule_wy_fp32(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                             cu_seqlens=None, use_qk_l2norm=False,
-        use_gate_in_kernel=False, A_log=None, dt_bias=None):
+                             cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                             ssm_state_indices=None, inplace_final_state=False):
     """Chunks of 64 in float32, WY form: T = (I + tril_-1(beta K K^T * Dg))^{-1}, W = T beta K exp(G),
-    U = T beta V - W S0, O = scale ((Q exp(G)) S0 + (Q K^T * Dg) U); autograd."""
+    U = T beta V - W S0, O = scale ((Q exp(G)) S0 + (Q K^T * Dg) U); autograd; a state pool (``_pooled``)."""
     g = _in_kernel_gate(g, use_gate_in_kernel, A_log, dt_bias)
-    return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
-                             form="wy")
+    return _pooled(lambda h0, final: _gated_delta_rule(q, k, v, g, beta, scale, h0, final, cu_seqlens, use_qk_l2norm,
+                                                       form="wy"),
+                   initial_state, output_final_state, ssm_state_indices, inplace_final_state)
 
 
 def gated_delta_rule_recurrent_input_dtype(q, k, v, g, beta, *, scale=None, initial_state=None,
                                            output_final_state=False, cu_seqlens=None, use_qk_l2norm=False,
-        use_gate_in_kernel=False, A_log=None, dt_bias=None):
+                                           use_gate_in_kernel=False, A_log=None, dt_bias=None, ssm_state_indices=None,
+                                           inplace_final_state=False):
     """S' = exp(g_t) S, S_t = S' + beta_t k_t (v_t - S'^T k_t)^T, o_t = scale S_t^T q_t, step by step in q's
-    dtype; autograd."""
+    dtype; autograd; a state pool (``_pooled``)."""
     g = _in_kernel_gate(g, use_gate_in_kernel, A_log, dt_bias)
-    return _gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm,
-                             form="recurrent")
+    return _pooled(lambda h0, final: _gated_delta_rule(q, k, v, g, beta, scale, h0, final, cu_seqlens, use_qk_l2norm,
+                                                       form="recurrent"),
+                   initial_state, output_final_state, ssm_state_indices, inplace_final_state)
 
 
 def bug_simple_gla_dg_sign(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):

@@ -153,6 +153,8 @@ TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
         ("unseen (the keys a query row does not see)", c.unseen is not None)) if not ok],
     "gate_function": lambda c: [] if "gate" in c.outputs else ["output 'gate'"],
     "grouped_heads": lambda c: [] if c.grouping else ["grouping (which heads are shared by a group)"],
+    "state_pool": lambda c: [] if any(e.name == "state_pool" for e in c.extensions) else [
+        "extension 'state_pool' (ssm_state_indices, inplace_final_state: decode over a pool of states)"],
 }
 """Trait -> what a card claiming it lacks (empty: complete). See the module docstring."""
 

@@ -15,7 +15,7 @@ from refcheck import references
 from ..implementation import Implementation
 from .card import Extension, Inputs
 from .inputs import normal, rounded
-from .linear import GATE_IN_KERNEL, gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
+from .linear import GATE_IN_KERNEL, STATE_POOL, gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
 
 
 def make_inputs(case, device) -> Inputs:
@@ -94,7 +94,7 @@ CARD = linear_card(
     "gated_delta_rule", reference=references.gated_delta_rule,
     chunked_reference=references.gated_delta_rule_chunked,
     differentiable=("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), make_inputs=make_inputs,
-    options=options, shared_inputs=("A_log", "dt_bias"), extensions=(GATE_IN_KERNEL, BETA_IN_KERNEL, STATE_V_FIRST),
+    options=options, shared_inputs=("A_log", "dt_bias"), extensions=(GATE_IN_KERNEL, BETA_IN_KERNEL, STATE_V_FIRST, STATE_POOL),
     grid_varlen_options={"use_qk_l2norm": True},
     # grouped value heads (Qwen3-Next, Qwen3.5: 16 query/key heads, 32 value heads): 1, 2 or 4 per query/key head,
     # and a grid case with two value heads per query/key head, one token past a chunk

@@ -14,7 +14,7 @@ from ...strategies import lower_bounds
 from ..case import PRECISION_MODES
 from ..implementation import Implementation
 from .card import Inputs
-from .linear import gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
+from .linear import STATE_POOL, gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
 
 TRITON_KNOBS = {"precision": PRECISION_MODES, "use_gather": (True, False), "disable_recompute": (False, True),
                "segment_chunks": (None, 1)}
@@ -63,21 +63,34 @@ def fla_chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_fi
 
 def fla_recurrent_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                       cu_seqlens=None, use_qk_l2norm=False, safe_gate=False, lower_bound=None,
-                      use_gate_in_kernel=False, A_log=None, dt_bias=None):
+                      use_gate_in_kernel=False, A_log=None, dt_bias=None, ssm_state_indices=None,
+                      inplace_final_state=False):
     """flash-linear-attention ``fused_recurrent_kda`` (forward only). ``safe_gate`` promises
     ``lower_bound <= g <= 0``, which the chunked kernels exploit and a recurrence does not need;
-    ``lower_bound`` takes part in the gate only when it is computed in the kernel."""
+    ``lower_bound`` takes part in the gate only when it is computed in the kernel. A decode step over a
+    state pool (``ssm_state_indices``) goes to ``fused_recurrent_kda_fwd``, the entry point serving
+    engines call (the public function passes no indices); with ``inplace_final_state`` it returns the
+    pool as its final state, which the contract leaves out."""
     from fla.ops.kda import fused_recurrent_kda
-    return fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
-                               initial_state=initial_state, output_final_state=output_final_state,
-                               use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel,
-                               lower_bound=lower_bound if use_gate_in_kernel else None, cu_seqlens=cu_seqlens)
+    if ssm_state_indices is None and not inplace_final_state:
+        return fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                                   initial_state=initial_state, output_final_state=output_final_state,
+                                   use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel,
+                                   lower_bound=lower_bound if use_gate_in_kernel else None, cu_seqlens=cu_seqlens)
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    o, final = fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
+                                       scale=scale, output_final_state=output_final_state,
+                                       inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,
+                                       ssm_state_indices=ssm_state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm,
+                                       use_gate_in_kernel=use_gate_in_kernel,
+                                       lower_bound=lower_bound if use_gate_in_kernel else None)
+    return o, None if inplace_final_state else final
 
 
 CARD = linear_card(
     "kda", reference=references.kda, chunked_reference=references.kda_chunked,
     differentiable=("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"),
-    make_inputs=make_inputs, options=options, shared_inputs=("A_log", "dt_bias"),
+    make_inputs=make_inputs, options=options, shared_inputs=("A_log", "dt_bias"), extensions=(STATE_POOL,),
     grid_varlen_options={"use_qk_l2norm": True},
     grid_extra=(("gate_in_kernel", 40, {"use_gate_in_kernel": True, "safe_gate": True, "lower_bound": -5.0}),),
     implementations=(

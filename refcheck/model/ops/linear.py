@@ -90,6 +90,13 @@ GROUPED_VALUE_HEADS = Extension(
     uses=lambda case: "HV" in case.dim)
 
 
+STATE_POOL = Extension(
+    "state_pool", ("ssm_state_indices", "inplace_final_state"),
+    "decode over a pool of states (serving's continuous batching): initial_state a pool [P, H, K, V] (HV heads "
+    "with grouped value heads), ssm_state_indices [N] each sequence's slot, inplace_final_state=True writes the "
+    "final states back into those slots in place and returns none; no case draws it, law state_pool calls it")
+
+
 def gate_in_kernel_draws(pick, gate_dtype: str | None) -> dict:
     """``Case.draw`` entries of a gate computed in the kernel: dt_bias or not, the raw gate's dtype."""
     return {"dt_bias": pick("dt_bias", st.booleans()),
@@ -237,9 +244,9 @@ def linear_card(name: str, *, reference, chunked_reference, differentiable: tupl
                 input_dtypes: tuple[str, ...] = LINEAR_DTYPES, value_groups: tuple[int, ...] = (1,),
                 extensions: tuple[Extension, ...] = ()) -> OpCard:
     """The record of a linear-attention op: outputs ``o`` and ``final_state``; traits varlen, state,
-    causal and decay_gate; every token input along the query axis; ``value_groups``: the value heads
-    per query/key head its cases draw (grouped value heads: then extension ``grouped_value_heads`` is
-    one of its ``extensions``)."""
+    causal and decay_gate (and state_pool with extension ``STATE_POOL``); every token input along the
+    query axis; ``value_groups``: the value heads per query/key head its cases draw (grouped value heads:
+    then extension ``grouped_value_heads`` is one of its ``extensions``)."""
     grouping = None
     if len(value_groups) > 1:
         extensions = (*extensions, GROUPED_VALUE_HEADS)
@@ -248,7 +255,8 @@ def linear_card(name: str, *, reference, chunked_reference, differentiable: tupl
     return OpCard(
         name, reference, chunked_reference, ("o", "final_state"), differentiable, input_dtypes, make_inputs,
         cases=linear_cases(name, input_dtypes, options, value_groups),
-        traits=frozenset({"varlen", "state", "causal", "decay_gate", *(("grouped_heads",) if grouping else ())}),
+        traits=frozenset({"varlen", "state", "causal", "decay_gate", *(("grouped_heads",) if grouping else ()),
+                          *(("state_pool",) if any(e.name == STATE_POOL.name for e in extensions) else ())}),
         grid=linear_grid(grid_varlen_options, grid_extra), boundary=linear_boundary,
         token_axes=token_inputs, join_dims={"o": 1, "final_state": 0}, shared_inputs=shared_inputs,
         causal=lambda case: True, empty_outputs=empty_linear_outputs, implementations=implementations,
