@@ -197,6 +197,31 @@ def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlen
         return o, lse
 
 
+def paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, scale=None):
+    """Paged decode at 50 digits, read key by key through the block table (no gathering); returns
+    ``(o [N, Tq, H, Dv], lse [N, H, Tq])``. Query i of sequence n is its token ``L - Tq + i`` and sees keys
+    ``0 .. L - Tq + i``; key j is row ``j % page`` of page ``block_table[n, j // page]``."""
+    with mp.workdps(DPS):
+        n, tq, h, dqk = q.shape
+        page, hk, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
+        q, kc, vc = to_mp(q), to_mp(k_cache), to_mp(v_cache)
+        scale = mpmath.mpf(dqk) ** -0.5 if scale is None else mpmath.mpf(scale)
+        table, used = block_table.tolist(), seqused_k.tolist()
+        o, lse = mp_zeros(n, tq, h, dv), mp_zeros(n, h, tq)
+        for seq in range(n):
+            where = [(table[seq][j // page], j % page) for j in range(used[seq])]
+            for i in range(tq):
+                keys = where[:used[seq] - tq + i + 1]
+                for head in range(h):
+                    kv = head // (h // hk)
+                    scores = [scale * (q[seq, i, head] @ kc[p, r, kv]) for p, r in keys]
+                    total = mp.log(mp.fsum(mp.exp(x) for x in scores))
+                    lse[seq, head, i] = total
+                    o[seq, i, head] = sum((mp.exp(x - total) * vc[p, r, kv] for x, (p, r) in zip(scores, keys)),
+                                          mp_zeros(dv))
+        return o, lse
+
+
 def relative_error(x: torch.Tensor, truth: np.ndarray) -> float:
     """``||x - truth|| / ||truth||`` (Frobenius), evaluated at 50 digits; 0 when both are 0."""
     with mp.workdps(DPS):

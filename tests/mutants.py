@@ -384,6 +384,53 @@ def kda_pool_final_state_not_written(q, k, v, g, beta, *, initial_state=None, ss
                      **{**options, "output_final_state": True} if inplace_final_state else options)
 
 
+# --- laws 20 and 21: a paged cache -------------------------------------------------------------------
+
+def _gathered_rows(k_cache, block_table, width: int):
+    """Every row the block table names, occupied or not: ``[N, width * page, ...]``."""
+    return k_cache[block_table[:, :width].long()].flatten(1, 2)
+
+
+@mutant("paged_attention", "pages_shuffled")
+def paged_masks_by_multiplying(q, k_cache, v_cache, block_table, seqused_k, *, scale=None):
+    """Attends over every row the block table names and masks the rows past each sequence's tokens by
+    multiplying their weights by 0 after the softmax (renormalized): exact while those rows hold numbers,
+    NaN once one holds NaN (0 * NaN)."""
+    n, tq, h, d = q.shape
+    scale = d ** -0.5 if scale is None else scale
+    width = block_table.shape[1]
+    k, v = _gathered_rows(k_cache, block_table, width), _gathered_rows(v_cache, block_table, width)
+    groups = h // k.shape[2]
+    k, v = k.repeat_interleave(groups, 2).float(), v.repeat_interleave(groups, 2).float()
+    s = torch.einsum("nthd,nshd->nhts", q.float(), k) * scale
+    rows = torch.arange(k.shape[1], device=q.device)
+    last = seqused_k.view(n, 1, 1, 1) - tq + torch.arange(tq, device=q.device).view(1, 1, tq, 1)
+    keep = (rows.view(1, 1, 1, -1) <= last).float()
+    w = torch.softmax(s.masked_fill(keep == 0, -1e30), -1) * keep
+    o = torch.einsum("nhts,nshd->nthd", w, v)
+    lse = torch.logsumexp(s.masked_fill(keep == 0, float("-inf")), -1)
+    return o.to(q.dtype), lse
+
+
+@mutant("paged_attention", "queries_one_at_a_time", "agreement")
+def paged_drafts_see_each_other(q, k_cache, v_cache, block_table, seqused_k, **options):
+    """Speculative decoding without the causal mask among the draft tokens: every query sees the whole cache."""
+    tq = q.shape[1]
+    rows = [naive.paged_attention(q[:, i:i + 1], k_cache, v_cache, block_table, seqused_k, **options)
+            for i in range(tq)]
+    return torch.cat([o for o, _ in rows], 1), torch.cat([lse for _, lse in rows], 2)
+
+
+@mutant("paged_attention", "grouped_heads", "agreement")
+def paged_heads_interleaved(q, k_cache, v_cache, block_table, seqused_k, **options):
+    """Query head j reads key head j % Hk, not j // (H / Hk)."""
+    h, hk = q.shape[2], k_cache.shape[2]
+    order = torch.arange(h, device=q.device).view(h // hk, hk).t().reshape(-1)     # heads regrouped
+    o, lse = naive.paged_attention(q[:, :, order], k_cache, v_cache, block_table, seqused_k, **options)
+    back = torch.argsort(order)
+    return o[:, :, back], lse[:, back]
+
+
 # --- law 5: determinism --------------------------------------------------------------------------
 
 @mutant("kda", "determinism")

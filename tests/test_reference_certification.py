@@ -8,6 +8,8 @@ Bounds asserted (measured maxima in brackets, torch 2.13 CPU):
 * attention: relative RMS error of o and of the finite lse <= 1e-13 [3.8e-16]; rows that see no key
   have o == 0 and lse == -inf exactly; with sliding windows, softcap and sinks (dense and flash forms)
   the same bound, and with sinks every row's lse is finite.
+* paged_attention (dense and flash forms): the same bound against a key-by-key walk of the block table,
+  GQA, MLA's absorbed head (one key head), speculative queries, pages shuffled in the pool.
 * ``gates.softplus``: error <= 1 eps relative [0.44 eps] from -1000 to 1000, plus 5e-324 absolute
   where the true value is subnormal or below the float64 range (softplus(-1000) = 5e-435 -> 0).
 * ``kda_gate``: ``|gate - truth| <= 2 eps (1 + c) |truth| + 1e-300`` [0.75 eps (1 + c)], c the
@@ -171,6 +173,34 @@ def test_attention_window_softcap_sinks_within_bound_of_mpmath(case, options, ca
 
 EXTREMES = [-1000.0, -800.0, -745.0, -740.0, -710.0, -700.0, -50.0, -40.0, -30.0, -20.0, -1.0, -1e-8,
             0.0, 1e-8, 1.0, 20.0, 20.5, 30.0, 40.0, 50.0, 700.0, 710.0, 1000.0]
+
+
+PAGED_CASES = {   # N, Tq, H, Hk, Dqk, Dv, page, seqused
+    "gqa one token": (3, 1, 4, 2, 3, 2, 2, [1, 4, 5]),
+    "speculative": (2, 3, 2, 1, 4, 3, 3, [3, 8]),
+    "latent head": (1, 2, 3, 1, 6, 4, 4, [9]),
+}
+
+
+@pytest.mark.parametrize("form", ["", "_chunked"], ids=["dense", "flash"])
+@pytest.mark.parametrize("case", list(PAGED_CASES))
+def test_paged_attention_within_bound_of_mpmath(case, form):
+    n, tq, h, hk, dqk, dv, page, used = PAGED_CASES[case]
+    gen = torch.Generator().manual_seed(len(case))
+    counts = [-(-u // page) for u in used]
+    pool = sum(counts) + 1
+    order = torch.randperm(pool, generator=gen).tolist()
+    rows, start = [], 0
+    for c in counts:
+        rows.append(order[start:start + c] + [order[-1]] * (max(counts) - c))
+        start += c
+    q = _randn(gen, n, tq, h, dqk) * 2
+    k_cache, v_cache = _randn(gen, pool, page, hk, dqk) * 2, _randn(gen, pool, page, hk, dv)
+    args = (q, k_cache, v_cache, torch.tensor(rows), torch.tensor(used))
+    o_mp, lse_mp = mp_truth.paged_attention(*args, scale=0.6)
+    o, lse = getattr(references, "paged_attention" + form)(*args, scale=0.6)
+    assert mp_truth.relative_error(o, o_mp) <= ATTENTION_BOUND
+    assert mp_truth.relative_error(lse, lse_mp) <= ATTENTION_BOUND
 
 
 def test_softplus_within_one_eps_of_mpmath():

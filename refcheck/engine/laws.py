@@ -998,6 +998,59 @@ def state_pool(t: Trial) -> None:
               {"o": direct["o"], "final_state": direct["final_state"]})
 
 
+def pages_shuffled(t: Trial) -> None:
+    """Law 20: a paged cache is read through its block table and nowhere else. The same cache with its
+    pages moved to other places of the pool (a seeded permutation, the block table renumbered to match)
+    gives the same outputs: within budget and bit for bit (noted); and every row no sequence's tokens
+    occupy (spare pages, the rows of a last page past the sequence's length, the pages named by the
+    table's entries past a sequence's last page) may hold NaN without effect: that memory belongs to no
+    sequence (a freed page, the rows the next tokens will fill) and holds whatever was there, NaN bit
+    patterns of uninitialized memory included; a kernel loads it masked, not as 0 times its value."""
+    paging = t.op.paging
+    x = t.inputs()
+    plain = t.evaluate(x)
+    used = paging.used_rows(t.case, x)
+    pages = used.shape[0]
+    gen = torch.Generator().manual_seed(t.case.seed ^ 0x5A6E)
+    place = torch.randperm(pages, generator=gen)            # page p moves to place[p]
+    moved = {}
+    for name in paging.caches:
+        cache = x.tensors[name].clone()
+        cache[~used.to(cache.device)] = float("nan")
+        shuffled = torch.empty_like(cache)
+        shuffled[place.to(cache.device)] = cache
+        moved[name] = shuffled
+    table = x.tensors[paging.table]
+    moved[paging.table] = place.to(table.device)[table.long()].to(table.dtype)
+    out = t.evaluate(Inputs({**x.tensors, **moved}, x.positional, x.options))
+    unused = int((~used).sum())
+    bad = _nonfinite(out, plain)
+    if bad:
+        t.fail(f"with its pages moved and the {unused} unoccupied cache rows NaN: NaN/Inf reached "
+               + ", ".join(f"{n} ({c} elements)" for n, c in bad.items()) + ": it reads rows its block table "
+               "and lengths do not give it")
+    t.compare(f"the cache's {pages} pages moved in the pool (block table renumbered), its {unused} unoccupied "
+              "rows NaN", out, plain)
+
+
+def queries_one_at_a_time(t: Trial) -> None:
+    """Law 21: speculative decoding's check of Tq draft tokens in one call gives, for each query, what
+    decoding it alone gives: query i of Tq alone, against the cache of each sequence up to its own token
+    (``lengths - (Tq - 1 - i)``), equals row i of the call over all Tq: within budget and bit for bit (noted)."""
+    paging, case = t.op.paging, t.case
+    x = t.inputs()
+    whole = t.evaluate(x)
+    total = case.dim["T"]
+    rows = []
+    queries = [n for n, axis in t.op.token_axes.items() if axis == "q" and n in x.tensors]
+    for i in range(total):
+        one = Inputs({**x.tensors, **{n: x.tensors[n][:, i:i + 1] for n in queries},
+                      paging.lengths: x.tensors[paging.lengths] - (total - 1 - i)}, x.positional, x.options)
+        rows.append(t.evaluate(one))
+    joined = {n: torch.cat([r[n] for r in rows], t.op.join_dims[n]) for n in whole}
+    t.compare(f"{total} queries in one call against each query alone with the cache up to its token", joined, whole)
+
+
 def _offers_state_pool(impl: registry.Implementation) -> str | None:
     if "state_pool" in card(impl.op).declined(impl):
         return "declines extension state_pool"
@@ -1102,6 +1155,8 @@ LAWS: dict[str, Law] = {law.name: law for law in (
     Law("inputs_rewritten", "18", inputs_rewritten, cost=2),
     Law("state_pool", "19", state_pool, frozenset({"state", "state_pool"}), {"varlen": False, "min_len": 1},
         applies=_offers_state_pool, cost=3),
+    Law("pages_shuffled", "20", pages_shuffled, frozenset({"paged"}), cost=2),
+    Law("queries_one_at_a_time", "21", queries_one_at_a_time, frozenset({"paged"}), {"min_len": 2}, cost=3),
 )}
 
 

@@ -6,7 +6,7 @@ truth; the same code in a low-precision dtype is the "naive" baseline.
 The functions are this package's attributes (``references.attention(q, k, v)``), so a function
 shadows the module of the same name: ``refcheck.references.attention`` (also after ``import
 refcheck.references.attention as m``) is the function ``attention``, not ``attention.py``; likewise
-``gla``, ``kda`` and ``gated_delta_rule``. Reach a module by importing from it (``from
+``gla``, ``kda``, ``gated_delta_rule`` and ``paged_attention``. Reach a module by importing from it (``from
 refcheck.references.attention import attention_chunked``) or with
 ``importlib.import_module("refcheck.references.attention")``; ``refcheck contract OP`` prints the
 module of an op's reference with its docstring (shapes and math).
@@ -16,7 +16,7 @@ from .gated_delta_rule import gated_delta_rule, gated_delta_rule_chunked
 from .gates import kda_gate
 from .gla import gla, gla_chunked, simple_gla, simple_gla_chunked
 from .kda import kda, kda_chunked
+from .paged_attention import paged_attention, paged_attention_chunked
 
 __all__ = ["attention", "attention_chunked", "gated_delta_rule", "gated_delta_rule_chunked", "gla", "gla_chunked", "kda",
-           "kda_chunked",
-           "kda_gate", "simple_gla", "simple_gla_chunked"]
+           "kda_chunked", "kda_gate", "paged_attention", "paged_attention_chunked", "simple_gla", "simple_gla_chunked"]

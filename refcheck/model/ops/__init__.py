@@ -17,9 +17,10 @@ import pkgutil
 from importlib.metadata import entry_points
 
 from ..targets import import_target
-from .card import GRAD_NAMES, REQUIREMENTS, TRAITS, Extension, Grouping, Inputs, OpCard, ReturnError
+from .card import GRAD_NAMES, REQUIREMENTS, TRAITS, Extension, Grouping, Inputs, OpCard, Paging, ReturnError
 
-__all__ = ["GRAD_NAMES", "OPS", "REQUIREMENTS", "TRAITS", "Extension", "Grouping", "Inputs", "OpCard", "ReturnError",
+__all__ = ["GRAD_NAMES", "OPS", "REQUIREMENTS", "TRAITS", "Extension", "Grouping", "Inputs", "OpCard", "Paging",
+           "ReturnError",
            "card", "load_user_cards", "named_cards", "register"]
 
 CARDS_ENV = "REFCHECK_OP_CARDS"

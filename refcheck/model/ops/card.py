@@ -153,6 +153,7 @@ TRAITS: dict[str, Callable[[OpCard], list[str]]] = {
         ("unseen (the keys a query row does not see)", c.unseen is not None)) if not ok],
     "gate_function": lambda c: [] if "gate" in c.outputs else ["output 'gate'"],
     "grouped_heads": lambda c: [] if c.grouping else ["grouping (which heads are shared by a group)"],
+    "paged": lambda c: [] if c.paging else ["paging (which inputs are the page pools, the block table, the lengths)"],
     "state_pool": lambda c: [] if any(e.name == "state_pool" for e in c.extensions) else [
         "extension 'state_pool' (ssm_state_indices, inplace_final_state: decode over a pool of states)"],
 }
@@ -230,6 +231,18 @@ class Extension:
         return any(case.opts.get(k) not in (None, False) for k in self.keywords)
 
 
+class Paging(NamedTuple):
+    """Trait ``paged``: a cache in pages of a pool (serving's paged KV cache). ``caches``: the pools
+    ``[P, page, ...]``; ``table``: the block table ``[N, max_pages]`` (sequence n's j-th page); ``lengths``:
+    the tokens each sequence has ``[N]``; ``used_rows``: ``(case, inputs) -> [P, page] bool``, the rows some
+    sequence's tokens occupy."""
+
+    caches: tuple[str, ...]
+    table: str
+    lengths: str
+    used_rows: Callable
+
+
 @dataclass(frozen=True)
 class OpCard:
     """The record of one op.
@@ -265,6 +278,7 @@ class OpCard:
     implementations: ours and the peers' (the naive forms are added for every card by the registry)
     extensions:     the parts of the contract a kernel may leave out (``Extension``)
     grouping:       which heads a group shares (trait ``grouped_heads``)
+    paging:         which inputs hold a paged cache (trait ``paged``)
     """
 
     name: str
@@ -289,6 +303,7 @@ class OpCard:
     chunk_options: Mapping[str, object] = field(default_factory=dict)
     extensions: tuple[Extension, ...] = ()
     grouping: Grouping | None = None
+    paging: Paging | None = None
 
     def __post_init__(self):
         unknown = set(self.traits) - set(TRAITS)

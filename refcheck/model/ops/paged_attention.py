@@ -1,0 +1,165 @@
+"""The record of ``paged_attention`` (decode attention over a paged KV cache: vLLM, SGLang, FlashInfer).
+
+Math, shapes and options: ``references/paged_attention.py`` (float64 truth: the pages gathered, then
+attention). Budgets: ``[paged_attention.*]`` in ``tolerances.toml``. Laws: those for every op, grouped heads
+and the paged laws (pages shuffled, queries one at a time), ``refcheck/engine/laws.py``.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from refcheck import references
+from refcheck.references.paged_attention import check_paged_inputs
+
+from ...strategies import EMPTY, SMALL, Limits, dtypes, head_dims_of, lengths, picker, scales, seeds
+from ..case import Case
+from ..implementation import Implementation
+from .card import Grouping, Inputs, OpCard, Paging, Template, Templates, sweep_lengths
+from .inputs import normal, rounded
+from .linear import LINEAR_DTYPES
+
+MLA_ABSORBED = (576, 512)
+"""Dqk, Dv of MLA's absorbed decode: one latent key head of 512 dimensions and 64 of rope; values the latent."""
+
+PAGE_SIZES = (1, 4, 16)
+"""Tokens per page drawn (serving uses 16 to 64, FlashMLA 64; small pages make many pages of short caches)."""
+
+SPARE_PAGES = 2
+"""Pages of the pool that no sequence uses."""
+
+GQA_GROUPS = (1, 2, 4, 8)
+"""Query heads per key head (MLA absorbed: every query head on the one latent head)."""
+
+
+def layout(case: Case) -> tuple[list[int], list[list[int]], int]:
+    """Where the case's cache lives: each sequence's tokens ``seqused`` (``Case.draw``), its pages in order
+    (a shuffle of the pool, so that no sequence's pages are consecutive), and the pool's size (its last
+    ``SPARE_PAGES`` pages in that shuffle used by no sequence). The shuffle follows the lengths and the page
+    size, not the seed: integer inputs are the case's structure, and a new seed draws new values only (law
+    ``inputs_rewritten`` writes them into the same tensors)."""
+    page, used = case.dim["page"], list(case.drawn["seqused"])
+    counts = [-(-n // page) for n in used]
+    pool = sum(counts) + SPARE_PAGES
+    order = torch.randperm(pool, generator=torch.Generator().manual_seed(zlib.crc32(repr((page, used)).encode()))).tolist()
+    pages, start = [], 0
+    for c in counts:
+        pages.append(order[start:start + c])
+        start += c
+    return used, pages, pool
+
+
+def make_inputs(case: Case, device) -> Inputs:
+    """q ``[N, Tq, H, Dqk]``, k_cache and v_cache ``[P, page, Hk, D]`` (every row drawn, used or not),
+    block_table ``[N, max_pages]`` int32 (entries past a sequence's last page name a spare page) and
+    seqused_k ``[N]`` int32."""
+    d = case.dim
+    gen = torch.Generator().manual_seed(case.seed)
+    dt = case.torch_dtype
+    used, pages, pool = layout(case)
+    spare = sorted(set(range(pool)) - {p for named in pages for p in named})[0]
+    width = max(len(p) for p in pages) + int(case.drawn.get("extra_pages", 0))
+    table = torch.tensor([p + [spare] * (width - len(p)) for p in pages], dtype=torch.int32)
+    tensors = {"q": rounded(normal(gen, (d["B"], d["T"], d["H"], d["Dqk"]), device), dt),
+               "k_cache": rounded(normal(gen, (pool, d["page"], d["Hk"], d["Dqk"]), device), dt),
+               "v_cache": rounded(normal(gen, (pool, d["page"], d["Hk"], d["Dv"]), device), dt),
+               "block_table": table.to(device), "seqused_k": torch.tensor(used, dtype=torch.int32, device=device)}
+    return Inputs(tensors, ("q", "k_cache", "v_cache", "block_table", "seqused_k"), case.opts)
+
+
+def make_case(dims: dict, dtype: str, seed: int, seqused, *, scale=None, extra_pages: int = 0) -> Case:
+    """A case of ``dims`` (B, T, H, Hk, Dqk, Dv, page) whose sequences hold ``seqused`` tokens (S: the longest)."""
+    return Case.make("paged_attention", {**dims, "S": max(seqused)}, dtype, seed, options={"scale": scale},
+                     draw={"seqused": tuple(int(n) for n in seqused), "extra_pages": extra_pages})
+
+
+@st.composite
+def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, min_batch: int = 1,
+          dtype: str | None = None, grouped: bool | None = None, pinned: Mapping = EMPTY,
+          declined: frozenset = frozenset()) -> Case:
+    """A decode step: N sequences (``min_len`` and up to 4 queries each: one token, or a few for speculative
+    decoding), GQA or MLA's absorbed shape (Hk = 1, 576/512), pages of 1, 4 or 16 tokens, caches from Tq
+    tokens to several pages, sometimes more table entries than pages used."""
+    pick = picker(draw, pinned)
+    dt = pick("dtype", dtypes(LINEAR_DTYPES, impl, dtype))
+    if limits.mla and draw(st.integers(0, 5)) == 0:
+        hk, (dqk, dv) = 1, MLA_ABSORBED
+    else:
+        hk = pick("Hk", st.integers(1, limits.max_heads))
+        dqk, dv = (pick(n, head_dims_of(impl, dt, n, limits.max_dim)) for n in ("Dqk", "Dv"))
+    groups = [g for g in GQA_GROUPS if grouped is None or (g > 1) == grouped]
+    h = pick("H", st.sampled_from(groups).map(lambda group: hk * group))
+    n = draw(st.integers(min_batch, max(min_batch, limits.max_batch)))
+    tq = pick("T", st.integers(min_len, max(min_len, 4)))
+    page = pick("page", st.sampled_from(PAGE_SIZES))
+    cap = max(tq, min(limits.max_len, limits.max_elements // max(1, n * hk * (dqk + dv))))
+    used = draw(st.lists(lengths(tq, cap), min_size=n, max_size=n))
+    dims = {"B": n, "T": tq, "H": h, "Hk": hk, "Dqk": dqk, "Dv": dv, "page": page}
+    return make_case(dims, dt, draw(seeds()), used, scale=pick("scale", scales()),
+                     extra_pages=draw(st.sampled_from([0, 0, 1])))
+
+
+def grid(quick: bool) -> Templates:
+    """One-token decode of four sequences (one token, a page exactly, a page and one, several pages) with
+    GQA; speculative decoding (three queries); MLA's absorbed shape (one latent head, 576/512, pages of
+    64); a sweep of one sequence's cache length."""
+    base: list[Template]
+    if quick:
+        base = [("decode", dict(B=2, T=1, H=2, Hk=1, Dqk=16, Dv=8, page=4, S=9), dict(draw={"seqused": (1, 9)}))]
+    else:
+        base = [("decode", dict(B=4, T=1, H=4, Hk=2, Dqk=32, Dv=32, page=16, S=50),
+                 dict(draw={"seqused": (1, 16, 17, 50), "extra_pages": 1})),
+                ("speculative", dict(B=2, T=3, H=4, Hk=1, Dqk=32, Dv=24, page=4, S=29),
+                 dict(draw={"seqused": (3, 29)}, options={"scale": 0.3})),
+                ("mla_absorbed", dict(B=2, T=1, H=8, Hk=1, Dqk=576, Dv=512, page=64, S=100),
+                 dict(draw={"seqused": (65, 100)}))]
+    sweep = dict(B=1, T=1, H=2, Hk=1, Dqk=16, Dv=8, page=4) if quick else dict(B=1, T=1, H=4, Hk=1, Dqk=32, Dv=32,
+                                                                               page=16)
+    return base, [(f"S={s}", dict(sweep, S=s), dict(draw={"seqused": (s,)})) for s in sweep_lengths(quick)]
+
+
+def used_rows(case: Case, x: Inputs) -> torch.Tensor:
+    """``[P, page]`` bool: the cache rows some sequence's tokens occupy (what paging must read)."""
+    table, used = x.tensors["block_table"].tolist(), x.tensors["seqused_k"].tolist()
+    page = case.dim["page"]
+    rows = torch.zeros(x.tensors["k_cache"].shape[:2], dtype=torch.bool)
+    for named, length in zip(table, used):
+        for j, p in enumerate(named[:-(-length // page)]):
+            rows[p, :min(page, length - j * page)] = True
+    return rows
+
+
+# --- peers: torch SDPA over the gathered pages ---------------------------------------------------
+
+def sdpa_paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, scale=None):
+    """torch SDPA per sequence over its pages gathered by ``index_select`` (GQA by ``enable_gqa``), the
+    bottom-right causal mask as a boolean mask; no lse."""
+    spans = check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    n, tq = q.shape[:2]
+    out = q.new_empty(*q.shape[:3], v_cache.shape[-1])
+    for i, (named, length) in enumerate(zip(spans, seqused_k.tolist())):
+        index = torch.tensor(named, device=q.device)
+        k = k_cache.index_select(0, index).flatten(0, 1)[:length].transpose(0, 1)    # [Hk, L, Dqk]
+        v = v_cache.index_select(0, index).flatten(0, 1)[:length].transpose(0, 1)
+        rows = torch.arange(length - tq, length, device=q.device).unsqueeze(1)
+        mask = torch.arange(length, device=q.device).unsqueeze(0) <= rows
+        out[i] = F.scaled_dot_product_attention(q[i].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
+                                                enable_gqa=True).transpose(0, 1)
+    return out, None
+
+
+CARD = OpCard(
+    "paged_attention", references.paged_attention, references.paged_attention_chunked, ("o", "lse"), (),
+    LINEAR_DTYPES, make_inputs, cases=cases, traits=frozenset({"grouped_heads", "paged"}), grid=grid,
+    grouping=Grouping(("k_cache", "v_cache"), "Hk", "H"), shared_inputs=("k_cache", "v_cache"),
+    token_axes={"q": "q"}, join_dims={"o": 1, "lse": 2},
+    paging=Paging(("k_cache", "v_cache"), "block_table", "seqused_k", used_rows),
+    implementations=(
+        Implementation("paged_attention", "sdpa", "refcheck.model.ops.paged_attention:sdpa_paged_attention",
+                       outputs=("o",), backward=False,
+                       description="torch scaled_dot_product_attention over the gathered pages (no lse)"),
+    ))
