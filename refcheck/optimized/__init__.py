@@ -4,5 +4,6 @@ families share (tile layouts, the serial state pass)."""
 from .attention import attention
 from .gla import gla, simple_gla
 from .kda import kda, kda_gate
+from .paged_attention import paged_attention
 
-__all__ = ["attention", "gla", "kda", "kda_gate", "simple_gla"]
+__all__ = ["attention", "gla", "kda", "kda_gate", "paged_attention", "simple_gla"]

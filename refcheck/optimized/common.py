@@ -99,6 +99,16 @@ def padded(n: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(n))
 
 
+def column_tiles(d: int) -> tuple[int, int]:
+    """``(B1, B2)``: a head dimension ``d`` as two column tiles ``[0, B1)`` and ``[B1, B1 + B2)`` (B2 = 0:
+    one), powers of two whose sum pads ``d`` less than one tile would (MLA's 192 = 128 + 64, not 256; its
+    absorbed 576 = 512 + 64, not 1024); a dot over ``d`` is then two dots into one accumulator."""
+    full = padded(d)
+    first = full // 2
+    rest = padded(d - first) if d > first else 0
+    return (first, rest) if 0 < rest and first + rest < full else (full, 0)
+
+
 @dataclass(frozen=True)
 class Chunks:
     """The fixed-size chunks of a packed batch of sequences.

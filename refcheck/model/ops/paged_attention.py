@@ -17,7 +17,7 @@ from refcheck import references
 from refcheck.references.paged_attention import check_paged_inputs
 
 from ...strategies import EMPTY, SMALL, Limits, dtypes, head_dims_of, lengths, picker, scales, seeds
-from ..case import Case
+from ..case import PRECISION_MODES, Case
 from ..implementation import Implementation
 from .card import Grouping, Inputs, OpCard, Paging, Template, Templates, sweep_lengths
 from .inputs import normal, rounded
@@ -31,6 +31,10 @@ PAGE_SIZES = (1, 4, 16)
 
 SPARE_PAGES = 2
 """Pages of the pool that no sequence uses."""
+
+TRITON_KNOBS = {"precision": PRECISION_MODES, "splits": (None, 1, 3)}
+"""Our kernel's knobs (``optimized.paged_attention``): fp32 dot precision, key ranges per sequence (None:
+planned to fill the GPU)."""
 
 GQA_GROUPS = (1, 2, 4, 8)
 """Query heads per key head (MLA absorbed: every query head on the one latent head)."""
@@ -159,6 +163,9 @@ CARD = OpCard(
     token_axes={"q": "q"}, join_dims={"o": 1, "lse": 2},
     paging=Paging(("k_cache", "v_cache"), "block_table", "seqused_k", used_rows),
     implementations=(
+        Implementation("paged_attention", "triton", "refcheck.optimized:paged_attention", knobs=TRITON_KNOBS,
+                       triton=True, backward=False,
+                       description="our Triton paged decode (split-K over the keys, combined by log-sum-exp)"),
         Implementation("paged_attention", "sdpa", "refcheck.model.ops.paged_attention:sdpa_paged_attention",
                        outputs=("o",), backward=False,
                        description="torch scaled_dot_product_attention over the gathered pages (no lse)"),

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..common import padded
+from ..common import column_tiles, padded
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,8 @@ class Layout:
 
     @property
     def qk_tiles(self) -> tuple[int, int]:
-        """``(BQ1, BQ2)``: Dqk as two column tiles ``[0, BQ1)`` and ``[BQ1, BQ1 + BQ2)`` (BQ2 = 0: one),
-        powers of two whose sum pads Dqk less than one tile would (MLA's 192 = 128 + 64, not 256);
-        a ``q k^T`` is then two dots into one accumulator."""
-        full = padded(self.dqk)
-        first = full // 2
-        rest = padded(self.dqk - first) if self.dqk > first else 0
-        return (first, rest) if 0 < rest and first + rest < full else (full, 0)
+        """``(BQ1, BQ2)``: Dqk as two column tiles (``common.column_tiles``)."""
+        return column_tiles(self.dqk)
 
     @property
     def bdv(self) -> int:
