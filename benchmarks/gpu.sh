@@ -39,8 +39,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/refcheck-gpu}; mkdir -p "$OUT"
 [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-# the peers' wheels: .gpu-wheels/a (flash-linear-attention), then .gpu-wheels/b (flash-attn-4) in the next call
-for part in a b; do [ -f ".gpu-wheels/$part/device-install.sh" ] && source ".gpu-wheels/$part/device-install.sh"; done
+# the peers' wheels: .gpu-wheels/a (flash-linear-attention), then .gpu-wheels/b (flash-attn-4) in the next call, then
+# .gpu-wheels/c and d (FlashInfer, benchmarks/fetch-flashinfer-wheels.sh) in the two after
+for part in a b c d; do [ -f ".gpu-wheels/$part/device-install.sh" ] && source ".gpu-wheels/$part/device-install.sh"; done
 export PYTHONPATH=/tmp/peers:/tmp/peers/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
 export PYTHONUNBUFFERED=1
 # autotuning results on disk: every xdist worker and every later run reuses what one measured

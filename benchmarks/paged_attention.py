@@ -55,8 +55,9 @@ def peers() -> dict:
     from refcheck.optimized import paged_attention
     found = {"ours": lambda *x: paged_attention(*x)[0]}
     try:
-        from refcheck.model.ops.paged_attention import flashinfer_paged_attention
         import flashinfer  # noqa: F401
+
+        from refcheck.model.ops.paged_attention import flashinfer_paged_attention
         found["flashinfer"] = lambda *x: flashinfer_paged_attention(*x)[0]
     except Exception as err:   # not installed, or it cannot run here: say so in the results
         found["flashinfer"] = f"unavailable: {type(err).__name__}: {err}"[:300]

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import settings
 
+from refcheck.engine import grid
 from refcheck.engine.laws import LAWS, LawViolation, hypothesis_check
 from refcheck.engine.verify import verify
 from refcheck.model import registry
-from refcheck.model.case import Case
-from refcheck.model.ops import card
 from refcheck.strategies import profiles
 
 CORRECT = ("split_k_one_page", "split_k_three_pages_p_input")
@@ -28,10 +27,9 @@ def _restore_registry(monkeypatch):
     monkeypatch.setattr(registry, "_registry", dict(registry._registry))
 
 
-def grid_cases() -> list[Case]:
-    base, sweep = card("paged_attention").grid(False)
-    return [Case.make("paged_attention", dims, dtype, 7, **made) for _, dims, made in base + sweep
-            for dtype in ("fp32", "bf16", "fp16")]
+def grid_cases() -> list:
+    """The grid's cases in every dtype, the GPU-sized ones included (the zoo runs them on the CPU alike)."""
+    return [entry.case for entry in grid.cases("paged_attention")]
 
 
 @pytest.mark.parametrize("name", CORRECT)

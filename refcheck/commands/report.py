@@ -103,7 +103,7 @@ def run_law(law_name: str, impl, example, device: str) -> tuple[str, str, list[s
     return status, detail, notes, time.perf_counter() - started
 
 
-def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
+def law_plan(impls: list, quick: bool, device: str = "cpu") -> tuple[list[Unit], list[LawResult]]:
     """For every implementation and law: a unit running the law on its first matching base case
     (in the implementation's first precision mode and default knobs), or why it is not run."""
     from ..engine import grid
@@ -115,6 +115,7 @@ def law_plan(impls: list, quick: bool) -> tuple[list[Unit], list[LawResult]]:
     for impl in impls:
         op_card, declined = card(impl.op), card(impl.op).declined(impl)
         entries = [e for e in grid.cases(impl.op, quick) if not e.sweep and e.case.dtype in impl.dtypes
+                   and e.runs_on(device) and not impl.outside_dims(e.case)
                    and not op_card.uses_declined(e.case, declined)]
         for law in LAWS.values():
             if law.why_not(impl) is not None:
@@ -333,7 +334,7 @@ def run(args) -> int:
     law_units: list[Unit] = []
     laws_skipped: list[LawResult] = []
     if args.laws:
-        law_units, laws_skipped = law_plan(impls, args.quick)
+        law_units, laws_skipped = law_plan(impls, args.quick, device)
         units += law_units
     console.print(f"refcheck {__version__} report on {device}"
                   + (" (Triton kernels run in the faithful interpreter)" if device == "cpu" else "")
@@ -351,6 +352,8 @@ def run(args) -> int:
         console.print(table)
     for op, impl_name, why in the_grid.unavailable:
         console.print(f"not run: {op} {escape(f'[{impl_name}]')}: {escape(why)}")
+    for op, impl_name, n in the_grid.outside:
+        console.print(f"outside its head dims: {op} {escape(f'[{impl_name}]')}: {n} grid case(s) not run")
     for op, impl_name, extension, n in the_grid.declined:
         console.print(f"declined: {op} {escape(f'[{impl_name}]')}: extension {extension} "
                       f"({escape(card(op).extension(extension).meaning)}): {n} grid case(s) not run")

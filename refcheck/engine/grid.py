@@ -26,12 +26,14 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from ..model import registry
 from ..model.case import Case
 from ..model.ops import OPS, card
 from ..runtime.workers import Unit
 
-GRID_VERSION = 8
+GRID_VERSION = 9
 """Bump when a case of the grid changes: records of another version are refused by ``compare``."""
 
 @dataclass(frozen=True)
@@ -41,6 +43,10 @@ class GridCase:
     label: str
     case: Case
     sweep: bool = False
+    devices: tuple[str, ...] | None = None     # the device types it runs on (None: every one)
+
+    def runs_on(self, device: str) -> bool:
+        return self.devices is None or torch.device(device).type in self.devices
 
     @property
     def length(self) -> int:
@@ -74,6 +80,7 @@ class Grid:
     unavailable: tuple[tuple[str, str, str], ...]   # (op, impl, why)
     identity: dict
     declined: tuple[tuple[str, str, str, int], ...] = ()   # (op, impl, extension, grid cases not run)
+    outside: tuple[tuple[str, str, int], ...] = ()          # (op, impl, grid cases outside its head dims)
 
     @property
     def hash(self) -> str:
@@ -92,7 +99,8 @@ def cases(op: str, quick: bool = False) -> list[GridCase]:
     if op_card.grid is None:
         raise ValueError(f"op: {op!r} has no grid cases; give its card a grid (refcheck.model.ops.OpCard.grid)")
     base, sweep = op_card.grid(quick)
-    return [GridCase(label, Case.make(op, dims, dtype, _seed(op, label), **kw), is_sweep)
+    return [GridCase(label, Case.make(op, dims, dtype, _seed(op, label), **{k: v for k, v in kw.items() if k != "devices"}),
+                     is_sweep, kw.get("devices"))
             for dtype in op_card.dtypes
             for templates, is_sweep in ((base, False), (sweep, True))
             for label, dims, kw in templates]
@@ -118,7 +126,9 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
     quick: the small grid (one base case per op and dtype, a short sweep) for tests and smoke runs;
     dtypes: only points of these input dtypes (the cases, and so the grid's identity, stay whole).
     Implementations that cannot run on ``device`` are listed in ``unavailable`` with the reason, the
-    cases of extensions an implementation declines (``OpCard.declined``) in ``declined``.
+    cases of extensions an implementation declines (``OpCard.declined``) in ``declined``, the cases
+    outside an implementation's head dims (``Implementation.outside_dims``) in ``outside``; a case
+    whose template names its devices (``devices``: a GPU-sized case) is left out elsewhere.
     Points are ordered case by case, so that the float64 truth of a case is computed once.
     """
     if ops is not None:
@@ -133,6 +143,7 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
                              f"registered: {', '.join(sorted(known))}")
     points, unavailable = [], []
     declined: dict[tuple[str, str, str], int] = {}
+    outside: dict[tuple[str, str], int] = {}
     for op in ops:
         op_card = card(op)
         runnable = []
@@ -146,10 +157,13 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
                 unavailable.append((op, impl.name, why))
         declines = {impl.name: op_card.declined(impl) for impl in runnable}
         for entry in cases(op, quick):
-            if dtypes and entry.case.dtype not in dtypes:
+            if (dtypes and entry.case.dtype not in dtypes) or not entry.runs_on(device):
                 continue
             for impl in runnable:
                 if entry.case.dtype not in impl.dtypes:
+                    continue
+                if impl.outside_dims(entry.case):
+                    outside[(op, impl.name)] = outside.get((op, impl.name), 0) + 1
                     continue
                 left_out = op_card.uses_declined(entry.case, declines[impl.name])
                 for name in left_out:   # a case of an extension the implementation declines: not run
@@ -157,7 +171,7 @@ def build(device: str, *, ops: list[str] | None = None, impls: list[str] | None 
                 if not left_out:
                     points += [Point(impl, mode, entry) for mode in impl.modes]
     return Grid(tuple(points), tuple(unavailable), identity(ops, impls, quick),
-                tuple((*key, n) for key, n in declined.items()))
+                tuple((*key, n) for key, n in declined.items()), tuple((*key, n) for key, n in outside.items()))
 
 
 # --- running the points: one runner for report and drift ------------------------------------------

@@ -21,6 +21,10 @@ from .case import PRECISION_MODES
 ALL_DTYPES = ("fp32", "bf16", "fp16")
 
 
+HEAD_DIM_NAMES = ("K", "V", "Dqk", "Dv")
+"""The case dims that are head dimensions (what ``dim_multiple`` and ``min_dims`` restrict)."""
+
+
 @dataclass(frozen=True)
 class Implementation:
     """One implementation of one op.
@@ -42,6 +46,8 @@ class Implementation:
               forward only), or None
     dim_multiple: by input dtype, the number its head dims must be a multiple of (a restriction it
               states and asserts): cases for it are drawn with such head dims in that dtype
+    head_dims: the only head dims it takes (a peer's compiled set, FlashInfer's 64/128/256), or None:
+              cases for it are drawn with those, the grid's others are left out for it
     min_dims: by head dim name (K, V, Dqk, Dv), the smallest it runs at: a peer's limit that it
               neither states nor checks, found by refcheck and reported (the comment where it is set
               says where); cases for it are drawn at or above it, so that runs go on testing the rest
@@ -65,6 +71,7 @@ class Implementation:
     family: str | None = None
     dim_multiple: Mapping[str, int] = field(default_factory=dict)
     min_dims: Mapping[str, int] = field(default_factory=dict)
+    head_dims: tuple[int, ...] | None = None
     backward_refusal: str | None = None
     forward_only_because: str | None = None
     head_first: bool = False
@@ -89,6 +96,19 @@ class Implementation:
     def modes(self) -> tuple[str, ...]:
         """Precision modes it can be asked for; without the knob, its ``fixed_mode``."""
         return tuple(self.knobs.get("precision", (self.fixed_mode,)))
+
+    def outside_dims(self, case) -> str | None:
+        """Why ``case``'s head dims (K, V, Dqk, Dv) are outside what it declares (``dim_multiple``,
+        ``min_dims``), or None: the grid leaves such a case out for it, as the strategies never draw one."""
+        multiple = self.dim_multiple.get(case.dtype, 1)
+        for name, d in case.dim.items():
+            if name not in HEAD_DIM_NAMES:
+                continue
+            if self.head_dims is not None and d not in self.head_dims:
+                return f"{name}={d}: it takes head dims {', '.join(map(str, self.head_dims))}"
+            if d % multiple or d < self.min_dims.get(name, 1):
+                return f"{name}={d}: its head dims are multiples of {multiple} from {self.min_dims.get(name, 1)}"
+        return None
 
     def refused_backward(self, device: str, case=None) -> str | None:
         """Why its backward is refused on ``device`` (``case`` None) or on ``case`` there

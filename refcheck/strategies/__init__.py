@@ -116,9 +116,13 @@ def head_dims(max_dim: int, multiple: int = 1, minimum: int = 1) -> st.SearchStr
 
 def head_dims_of(impl: Implementation | None, dtype: str, name: str, max_dim: int) -> st.SearchStrategy[int]:
     """Head dim ``name`` (K, V, Dqk, Dv) for ``impl`` in ``dtype``: ``head_dims`` within what it
-    declares, multiples of its ``dim_multiple`` for the dtype and at least its ``min_dims`` for the name."""
+    declares, multiples of its ``dim_multiple`` for the dtype and at least its ``min_dims`` for the name,
+    or one of its fixed ``head_dims``."""
     if impl is None:
         return head_dims(max_dim)
+    if impl.head_dims is not None:
+        fixed = [d for d in impl.head_dims if d <= max_dim] or [min(impl.head_dims)]
+        return st.sampled_from(fixed)
     return head_dims(max_dim, impl.dim_multiple.get(dtype, 1), impl.min_dims.get(name, 1))
 
 

@@ -8,6 +8,7 @@ decay_gate), ``refcheck/engine/laws.py``.
 """
 from __future__ import annotations
 
+import torch
 from hypothesis import strategies as st
 
 from refcheck import references
@@ -90,6 +91,37 @@ def fla_recurrent_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_stat
                                             allow_neg_eigval=allow_neg_eigval, state_v_first=state_v_first)
 
 
+def flashinfer_chunk_gated_delta_rule(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                                      cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None,
+                                      dt_bias=None, state_v_first=False):
+    """FlashInfer's GDN prefill (``flashinfer.gdn_prefill.chunk_gated_delta_rule``, a CuTe DSL kernel on SM90):
+    packed ``[total, heads, 128]`` (a batch becomes B sequences of T), the gate as log-decay
+    (``gate_domain="log"``) or computed from A_log and dt_bias in the call, fp32 gates and beta, states in its
+    own ``[N, HV, V, K]`` layout (``state_v_first``; transposed otherwise). It declines beta as logits: its
+    ``beta_is_logit`` rounds the sigmoid to beta's dtype and has no ``allow_neg_eigval``."""
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+    b, t, h, kd = q.shape
+    hv, vd = v.shape[2], v.shape[3]
+    cu = (torch.arange(b + 1, dtype=torch.int32, device=q.device) * t if cu_seqlens is None
+          else cu_seqlens.to(torch.int32))
+    gate: dict = dict(gate_domain="log")
+    if use_gate_in_kernel:
+        gate = dict(use_gate_in_kernel=True, A_log=A_log.float().contiguous(),
+                    dt_bias=(torch.zeros(hv, device=q.device) if dt_bias is None else dt_bias).float().contiguous())
+    h0 = None
+    if initial_state is not None:
+        h0 = (initial_state if state_v_first else initial_state.transpose(-1, -2)).float().contiguous()
+    result = chunk_gated_delta_rule(q.reshape(b * t, h, kd).contiguous(), k.reshape(b * t, h, kd).contiguous(),
+                                    v.reshape(b * t, hv, vd).contiguous(), g.reshape(b * t, hv).float().contiguous(),
+                                    beta.reshape(b * t, hv).float().contiguous(), scale=scale, initial_state=h0,
+                                    output_final_state=output_final_state, cu_seqlens=cu,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm, **gate)
+    o, final = result if output_final_state else (result, None)
+    if final is not None and not state_v_first:
+        final = final.transpose(-1, -2).contiguous()
+    return o.view(b, t, hv, vd), final
+
+
 CARD = linear_card(
     "gated_delta_rule", reference=references.gated_delta_rule,
     chunked_reference=references.gated_delta_rule_chunked,
@@ -101,13 +133,22 @@ CARD = linear_card(
     value_groups=(1, 2, 4), grid_extra=(("gva", 65, {"use_qk_l2norm": True}, {"HV": 4}),
                                         ("gate_in_kernel", 40, {"use_gate_in_kernel": True}, {"HV": 4}),
                                         ("beta_logits_v_first", 40, {"use_beta_sigmoid_in_kernel": True,
-                                                                     "allow_neg_eigval": True, "state_v_first": True})),
+                                                                     "allow_neg_eigval": True, "state_v_first": True}),
+                                        # Qwen3.5's layer: 16 query/key heads, 32 value heads of 128 (GPU only: interpreted,
+                                        # its 32 heads of 128 x 128 states cost minutes per implementation)
+                                        ("qwen35_heads", 65, {"use_qk_l2norm": True}, {"H": 16, "HV": 32, "K": 128, "V": 128},
+                                         {"devices": ("cuda",)})),
     implementations=(
         Implementation("gated_delta_rule", "fla_chunk",
                        "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule", triton=True, requires="fla",
                        fixed_mode="tf32", family="fla",
                        backward_refusal="refcheck.model.ops.linear:fla_gated_chunk_backward_refusal",
                        description="flash-linear-attention chunk_gated_delta_rule"),
+        # flashinfer-python 0.7.4 on SM90: K = V = 128 only, fp16/bf16 inputs (delta_rule_sm90.py)
+        Implementation("gated_delta_rule", "flashinfer",
+                       "refcheck.model.ops.gated_delta_rule:flashinfer_chunk_gated_delta_rule", devices=("cuda",),
+                       dtypes=("bf16", "fp16"), requires="flashinfer", backward=False, head_dims=(128,),
+                       family="flashinfer", description="FlashInfer's GDN prefill (CuTe DSL, Hopper)"),
         Implementation("gated_delta_rule", "fla_recurrent",
                        "refcheck.model.ops.gated_delta_rule:fla_recurrent_gated_delta_rule", triton=True,
                        requires="fla", backward=False, family="fla",

@@ -172,7 +172,8 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
     sequences without initial state to reset to (a state leaking between packed sequences shows) and
     without final state (``output_final_state=False``: the kernel returns None), a partial last chunk of
     one token (T = 65) with a given scale (0.3, not the default), steep decay over a partial last chunk,
-    then ``extra`` base cases ``(label, T, options[, dims])``; the sweep returns the final state too. Two heads
+    then ``extra`` base cases ``(label, T, options[, dims[, template keywords]])`` (``devices``: a case
+    sized for a GPU); the sweep returns the final state too. Two heads
     where heads can be mixed up (the dense batch, the packed states, the partial chunk), one where the
     case is about the sequence (the leak, the steep decay): an interpreted kernel's time grows with its
     programs, one per head and chunk."""
@@ -190,7 +191,8 @@ def linear_grid(varlen_options: Mapping = EMPTY, extra: tuple = ()) -> Callable[
                     ("chunk_plus_one", dict(dims, B=1, T=65), dict(options=dict(final, scale=0.3))),
                     ("steep_partial", dict(dims, B=1, T=70, H=1),
                      dict(options=final, draw={"initial_state": True, "normalizer": 0.1}))]
-            base += [(label, dict(dims, B=1, T=t, **more[0] if more else {}), dict(options=dict(final, **opts)))
+            base += [(label, dict(dims, B=1, T=t, **(more[0] if more else {})),
+                      dict(options=dict(final, **opts), **(more[1] if len(more) > 1 else {})))
                      for label, t, opts, *more in extra]
         sweep_dims = dict(B=1, H=1, K=8, V=8) if quick else dict(B=1, H=1, K=16, V=16)
         return base, [(f"T={t}", dict(sweep_dims, T=t), dict(options=final)) for t in sweep_lengths(quick)]

@@ -90,7 +90,8 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, min_batc
     tokens to several pages, sometimes more table entries than pages used."""
     pick = picker(draw, pinned)
     dt = pick("dtype", dtypes(LINEAR_DTYPES, impl, dtype))
-    if limits.mla and draw(st.integers(0, 5)) == 0:
+    absorbed = impl is None or impl.head_dims is None or MLA_ABSORBED[0] in impl.head_dims
+    if limits.mla and absorbed and draw(st.integers(0, 5)) == 0:
         hk, (dqk, dv) = 1, MLA_ABSORBED
     else:
         hk = pick("Hk", st.integers(1, limits.max_heads))
@@ -110,7 +111,7 @@ def cases(draw, impl=None, limits: Limits = SMALL, *, min_len: int = 1, min_batc
 def grid(quick: bool) -> Templates:
     """One-token decode of four sequences (one token, a page exactly, a page and one, several pages) with
     GQA; speculative decoding (three queries); MLA's absorbed shape (one latent head, 576/512, pages of
-    64); a sweep of one sequence's cache length."""
+    64); on a GPU, serving's head dims of 128 with longer caches; a sweep of one sequence's cache length."""
     base: list[Template]
     if quick:
         base = [("decode", dict(B=2, T=1, H=2, Hk=1, Dqk=16, Dv=8, page=4, S=9), dict(draw={"seqused": (1, 9)}))]
@@ -120,7 +121,12 @@ def grid(quick: bool) -> Templates:
                 ("speculative", dict(B=2, T=3, H=4, Hk=1, Dqk=32, Dv=24, page=4, S=29),
                  dict(draw={"seqused": (3, 29)}, options={"scale": 0.3})),
                 ("mla_absorbed", dict(B=2, T=1, H=8, Hk=1, Dqk=576, Dv=512, page=64, S=100),
-                 dict(draw={"seqused": (65, 100)}))]
+                 dict(draw={"seqused": (65, 100)})),
+                # serving's shapes (GPU only): Llama 3 8B's heads, one token and speculative, pages of 16
+                ("gqa_d128", dict(B=6, T=1, H=32, Hk=8, Dqk=128, Dv=128, page=16, S=1000),
+                 dict(draw={"seqused": (1, 16, 17, 300, 999, 1000)}, devices=("cuda",))),
+                ("speculative_d128", dict(B=3, T=4, H=32, Hk=8, Dqk=128, Dv=128, page=16, S=513),
+                 dict(draw={"seqused": (4, 130, 513)}, devices=("cuda",)))]
     sweep = dict(B=1, T=1, H=2, Hk=1, Dqk=16, Dv=8, page=4) if quick else dict(B=1, T=1, H=4, Hk=1, Dqk=32, Dv=32,
                                                                                page=16)
     return base, [(f"S={s}", dict(sweep, S=s), dict(draw={"seqused": (s,)})) for s in sweep_lengths(quick)]
@@ -156,6 +162,42 @@ def sdpa_paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, scale=N
     return out, None
 
 
+def flashinfer_paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, scale=None):
+    """FlashInfer's paged decode (``BatchDecodeWithPagedKVCacheWrapper``, its CUDA-core kernel on Hopper) for one
+    query token with Dqk == Dv, else its paged prefill (``BatchPrefillWithPagedKVCacheWrapper``, fa2; causal
+    bottom-right) for speculative queries; NHD pages, the block table as FlashInfer's page list (indptr,
+    indices, last page lengths). Its lse is base 2: times ln 2 (the prefill's ``lse_base="ln"``)."""
+    import math
+
+    import flashinfer
+    n, tq, h, dqk = q.shape
+    page, hk, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
+    scale = dqk ** -0.5 if scale is None else float(scale)
+    lengths = seqused_k.to(torch.int32)
+    pages = (lengths + page - 1) // page
+    indptr = torch.zeros(n + 1, dtype=torch.int32, device=q.device)
+    indptr[1:] = torch.cumsum(pages, 0)
+    named = torch.arange(block_table.shape[1], device=q.device)[None, :] < pages[:, None]
+    indices = block_table.to(torch.int32)[named].contiguous()
+    last = (lengths - (pages - 1) * page).to(torch.int32)
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+    workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
+    flat = q.reshape(n * tq, h, dqk).contiguous()
+    if tq == 1 and dqk == dv:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(indptr, indices, last, h, hk, dqk, page, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+                     sm_scale=scale)
+        o, lse = wrapper.run(flat, (k_cache, v_cache), return_lse=True)
+        lse = lse * math.log(2.0)
+    else:
+        qo_indptr = torch.arange(n + 1, dtype=torch.int32, device=q.device) * tq
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+        wrapper.plan(qo_indptr, indptr, indices, last, h, hk, dqk, page, head_dim_vo=dv, causal=True, sm_scale=scale,
+                     q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+        o, lse = wrapper.run(flat, (k_cache, v_cache), return_lse=True, lse_base="ln")
+    return o.view(n, tq, h, dv), lse.view(n, tq, h).permute(0, 2, 1).contiguous().float()
+
+
 CARD = OpCard(
     "paged_attention", references.paged_attention, references.paged_attention_chunked, ("o", "lse"), (),
     LINEAR_DTYPES, make_inputs, cases=cases, traits=frozenset({"grouped_heads", "paged"}), grid=grid,
@@ -166,6 +208,12 @@ CARD = OpCard(
         Implementation("paged_attention", "triton", "refcheck.optimized:paged_attention", knobs=TRITON_KNOBS,
                        triton=True, backward=False,
                        description="our Triton paged decode (split-K over the keys, combined by log-sum-exp)"),
+        # flashinfer-python 0.7.4: fp16/bf16 only (no fp32 kernels); head dims 128 here (it takes 64, 128, 256: each
+        # dtype and head dim is a kernel nvcc compiles at first use, minutes each)
+        Implementation("paged_attention", "flashinfer", "refcheck.model.ops.paged_attention:flashinfer_paged_attention",
+                       devices=("cuda",), dtypes=("bf16", "fp16"), requires="flashinfer", backward=False,
+                       head_dims=(128,), family="flashinfer",
+                       description="FlashInfer's paged decode (one token) and paged prefill (speculative queries)"),
         Implementation("paged_attention", "sdpa", "refcheck.model.ops.paged_attention:sdpa_paged_attention",
                        outputs=("o",), backward=False,
                        description="torch scaled_dot_product_attention over the gathered pages (no lse)"),
