@@ -76,12 +76,47 @@ def error(fn, label, h, hk, dqk, dv, page, length) -> float:
     return rel(fn(*x), ref)
 
 
+SWEEP = [dict(BN=bn, num_warps=w, num_stages=st) for bn in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)]
+SWEEP_SHAPES = [("gqa 32/8 d128", 64, 32768, 16, 32, 8, 128, 128), ("gqa 32/8 d128", 256, 4096, 64, 32, 8, 128, 128),
+                ("mla absorbed 16/1 576/512", 64, 32768, 64, 16, 1, 576, 512)]
+
+
+def sweep(roof: dict, out: str | None) -> None:
+    """Our split kernel on SWEEP_SHAPES under every launch setting of SWEEP (keys per step, warps, stages)."""
+    from refcheck.optimized.paged_attention.decode import decode
+    rows = []
+    for label, n, length, page, h, hk, dqk, dv in SWEEP_SHAPES:
+        x = make(n, length, h, hk, dqk, dv, page)
+        size = cache_bytes(n, length, hk, dqk, dv)
+        for config in SWEEP:
+            try:
+                ms = median_ms(decode, *x, dqk ** -0.5, "tf32", None, config, reps=40)
+                row = dict(shape=label, batch=n, cache=length, page=page, **config, ms=ms,
+                           of_copy=size / ms / 1e6 / roof["copy_gbps"])
+            except Exception as err:
+                row = dict(shape=label, batch=n, cache=length, page=page, **config, error=f"{type(err).__name__}"[:80])
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del x
+        torch.cuda.empty_cache()
+    if out:
+        Path(out).write_text(json.dumps(dict(roofline=roof, sweep=rows, device=torch.cuda.get_device_name()), indent=1))
+    for label, n, length, page, *_ in SWEEP_SHAPES:
+        mine = [r for r in rows if (r["shape"], r["batch"], r["cache"], r["page"]) == (label, n, length, page) and "ms" in r]
+        best = min(mine, key=lambda r: r["ms"])
+        print(f"best {label} b{n} c{length} p{page}: BN={best['BN']} warps={best['num_warps']} stages={best['num_stages']} "
+              f"{best['ms']:.3f} ms, {best['of_copy']:.2f} of copy")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here (after every row)")
     ap.add_argument("--quick", action="store_true", help="batch 64, caches of 4k, shorter timing")
+    ap.add_argument("--sweep", action="store_true", help="our split kernel under every launch setting of SWEEP instead")
     args = ap.parse_args()
     roof = roofline()
+    if args.sweep:
+        return sweep(roof, args.out)
     found = peers()
     print(f"roofline: copy {roof['copy_gbps']:.0f} GB/s, bf16 {roof['bf16_tflops']:.0f} TFLOP/s; peers: "
           + ", ".join(f"{k} ({'ok' if callable(v) else v})" for k, v in found.items()), flush=True)

@@ -33,14 +33,18 @@ TARGET_PROGRAMS = 264
 """Programs the split aims at when ``splits`` is not given: two per multiprocessor of an H100/H200 (132)."""
 
 
-def plan_splits(n: int, hk: int, max_keys: int, splits: int | None) -> tuple[int, int]:
+LAUNCH = dict(BN=KEYS_PER_BLOCK, num_warps=4, num_stages=2)
+"""The split kernel's keys per step and launch settings (``decode(config=...)`` overrides them: the benchmark's sweep)."""
+
+
+def plan_splits(n: int, hk: int, max_keys: int, splits: int | None, block: int = KEYS_PER_BLOCK) -> tuple[int, int]:
     """``(splits, keys_per_split)`` for ``n`` sequences on ``hk`` key heads and at most ``max_keys`` keys
     each: ``splits`` ranges (default enough for ``TARGET_PROGRAMS`` programs, at most one per key block),
-    each a multiple of ``KEYS_PER_BLOCK`` keys."""
-    blocks = max(1, -(-max_keys // KEYS_PER_BLOCK))
+    each a multiple of ``block`` keys."""
+    blocks = max(1, -(-max_keys // block))
     want = splits if splits is not None else -(-TARGET_PROGRAMS // max(1, n * hk))
     count = max(1, min(want, blocks))
-    per = -(-blocks // count) * KEYS_PER_BLOCK
+    per = -(-blocks // count) * block
     return -(-max_keys // per) if max_keys else 1, per
 
 
@@ -127,13 +131,17 @@ def combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, TQ, H, SPLITS,
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-           seqused_k: torch.Tensor, scale: float, precision: str, splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+           seqused_k: torch.Tensor, scale: float, precision: str, splits: int | None,
+           config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o [N, Tq, H, Dv], lse [N, H, Tq] fp32)`` of checked inputs: q contiguous, the caches with a unit
-    last stride; ``splits`` the key ranges per sequence (None: ``plan_splits``)."""
+    last stride; ``splits`` the key ranges per sequence (None: ``plan_splits``); ``config`` the split kernel's
+    BN and launch settings (default ``LAUNCH``)."""
     n, tq, h, dqk = q.shape
     hk, page, dv = k_cache.shape[2], k_cache.shape[1], v_cache.shape[-1]
     group = h // hk
-    count, per = plan_splits(n, hk, block_table.shape[1] * page, splits)
+    step = dict(LAUNCH, **(config or {}))
+    block = step.pop("BN")
+    count, per = plan_splits(n, hk, block_table.shape[1] * page, splits, block)
     o_part = torch.empty(n, count, tq, h, dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(n, count, tq, h, dtype=torch.float32, device=q.device)
     b1, b2 = column_tiles(dqk)
@@ -141,9 +149,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
            (q, k_cache, v_cache, block_table, seqused_k, o_part, lse_part, scale * LOG2E,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), block_table.stride(0), seqused_k.stride(0), tq, h, per, count),
-           dict(G=group, PAGE=page, DQK=dqk, DV=dv, BM=padded(tq * group), BN=KEYS_PER_BLOCK, B1=b1, B2=b2,
+           dict(G=group, PAGE=page, DQK=dqk, DV=dv, BM=padded(tq * group), BN=block, B1=b1, B2=b2,
                 BDV=padded(dv), PREC=precision),
-           [dict(num_warps=4, num_stages=2)])
+           [step])
     o = torch.empty(n, tq, h, dv, dtype=q.dtype, device=q.device)
     lse = torch.empty(n, h, tq, dtype=torch.float32, device=q.device)
     launch(combine_kernel, (n, tq, h), (o_part, lse_part, o, lse, tq, h, count),
