@@ -76,7 +76,9 @@ def error(fn, label, h, hk, dqk, dv, page, length) -> float:
     return rel(fn(*x), ref)
 
 
-SWEEP = [dict(BN=bn, num_warps=w, num_stages=st) for bn in (32, 64, 128) for w in (4, 8) for st in (1, 2, 3)]
+SWEEP = [dict(BN=bn, num_warps=w, num_stages=st) for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3)]
+SPLIT_SCALES = (1, 4)
+"""The default plan's programs, and four times as many (more key ranges, more loads in flight)."""
 SWEEP_SHAPES = [("gqa 32/8 d128", 64, 32768, 16, 32, 8, 128, 128), ("gqa 32/8 d128", 256, 4096, 64, 32, 8, 128, 128),
                 ("mla absorbed 16/1 576/512", 64, 32768, 64, 16, 1, 576, 512)]
 
@@ -88,15 +90,19 @@ def sweep(roof: dict, out: str | None) -> None:
     for label, n, length, page, h, hk, dqk, dv in SWEEP_SHAPES:
         x = make(n, length, h, hk, dqk, dv, page)
         size = cache_bytes(n, length, hk, dqk, dv)
+        from refcheck.optimized.paged_attention.decode import plan_splits
         for config in SWEEP:
-            try:
-                ms = median_ms(decode, *x, dqk ** -0.5, "tf32", None, config, reps=40)
-                row = dict(shape=label, batch=n, cache=length, page=page, **config, ms=ms,
-                           of_copy=size / ms / 1e6 / roof["copy_gbps"])
-            except Exception as err:
-                row = dict(shape=label, batch=n, cache=length, page=page, **config, error=f"{type(err).__name__}"[:80])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for scale in SPLIT_SCALES:
+                splits = plan_splits(n, hk, x[3].shape[1] * page, None, config["BN"])[0] * scale
+                try:
+                    ms = median_ms(decode, *x, dqk ** -0.5, "tf32", splits, config, reps=40)
+                    row = dict(shape=label, batch=n, cache=length, page=page, **config, splits=splits, ms=ms,
+                               of_copy=size / ms / 1e6 / roof["copy_gbps"])
+                except Exception as err:
+                    row = dict(shape=label, batch=n, cache=length, page=page, **config, splits=splits,
+                               error=f"{type(err).__name__}"[:80])
+                rows.append(row)
+                print(json.dumps(row), flush=True)
         del x
         torch.cuda.empty_cache()
     if out:
@@ -105,6 +111,7 @@ def sweep(roof: dict, out: str | None) -> None:
         mine = [r for r in rows if (r["shape"], r["batch"], r["cache"], r["page"]) == (label, n, length, page) and "ms" in r]
         best = min(mine, key=lambda r: r["ms"])
         print(f"best {label} b{n} c{length} p{page}: BN={best['BN']} warps={best['num_warps']} stages={best['num_stages']} "
+              f"splits={best['splits']} "
               f"{best['ms']:.3f} ms, {best['of_copy']:.2f} of copy")
 
 

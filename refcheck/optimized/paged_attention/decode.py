@@ -5,7 +5,8 @@ and key head would leave most of a GPU idle on a small batch. The keys of each s
 ``splits`` ranges of ``keys_per_split`` keys; program ``(n, hk, s)`` attends the ``Tq * G`` query rows of
 sequence n on key head hk (G = H / Hk query heads share it: one dot serves them all) to the keys of range
 s, reading each key through the block table (key j: row ``j % page`` of page ``block_table[n, j // page]``,
-so a block of BN keys may span several pages and any page size works). With ``c = scale * log2(e)``:
+so a block of BN keys may span several pages and any page size works; each step's page numbers are read one
+step ahead). With ``c = scale * log2(e)``:
 
     s_rj = c q_r . k_j      (-inf where key j is past row r's token: j > L - Tq + i(r), or past L)
     m_r <- max(m_r, max_j s_rj),  p_rj = 2^(s_rj - m_r),  l_r <- l_r 2^(m_old - m_r) + sum_j p_rj,
@@ -79,10 +80,15 @@ def split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, used_ptr, o_ptr, lse_ptr, qk_sc
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
     acc = tl.zeros((BM, BDV), tl.float32)
+    table_row = table_ptr + n.to(tl.int64) * s_table
+    j_next = j_start + tl.arange(0, BN)
+    page_next = tl.load(table_row + j_next // PAGE, mask=j_next < j_end, other=0).to(tl.int64)
     for j0 in range(j_start, j_end, BN):
         j = j0 + tl.arange(0, BN)
         key_ok = j < j_end
-        page = tl.load(table_ptr + n.to(tl.int64) * s_table + j // PAGE, mask=key_ok, other=0).to(tl.int64)
+        page = page_next             # this step's pages, read a step ahead: the cache loads do not wait on the table
+        j_next = j + BN
+        page_next = tl.load(table_row + j_next // PAGE, mask=j_next < j_end, other=0).to(tl.int64)
         k_rows = page * sk_page + (j % PAGE).to(tl.int64) * sk_row + hk * sk_head
         v_rows = page * sv_page + (j % PAGE).to(tl.int64) * sv_row + hk * sv_head
         k1 = _load_cols(k_ptr, k_rows, key_ok, 0, DQK, B1)
