@@ -296,6 +296,50 @@ def sdpa_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_s
     return out, None
 
 
+def flex_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, window_size=None,
+                   softcap=None):
+    """PyTorch's ``flex_attention`` per sequence (eager: its unfused implementation; GQA by ``enable_gqa``): the
+    causal mask (bottom-right) and a sliding window as a ``mask_mod`` of a block mask, the softcap as a
+    ``score_mod``; o and lse. It has no sinks. On the CPU its backward refuses (``flex_backward_refusal``)."""
+    import warnings
+
+    from torch.nn.attention import flex_attention as flex
+    pairs = check_attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    left, right = window_size or (None, None)
+    out = q.new_zeros(*q.shape[:3], v.shape[-1])
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, device=q.device)
+    score_mod = None if softcap is None else (lambda s, b, h, i, j: softcap * torch.tanh(s / softcap))
+    for row, (qs, qe), (ks, ke) in pairs:
+        t, s = qe - qs, ke - ks
+        if t == 0 or s == 0:
+            continue
+        offset = s - t
+
+        def keep(b, h, i, j, offset=offset):
+            d = j - i - offset                        # key j's distance past row i's diagonal
+            ok = d <= 0 if causal else d == d
+            if left is not None:
+                ok = ok & (d >= -left)
+            if right is not None:
+                ok = ok & (d <= right)
+            return ok
+        masked = causal or window_size is not None
+        block = flex.create_block_mask(keep, B=None, H=None, Q_LEN=t, KV_LEN=s, device=q.device) if masked else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # "called without torch.compile()": the unfused form, on purpose
+            o, aux = flex.flex_attention(q[row:row + 1, qs:qe].transpose(1, 2), k[row:row + 1, ks:ke].transpose(1, 2),
+                                         v[row:row + 1, ks:ke].transpose(1, 2), score_mod=score_mod, block_mask=block,
+                                         scale=scale, enable_gqa=True, return_aux=flex.AuxRequest(lse=True))
+        out[row, qs:qe] = o[0].transpose(0, 1)
+        lse[row, :, qs:qe] = aux.lse[0].float()
+    return out, lse
+
+
+def flex_backward_refusal(device: str, case=None) -> str | None:
+    """flex_attention raises "FlexAttention does not support backward on CPU" (torch 2.13)."""
+    return "flex_attention: 'does not support backward on CPU'" if torch.device(device).type == "cpu" else None
+
+
 def fa4_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
     """flash-attn-4 ``flash_attn_func`` / ``flash_attn_varlen_func``: o and lse (``[B, H, T]``;
     packed, its ``[H, total]`` gets the batch axis of one)."""
@@ -334,6 +378,9 @@ CARD = OpCard(
                        description="our Triton flash attention (FA2 schedule, deterministic backward)"),
         Implementation("attention", "sdpa", "refcheck.model.ops.attention:sdpa_attention", outputs=("o",),
                        description="torch scaled_dot_product_attention (no lse)"),
+        Implementation("attention", "flex", "refcheck.model.ops.attention:flex_attention",
+                       backward_refusal="refcheck.model.ops.attention:flex_backward_refusal",
+                       description="torch flex_attention, unfused (masks and softcap as mask_mod and score_mod)"),
         # "head_dim and head_dim_v must be between 8 and 256 and divisible by 8" (flash-attn-4 4.0.0b36 on SM90)
         Implementation("attention", "fa4", "refcheck.model.ops.attention:fa4_attention", devices=("cuda",),
                        dtypes=("bf16", "fp16"), requires="flash_attn", dim_multiple={"bf16": 8, "fp16": 8},
