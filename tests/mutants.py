@@ -421,6 +421,27 @@ def paged_drafts_see_each_other(q, k_cache, v_cache, block_table, seqused_k, **o
     return torch.cat([o for o, _ in rows], 1), torch.cat([lse for _, lse in rows], 2)
 
 
+@mutant("paged_attention", "pages_shuffled", "agreement")
+def paged_pages_assumed_consecutive(q, k_cache, v_cache, block_table, seqused_k, **options):
+    """Reads a sequence's pages as consecutive in the pool from its first one (block_table[n, 0] + j), not through
+    the block table."""
+    first = block_table[:, :1].long()
+    table = (first + torch.arange(block_table.shape[1], device=q.device)) % k_cache.shape[0]
+    return naive.paged_attention(q, k_cache, v_cache, table.to(block_table.dtype), seqused_k, **options)
+
+
+@mutant("paged_attention", "queries_one_at_a_time", "agreement")
+def paged_queries_aligned_top_left(q, k_cache, v_cache, block_table, seqused_k, **options):
+    """The speculative path (Tq > 1) aligns its causal mask top-left: query i sees keys 0 .. i, not
+    0 .. L - Tq + i."""
+    tq = q.shape[1]
+    if tq == 1:
+        return naive.paged_attention(q, k_cache, v_cache, block_table, seqused_k, **options)
+    rows = [naive.paged_attention(q[:, i:i + 1], k_cache, v_cache, block_table, torch.full_like(seqused_k, i + 1),
+                                  **options) for i in range(tq)]
+    return torch.cat([o for o, _ in rows], 1), torch.cat([lse for _, lse in rows], 2)
+
+
 @mutant("paged_attention", "grouped_heads", "agreement")
 def paged_heads_interleaved(q, k_cache, v_cache, block_table, seqused_k, **options):
     """Query head j reads key head j % Hk, not j // (H / Hk)."""

@@ -5,8 +5,9 @@ and key head would leave most of a GPU idle on a small batch. The keys of each s
 ``splits`` ranges of ``keys_per_split`` keys; program ``(n, hk, s)`` attends the ``Tq * G`` query rows of
 sequence n on key head hk (G = H / Hk query heads share it: one dot serves them all) to the keys of range
 s, reading each key through the block table (key j: row ``j % page`` of page ``block_table[n, j // page]``,
-so a block of BN keys may span several pages and any page size works; each step's page numbers are read one
-step ahead). With ``c = scale * log2(e)``:
+so a block of BN keys may span several pages and any page size works). Each step's page numbers are read one
+step ahead, so that its cache loads do not wait on the block table: on an H200 that alone took GQA decode with
+pages of 16 from 0.15 to 0.89 of the copy rate. With ``c = scale * log2(e)``:
 
     s_rj = c q_r . k_j      (-inf where key j is past row r's token: j > L - Tq + i(r), or past L)
     m_r <- max(m_r, max_j s_rj),  p_rj = 2^(s_rj - m_r),  l_r <- l_r 2^(m_old - m_r) + sum_j p_rj,
@@ -28,17 +29,23 @@ import triton.language as tl
 from ..common import column_tiles, launch, padded
 
 LOG2E = 1.4426950408889634
-KEYS_PER_BLOCK = 32
-"""Keys per step of a program's walk (BN)."""
-TARGET_PROGRAMS = 264
-"""Programs the split aims at when ``splits`` is not given: two per multiprocessor of an H100/H200 (132)."""
+TARGET_PROGRAMS = 1056
+"""Programs the split aims at when ``splits`` is not given: eight per multiprocessor of an H100/H200 (132), for
+loads in flight (H200, MLA's absorbed shape at batch 64 and caches of 32k: 0.66 of the copy rate at 264
+programs, 0.93 at 1056; GQA's within 4% either way: ``paged_attention_sweep_h200.json``)."""
+LAUNCH = dict(num_warps=4, num_stages=2)
+"""The split kernel's launch settings, the best of the H200 sweep at every shape (``decode(config=...)``
+overrides them, and BN)."""
 
 
-LAUNCH = dict(BN=KEYS_PER_BLOCK, num_warps=4, num_stages=2)
-"""The split kernel's keys per step and launch settings (``decode(config=...)`` overrides them: the benchmark's sweep)."""
+def keys_per_step(dqk: int) -> int:
+    """Keys per step of a program's walk (BN): 64, or 32 for MLA's absorbed 576 (its K tile is 576 wide; 64 keys
+    there ran at half the rate, 128 do not fit). H200 sweep: GQA d128 at 64 keys 1.05 and 1.03 of the copy rate,
+    at 32 keys 0.89 and 0.90, at 128 keys 1.00 and 0.98."""
+    return 64 if dqk <= 256 else 32
 
 
-def plan_splits(n: int, hk: int, max_keys: int, splits: int | None, block: int = KEYS_PER_BLOCK) -> tuple[int, int]:
+def plan_splits(n: int, hk: int, max_keys: int, splits: int | None, block: int) -> tuple[int, int]:
     """``(splits, keys_per_split)`` for ``n`` sequences on ``hk`` key heads and at most ``max_keys`` keys
     each: ``splits`` ranges (default enough for ``TARGET_PROGRAMS`` programs, at most one per key block),
     each a multiple of ``block`` keys."""
@@ -141,12 +148,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_
            config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o [N, Tq, H, Dv], lse [N, H, Tq] fp32)`` of checked inputs: q contiguous, the caches with a unit
     last stride; ``splits`` the key ranges per sequence (None: ``plan_splits``); ``config`` the split kernel's
-    BN and launch settings (default ``LAUNCH``)."""
+    BN and launch settings (default ``keys_per_step`` and ``LAUNCH``)."""
     n, tq, h, dqk = q.shape
     hk, page, dv = k_cache.shape[2], k_cache.shape[1], v_cache.shape[-1]
     group = h // hk
     step = dict(LAUNCH, **(config or {}))
-    block = step.pop("BN")
+    block = step.pop("BN", None) or keys_per_step(dqk)
     count, per = plan_splits(n, hk, block_table.shape[1] * page, splits, block)
     o_part = torch.empty(n, count, tq, h, dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(n, count, tq, h, dtype=torch.float32, device=q.device)
