@@ -355,3 +355,39 @@ def test_the_flash_form_of_attention_equals_the_dense_one(dims, seqlens, causal,
                      cotangents=lambda out: {n: g.double() for n, g in upstream_gradients(op, case, out).items()})
     for name, want in dense.items():
         torch.testing.assert_close(flash[name], want, rtol=1e-12, atol=1e-12, equal_nan=True, msg=name)
+
+
+def _paged(**change):
+    """A valid paged decode call (q [2, 2, 4, 8], pages of 4 in a pool of 5, lengths 3 and 6), then ``change``."""
+    gen = torch.Generator().manual_seed(1)
+    x = dict(q=torch.randn(2, 2, 4, 8, generator=gen, dtype=F64), k_cache=torch.randn(5, 4, 2, 8, generator=gen, dtype=F64),
+             v_cache=torch.randn(5, 4, 2, 6, generator=gen, dtype=F64), block_table=torch.tensor([[3, 4], [0, 2]]),
+             seqused_k=torch.tensor([3, 6]))
+    return {**x, **change}
+
+
+PAGED_MISTAKES = {   # the call's change, the argument named
+    "fewer tokens than queries": (dict(seqused_k=torch.tensor([1, 6])), "seqused_k"),
+    "more tokens than the table holds": (dict(seqused_k=torch.tensor([3, 9])), "seqused_k"),
+    "a page outside the pool": (dict(block_table=torch.tensor([[3, 4], [0, 5]])), "block_table"),
+    "a negative page": (dict(block_table=torch.tensor([[-1, 4], [0, 2]])), "block_table"),
+    "a table row per sequence": (dict(block_table=torch.tensor([[3, 4]])), "block_table"),
+    "float lengths": (dict(seqused_k=torch.tensor([3.0, 6.0])), "seqused_k"),
+    "key heads not dividing H": (dict(k_cache=torch.randn(5, 4, 3, 8, dtype=F64), v_cache=torch.randn(5, 4, 3, 6, dtype=F64)),
+                                 "k_cache"),
+    "values of another pool": (dict(v_cache=torch.randn(4, 4, 2, 6, dtype=F64)), "v_cache"),
+    "keys of another head dim": (dict(k_cache=torch.randn(5, 4, 2, 7, dtype=F64)), "k_cache"),
+}
+
+
+@pytest.mark.parametrize("change, name", list(PAGED_MISTAKES.values()), ids=list(PAGED_MISTAKES))
+def test_paged_bad_input_raises_value_error_naming_the_argument(change, name):
+    with pytest.raises(ValueError, match=rf"^{re.escape(name)}\b"):
+        references.paged_attention(**_paged(**change))
+
+
+def test_paged_entries_past_a_sequences_pages_are_not_read():
+    """The table's entries past a sequence's last page may hold anything (here an index outside the pool)."""
+    o, _ = references.paged_attention(**_paged())
+    again, _ = references.paged_attention(**_paged(block_table=torch.tensor([[3, 99], [0, 2]])))
+    assert torch.equal(o, again)

@@ -26,8 +26,9 @@ from .contract import check_scale, check_shape, check_tensor
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k) -> list[list[int]]:
-    """Validate a paged decode call; return each sequence's pages in order (those its tokens use)."""
+def check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k) -> None:
+    """Validate a paged decode call (one host synchronization: the checks of the block table and the lengths
+    run on their device, then one boolean is read)."""
     check_tensor("q", q, 4)
     n, tq, h, dqk = q.shape
     check_tensor("k_cache", k_cache, 4)
@@ -44,23 +45,30 @@ def check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k) -> list[list
                          f"got {tuple(block_table.shape)}")
     check_tensor("seqused_k", seqused_k, 1, INDEX_DTYPES)
     check_shape("seqused_k", seqused_k, (n,), "[N]: each sequence's tokens in the cache")
-    table, used = block_table.tolist(), seqused_k.tolist()
-    spans = []
-    for i, (length, row) in enumerate(zip(used, table)):
-        if not tq <= length <= len(row) * page:
+    width = block_table.shape[1]
+    lengths_ok = (seqused_k >= tq) & (seqused_k <= width * page)
+    named = torch.arange(width, device=block_table.device)[None, :] < ((seqused_k + page - 1) // page)[:, None]
+    pages_ok = ((block_table >= 0) & (block_table < pages)) | ~named
+    if bool(lengths_ok.all() & pages_ok.all()):
+        return
+    for i, (length, row) in enumerate(zip(seqused_k.tolist(), block_table.tolist())):    # say which, and why
+        if not tq <= length <= width * page:
             raise ValueError(f"seqused_k: sequence {i} has {length} tokens; expected at least q's Tq = {tq} (its "
-                             f"queries are its last tokens) and at most max_pages * page = {len(row) * page}")
-        named = row[:-(-length // page)]
-        if any(not 0 <= p < pages for p in named):
-            raise ValueError(f"block_table: sequence {i} names pages {named}; expected pages of the pool, "
-                             f"in [0, {pages})")
-        spans.append(named)
-    return spans
+                             f"queries are its last tokens) and at most max_pages * page = {width * page}")
+        bad = [p for p in row[:-(-length // page)] if not 0 <= p < pages]
+        if bad:
+            raise ValueError(f"block_table: sequence {i} names pages {bad}; expected pages of the pool, in [0, {pages})")
+
+
+def sequence_pages(block_table, seqused_k, page: int) -> list[list[int]]:
+    """Each sequence's pages in order (those its tokens use), read on the host."""
+    return [row[:-(-length // page)] for row, length in zip(block_table.tolist(), seqused_k.tolist())]
 
 
 def _gathered(q, k_cache, v_cache, block_table, seqused_k, scale, form):
     """Every sequence's pages gathered into one packed batch, then ``form`` (causal, bottom-right)."""
-    spans = check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    spans = sequence_pages(block_table, seqused_k, k_cache.shape[1])
     n, tq, h, _ = q.shape
     scale = check_scale(scale, q.shape[-1])
     lengths = seqused_k.tolist()

@@ -24,14 +24,15 @@ from __future__ import annotations
 import torch
 
 from refcheck.references.contract import check_scale
-from refcheck.references.paged_attention import check_paged_inputs
+from refcheck.references.paged_attention import check_paged_inputs, sequence_pages
 
 COMPUTE = torch.float32
 
 
 def _split_k(q, k_cache, v_cache, block_table, seqused_k, scale, *, pages: int, p_in_dtype: bool = False,
              rescale: bool = True):
-    spans = check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    spans = sequence_pages(block_table, seqused_k, k_cache.shape[1])
     n, tq, h, dqk = q.shape
     hk, page = k_cache.shape[2], k_cache.shape[1]
     scale = check_scale(scale, dqk)

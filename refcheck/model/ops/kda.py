@@ -78,6 +78,9 @@ def fla_recurrent_kda(q, k, v, g, beta, *, scale=None, initial_state=None, outpu
                                    use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel,
                                    lower_bound=lower_bound if use_gate_in_kernel else None, cu_seqlens=cu_seqlens)
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    # the entry point serving calls has no input_guard: it addresses its inputs as contiguous (law state_pool's
+    # one-token views of a batch of two rows read other tokens' values through it)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o, final = fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state,
                                        scale=scale, output_final_state=output_final_state,
                                        inplace_final_state=inplace_final_state, cu_seqlens=cu_seqlens,

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from refcheck import references
-from refcheck.references.paged_attention import check_paged_inputs
+from refcheck.references.paged_attention import check_paged_inputs, sequence_pages
 
 from ...strategies import EMPTY, SMALL, Limits, dtypes, head_dims_of, lengths, picker, scales, seeds
 from ..case import PRECISION_MODES, Case
@@ -148,7 +148,8 @@ def used_rows(case: Case, x: Inputs) -> torch.Tensor:
 def sdpa_paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, scale=None):
     """torch SDPA per sequence over its pages gathered by ``index_select`` (GQA by ``enable_gqa``), the
     bottom-right causal mask as a boolean mask; no lse."""
-    spans = check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    check_paged_inputs(q, k_cache, v_cache, block_table, seqused_k)
+    spans = sequence_pages(block_table, seqused_k, k_cache.shape[1])
     n, tq = q.shape[:2]
     out = q.new_empty(*q.shape[:3], v_cache.shape[-1])
     for i, (named, length) in enumerate(zip(spans, seqused_k.tolist())):

@@ -2,9 +2,9 @@
 ``precision`` (fp32 dots) and ``splits`` (key ranges per sequence), input checks once, then the split-K
 decode kernel and its combine (``decode.py``). Forward only: a decode step has no backward.
 
-The checks are the contract's own (``references.paged_attention.check_paged_inputs``: it reads the block
-table and the lengths on the host, one synchronization per call) plus what the kernel needs: q and the
-caches of one dtype among fp32/bf16/fp16 on one device, head dims up to 576.
+The checks are the contract's own (``references.paged_attention.check_paged_inputs``: the block table and
+the lengths checked on their device, one boolean read back, a synchronization per call) plus what the kernel
+needs: q and the caches of one dtype among fp32/bf16/fp16 on one device, head dims up to 576.
 """
 from __future__ import annotations
 
