@@ -124,6 +124,13 @@ def layout_rules(c: OpCard) -> list[str]:
     rules = ["Inputs may be non-contiguous views with a storage offset (any strides, unit stride in the last "
              "dimension): read them through their strides, or copy them (law reads_past_input). Never write to "
              "an input (law no_side_effects)."]
+    if "state_pool" in c.traits:
+        rules.append("The one write the contract allows: with ssm_state_indices and inplace_final_state=True, each "
+                     "sequence's final state into its slot of the pool given as initial_state, and nothing else "
+                     "(law state_pool).")
+    if "paged" in c.traits:
+        rules.append("A paged cache is read through the block table: cache rows past a sequence's tokens, and "
+                     "pages no sequence uses, may hold anything, NaN included (law pages_shuffled).")
     if "varlen" in c.traits:
         lengths = "from 0 to its packed length (T for queries, S for keys)" if "keys" in c.traits else "from 0 to T"
         alone = "its own causal alignment, its rows without keys" if "keys" in c.traits else "its own initial and final state"
@@ -136,7 +143,9 @@ def layout_rules(c: OpCard) -> list[str]:
 
 
 def upstream_rule(c: OpCard) -> str:
-    """Which outputs the backward receives a gradient for."""
+    """Which outputs the backward receives a gradient for (an op with no differentiable input: none)."""
+    if not c.differentiable:
+        return "Forward only: no input of the op is differentiable, and no backward is called."
     return (f"The backward receives a random upstream gradient for every output returned ({', '.join(c.outputs)}), "
             "zero where an output is not finite; gradients in the dtype of their input.")
 
