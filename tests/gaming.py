@@ -128,3 +128,14 @@ def attention_stale_rows(q, k, v, **options):
     out = torch.empty_like(o)
     out[:, :-1] = o[:, :-1]
     return out, lse
+
+
+# --- not caught yet: a kernel that detects the judge ------------------------------------------------------------
+
+def attention_detects_the_harness(q, k, v, **options):
+    """Correct while refcheck's laws are imported in its process (the judge's), zeros elsewhere: verification
+    in the judge's own process cannot tell it from an honest kernel. Caught once the candidate runs in a worker
+    process of its own (issue 62, part 2; ``tests/test_gaming.py`` holds the gap as a strict xfail)."""
+    import sys
+    o, lse = naive.attention(q, k, v, **options)
+    return (o, lse) if "refcheck.engine.laws" in sys.modules else (torch.zeros_like(o), lse)

@@ -30,3 +30,27 @@ def test_each_hack_is_caught_by_its_law(name):
 @pytest.mark.parametrize("law", sorted({h.caught_by for h in HACKS.values()}))
 def test_the_honest_form_passes_the_same_laws(op, law):
     hypothesis_check(law, registry.get(op, "naive"), settings=settings(**profiles.PROFILES["ci"]))
+
+
+def test_the_harness_detector_is_wrong_outside_the_judge():
+    """``attention_detects_the_harness`` returns zeros in a plain script that imports it (no refcheck laws loaded)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import torch; from tests.gaming import attention_detects_the_harness as f; "
+            "q = torch.randn(1, 4, 2, 8); o, _ = f(q, q, q); print(float(o.abs().max()))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and float(done.stdout.split()[-1]) == 0.0, done.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="the candidate runs in the judge's process, so a kernel that detects refcheck "
+                                       "passes; a worker process of its own would catch it (issue 62, part 2)")
+def test_a_kernel_that_detects_the_harness_is_caught(capsys):
+    import json
+
+    from refcheck.commands import cli
+    code = cli.main(["verify", "attention", "--impl", "tests.gaming:attention_detects_the_harness", "--seconds", "3",
+                     "--forward-only", "--json"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert code == 1 and verdict["verdict"] == "fail", verdict
