@@ -69,7 +69,7 @@ def median_ms(fn, *args, reps: int) -> float:
     return do_bench(lambda: fn(*args), warmup=25, rep=reps, return_mode="median")
 
 
-def error(fn, label, h, hk, dqk, dv, page, length) -> float:
+def error(fn, h, hk, dqk, dv, page, length) -> float:
     from refcheck import references
     x = make(4, min(length, 4096), h, hk, dqk, dv, page, seed=1)
     ref = references.paged_attention(*(t.double() if t.is_floating_point() else t for t in x))[0]
@@ -143,7 +143,7 @@ def main() -> None:
                             ms = median_ms(fn, *x, reps=reps)
                             gbps = size / ms / 1e6
                             row[name] = {"ms": ms, "gbps": gbps, "of_copy": gbps / roof["copy_gbps"],
-                                         "rel_err": error(fn, label, h, hk, dqk, dv, page, length)}
+                                         "rel_err": error(fn, h, hk, dqk, dv, page, length)}
                         except Exception as err:
                             row[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
                     if "ms" in row.get("ours", {}) and "ms" in row.get("flashinfer", {}):

@@ -1051,22 +1051,25 @@ def queries_one_at_a_time(t: Trial) -> None:
     t.compare(f"{total} queries in one call against each query alone with the cache up to its token", joined, whole)
 
 
-def _offers_state_pool(impl: registry.Implementation) -> str | None:
-    if "state_pool" in card(impl.op).declined(impl):
-        return "declines extension state_pool"
-    return None
-
-
 def _prefill(impl, case: Case) -> st.SearchStrategy[dict]:
     total = case.dim["T"]
     return st.fixed_dictionaries({"prefill": st.integers(max(0, total - DECODE_STEPS), total - 1)})
 
 
+def _declining(extension: str | None, impl: registry.Implementation) -> str | None:
+    """Why a law about ``extension`` does not apply to ``impl``: it declines the extension (else None)."""
+    if extension is not None and extension in card(impl.op).declined(impl):
+        return f"declines extension {extension}"
+    return None
+
+
 def _offers_grouping(impl: registry.Implementation) -> str | None:
     grouping = card(impl.op).grouping
-    if grouping is not None and grouping.extension in card(impl.op).declined(impl):
-        return f"declines extension {grouping.extension}"
-    return None
+    return _declining(grouping.extension if grouping is not None else None, impl)
+
+
+def _offers_state_pool(impl: registry.Implementation) -> str | None:
+    return _declining("state_pool", impl)
 
 
 def _split(impl, case: Case) -> st.SearchStrategy[dict]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 from refcheck.references.contract import check_cu_seqlens, check_state
 
@@ -91,6 +92,12 @@ def check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name}: expected True or False, got {value!r}")
     return value
+
+
+LOG2E = 1.4426950408889634
+"""log2(e): the kernels work in base 2, ``exp(x) = exp2(x * LOG2E)``."""
+KERNEL_LOG2E = tl.constexpr(LOG2E)
+"""The same inside kernels (compiled, a kernel reads only constexpr globals)."""
 
 
 def padded(n: int, minimum: int = 16) -> int:

@@ -254,7 +254,20 @@ def unseen(case: Case, row: int) -> torch.Tensor:
     return _keys_unseen(case, row, row)
 
 
-# --- peers: torch SDPA and flash-attn-4, renamed arguments and reshapes only ---------------------
+# --- peers: torch SDPA, flex_attention and flash-attn-4, renamed arguments and reshapes only ----
+
+def _peer_sees(i, j, t: int, s: int, causal: bool, window) -> torch.Tensor:
+    """Whether query row i of t sees key j of s (broadcast index tensors), written apart from the reference's
+    ``Mask`` for the peers' masks: key j's distance past row i's diagonal (bottom-right), at most 0 where
+    causal, within the window's ``(left, right)`` sides (None: unbounded)."""
+    d = j - i - (s - t)
+    ok = d <= 0 if causal else torch.ones_like(d, dtype=torch.bool)
+    if window[0] is not None:
+        ok = ok & (d >= -window[0])
+    if window[1] is not None:
+        ok = ok & (d <= window[1])
+    return ok
+
 
 def sdpa_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, window_size=None,
                    sinks=None):
@@ -273,16 +286,8 @@ def sdpa_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_s
         vj = v[row, ks:ke].repeat_interleave(groups, dim=1).transpose(0, 1)
         mask = None
         if causal or window_size is not None:
-            i = torch.arange(qe - qs, device=q.device).unsqueeze(1)
-            j = torch.arange(ke - ks, device=q.device).unsqueeze(0)
-            d = j - i - ((ke - ks) - (qe - qs))          # key j's distance past row i's diagonal
-            mask = torch.ones_like(d, dtype=torch.bool)
-            if causal:
-                mask &= d <= 0
-            if window[0] is not None:
-                mask &= d >= -window[0]
-            if window[1] is not None:
-                mask &= d <= window[1]
+            mask = _peer_sees(torch.arange(qe - qs, device=q.device).unsqueeze(1),
+                              torch.arange(ke - ks, device=q.device).unsqueeze(0), qe - qs, ke - ks, causal, window)
         if sinks is not None:
             h = qi.shape[0]
             qi = torch.cat([qi, qi.new_ones(h, qi.shape[1], 1)], -1)
@@ -305,7 +310,7 @@ def flex_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_s
 
     from torch.nn.attention import flex_attention as flex
     pairs = check_attention_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    left, right = window_size or (None, None)
+    window = window_size or (None, None)
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -math.inf, device=q.device)
     score_mod = None if softcap is None else (lambda s, b, h, i, j: softcap * torch.tanh(s / softcap))
@@ -313,16 +318,9 @@ def flex_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_s
         t, s = qe - qs, ke - ks
         if t == 0 or s == 0:
             continue
-        offset = s - t
 
-        def keep(b, h, i, j, offset=offset):
-            d = j - i - offset                        # key j's distance past row i's diagonal
-            ok = d <= 0 if causal else d == d
-            if left is not None:
-                ok = ok & (d >= -left)
-            if right is not None:
-                ok = ok & (d <= right)
-            return ok
+        def keep(b, h, i, j, t=t, s=s):
+            return _peer_sees(i, j, t, s, causal, window)
         masked = causal or window_size is not None
         block = flex.create_block_mask(keep, B=None, H=None, Q_LEN=t, KV_LEN=s, device=q.device) if masked else None
         with warnings.catch_warnings():

@@ -134,11 +134,11 @@ def grid(quick: bool) -> Templates:
 
 def used_rows(case: Case, x: Inputs) -> torch.Tensor:
     """``[P, page]`` bool: the cache rows some sequence's tokens occupy (what paging must read)."""
-    table, used = x.tensors["block_table"].tolist(), x.tensors["seqused_k"].tolist()
     page = case.dim["page"]
+    used = x.tensors["seqused_k"].tolist()
     rows = torch.zeros(x.tensors["k_cache"].shape[:2], dtype=torch.bool)
-    for named, length in zip(table, used):
-        for j, p in enumerate(named[:-(-length // page)]):
+    for named, length in zip(sequence_pages(x.tensors["block_table"], x.tensors["seqused_k"], page), used):
+        for j, p in enumerate(named):
             rows[p, :min(page, length - j * page)] = True
     return rows
 

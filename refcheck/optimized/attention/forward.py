@@ -27,11 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import launch, tma_aligned
+from ..common import KERNEL_LOG2E, LOG2E, launch, tma_aligned
 from .layout import Layout
 from .tiles import (
-    KERNEL_LOG2E,
-    LOG2E,
     block_descriptors,
     block_row,
     causal_key_end,

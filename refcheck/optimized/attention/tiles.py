@@ -19,11 +19,6 @@ import triton.language as tl
 
 from ..common import row_blocks
 
-LOG2E = 1.4426950408889634
-"""log2(e): the kernels work in base 2, ``exp(x) = exp2(x * LOG2E)``."""
-KERNEL_LOG2E = tl.constexpr(LOG2E)
-"""The same inside kernels (compiled, a kernel reads only constexpr globals)."""
-
 
 @triton.jit
 def tile_offsets(row0, head, heads, D: tl.constexpr, C0: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):

@@ -25,9 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import column_tiles, launch, padded
+from ..common import KERNEL_LOG2E, LOG2E, column_tiles, launch, padded
 
-LOG2E = 1.4426950408889634
 TARGET_PROGRAMS = 1056
 """Programs the split aims at when ``splits`` is not given: eight per multiprocessor of an H100/H200 (132), for
 loads in flight (H200, MLA's absorbed shape at batch 64 and caches of 32k: 0.66 of the copy rate at 264
@@ -113,7 +112,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, table_ptr, used_ptr, o_ptr, lse_ptr, qk_sc
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m = m_new
     held = l > 0
-    lse = tl.where(held, (m + tl.math.log2(tl.where(held, l, 1.0))) / 1.4426950408889634, float("-inf"))
+    lse = tl.where(held, (m + tl.math.log2(tl.where(held, l, 1.0))) / KERNEL_LOG2E, float("-inf"))
     o = acc / tl.where(held, l, 1.0)[:, None]
     d = tl.arange(0, BDV)
     part = ((n * SPLITS + s) * TQ + i).to(tl.int64) * H + head            # [N, splits, Tq, H]
