@@ -23,6 +23,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from refcheck.runtime import interpreter
 
@@ -750,6 +751,28 @@ def test_fp32_exp2_flushes_subnormal_results_and_keeps_infinities():
     expected = torch.where(exact < 2.0 ** -126, torch.zeros_like(exact), exact).float()
     torch.testing.assert_close(y, expected, rtol=2.0 ** -22, atol=0)   # exp2's own rounding aside
     assert y[expected == 0].eq(0).all() and y[-4:-2].eq(0).all() and y[-2:].isinf().all()
+
+
+@interpreted
+def _tanh_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(y_ptr + i, libdevice.tanh(tl.load(x_ptr + i)))
+
+
+def test_libdevice_tanh_is_computed_and_the_stub_restored():
+    """``libdevice.tanh`` (a stub that returns None in the stock interpreter) is numpy's tanh of the fp32 values,
+    within 2 ulp of the exact tanh as ``__nv_tanhf`` is on the GPU; after the launch the module holds its stub
+    again, and an fp16 argument is refused as libdevice refuses it."""
+    from triton.language.extra import libdevice as stub
+    before = stub.tanh
+    g = torch.Generator().manual_seed(8)
+    x = torch.cat([torch.empty(60).uniform_(-12, 12, generator=g), torch.tensor([1e-6, -3e-4, 0.0, float("inf")])])
+    y = torch.empty_like(x)
+    _tanh_kernel[(1,)](x, y, 64)
+    torch.testing.assert_close(y.double(), torch.tanh(x.double()), rtol=2 * 2.0 ** -23, atol=0)
+    assert stub.tanh is before
+    with pytest.raises(Exception, match="fp32 or fp64"):
+        _tanh_kernel[(1,)](x.half(), y.half(), 64)
 
 
 def test_the_operand_shortcut_gives_what_the_stock_type_checking_gives():

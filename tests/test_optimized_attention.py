@@ -181,7 +181,7 @@ def test_attention_matches_float64(name):
 
 
 @triton.jit
-def top_left_visible(i, j, Tq, Sk, CAUSAL: tl.constexpr):
+def top_left_visible(i, j, Tq, Sk, left, right, LEFT: tl.constexpr, RIGHT: tl.constexpr):
     """The classic bug: the causal mask aligned top-left (``j <= i``), right only when S == T."""
     return (i < Tq) & (j < Sk) & (j <= i)
 
@@ -274,3 +274,101 @@ def test_precision_modes_give_no_verdict_where_no_query_sees_a_key():
     notes = check("precision_modes", registry.get("attention", "triton"),
                   Example(case, "tf32x3", {"block_m": 128}, {})).notes
     assert len(notes) == 1 and "no verdict" in notes[0], notes
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(window_size=(-1, None)), "window_size"),
+    (dict(window_size=(3,)), "window_size"),
+    (dict(softcap=0.0), "softcap"),
+    (dict(sinks=torch.zeros(3)), "sinks"),
+    (dict(sinks=torch.zeros(2, dtype=torch.float64)), "sinks"),
+])
+def test_extension_bad_input_names_the_argument(change, name):
+    assert name in _bad(**change)
+
+
+EXTENSION_CASES = {
+    # (shape, options): GQA and packed sequences of other lengths, windows bounded on one side or both, causal
+    "window_left_causal": (dict(B=2, T=70, S=90, H=4, Hk=2, Dqk=24, Dv=16), dict(causal=True, window_size=(9, None))),
+    "window_both_sides": (dict(T=100, S=100, H=2, Hk=1, Dqk=16, Dv=16, lengths=((60, 40), (35, 65))),
+                          dict(window_size=(5, 20))),
+    "window_right_only": (dict(B=1, T=33, S=80, H=2, Hk=2, Dqk=16, Dv=8), dict(window_size=(None, 2))),
+    "softcap": (dict(B=2, T=40, S=50, H=2, Hk=1, Dqk=32, Dv=16), dict(causal=True, softcap=3.0)),
+    "sinks_rows_without_keys": (dict(B=2, T=50, S=20, H=4, Hk=1, Dqk=16, Dv=16), dict(causal=True, sinks=True)),
+    "all_three": (dict(T=90, S=90, H=4, Hk=2, Dqk=16, Dv=32, lengths=((70, 20), (70, 20))),
+                  dict(causal=True, window_size=(17, None), softcap=5.0, sinks=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(EXTENSION_CASES))
+def test_window_softcap_sinks_match_float64(name):
+    """Windows, the softcap and sinks, forward (o, lse) and backward (dq, dk, dv and dsinks, through o and lse)
+    at fp32 accuracy against float64 (precision "ieee"); rows that see no key keep lse = -inf, or their sink."""
+    shape, options = EXTENSION_CASES[name]
+    x = attention_case(**shape, seed=4)
+    options = dict(options)
+    if options.pop("sinks", False):
+        x["sinks"] = 2 * torch.randn(shape["H"], generator=torch.Generator().manual_seed(5))
+    leaves = [n for n in ("q", "k", "v", "sinks") if n in x]
+    ours = {n: x[n].clone().requires_grad_() for n in leaves}
+    truth = {n: x[n].double().requires_grad_() for n in leaves}
+    rest = {n: t for n, t in x.items() if n not in leaves}
+    o, lse = optimized.attention(**ours, **rest, **options, precision="ieee")
+    ro, rlse = references.attention(**truth, **rest, **options)
+    gen = torch.Generator().manual_seed(6)
+    do, dlse = torch.randn(ro.shape, generator=gen, dtype=torch.float64), torch.randn(rlse.shape, generator=gen,
+                                                                                     dtype=torch.float64)
+    seen = torch.isfinite(rlse)
+    assert torch.equal(torch.isfinite(lse), seen)
+    grads = torch.autograd.grad((o.double() * do).sum() + (lse.double().where(seen, 0) * dlse).sum(), list(ours.values()))
+    want = torch.autograd.grad((ro * do).sum() + (rlse.where(seen, 0) * dlse).sum(), list(truth.values()))
+    errs = {"o": rel(o, ro), "lse": rel(lse[seen], rlse[seen])} | {f"d{n}": rel(g, w) for n, g, w in
+                                                                   zip(leaves, grads, want)}
+    assert all(e <= TOL[("fp32", "ieee")] for e in errs.values()), errs
+
+
+def _law_fails(law: str, options: dict, params: dict | None = None) -> bool:
+    """Whether ``law`` fails our kernel on one fp32 case with these options (precision "ieee")."""
+    from refcheck.engine.laws import LawViolation
+    from refcheck.engine.reproduce import law as run_law
+    case = Case.make("attention", dict(B=1, T=40, S=48, H=2, Hk=1, Dqk=16, Dv=16), "fp32", 3,
+                     options=options)
+    try:
+        run_law(law, "triton", case, mode="ieee", params=params)
+    except LawViolation:
+        return True
+    return False
+
+
+@triton.jit
+def window_one_too_wide(i, j, Tq, Sk, left, right, LEFT: tl.constexpr, RIGHT: tl.constexpr):
+    """A window whose left side reaches one key too far (``j >= d - left - 1``)."""
+    ok = (i < Tq) & (j < Sk)
+    if LEFT:
+        ok = ok & (j >= i + (Sk - Tq) - left - 1)
+    if RIGHT:
+        ok = ok & (j <= i + (Sk - Tq) + right)
+    return ok
+
+
+@triton.jit
+def softcap_without_its_derivative(s, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """The softcapped scores, with the gradient passed through as if there were no tanh (factor 1)."""
+    t = tl.sigmoid(2.0 * s * cap_in) * 2.0 - 1.0
+    return t * cap_out, t * 0.0 + 1.0
+
+
+def test_window_and_softcap_mutants_are_caught_by_their_laws(monkeypatch):
+    """Our kernel with the window one key too wide fails window locality (law 16); with the softcap's
+    derivative left out of the backward, agreement with float64 (law 1); unmutated, both hold."""
+    from refcheck.optimized.attention import backward as backward_module
+    window = dict(causal=True, window_size=(6, None))
+    capped = dict(causal=True, softcap=2.0)
+    row = {"row": 30}
+    assert not _law_fails("window_locality", window, row) and not _law_fails("agreement", capped)
+    with monkeypatch.context() as patch:
+        for module in (forward_module, backward_module):
+            patch.setattr(module, "visible", window_one_too_wide)
+        assert _law_fails("window_locality", window, row)
+    monkeypatch.setattr(backward_module, "softcapped", softcap_without_its_derivative)
+    assert _law_fails("agreement", capped)

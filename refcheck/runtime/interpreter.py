@@ -113,6 +113,9 @@ triton 3.6 on the probes of benchmarks/interpreter_calibration.py and on wider r
   ``+`` keep subnormals exactly, as numpy does. Measured. (KDA's prepared scales were once
   ``exp2(ceil(log2(m)))``: zero on the GPU for a row decayed below 2^-126, exact here.) Stock: numpy's
   subnormals.
+* ``libdevice`` functions (``triton.language.extra.libdevice``; today ``tanh``, which attention's softcap
+  calls) are computed by numpy on the fp32 or fp64 values (``LIBDEVICE``); on the GPU ``__nv_tanhf`` is
+  within 2 ulp of the exact tanh, numpy's as well, not bitwise the same. Stock: the stub's body, None.
 * A Python float kernel argument is an fp32 scalar tensor (``jit.mangle_type`` types it "fp32"), so
   ``x * scale`` with a bf16 ``x`` is computed in fp32. Stock: a Python number, which Triton's
   promotion treats as a literal taking the tensor's dtype.
@@ -965,7 +968,40 @@ def _patch_lang(fn):
             value = module.__dict__.get(name)
             if tl.core.is_builtin(value):
                 stock._patch_attr(module, name, value, stock.interpreter_builder, scope)
+    for value in fn.__globals__.values():
+        if value in _libdevice_modules():
+            for name, op in LIBDEVICE.items():
+                if value.__dict__.get(name) is not None and getattr(value.__dict__[name], "__wrapped__", None) is None:
+                    scope.set_attr(value, name, _libdevice(name, op))
     return scope
+
+
+LIBDEVICE = {"tanh": np.tanh}
+"""The libdevice functions (``triton.language.extra.libdevice``) the interpreter computes, by numpy in the
+argument's dtype (fp32 or fp64, as libdevice takes them)."""
+
+
+def _libdevice_modules() -> tuple:
+    import triton.language.extra.cuda.libdevice as cuda
+    import triton.language.extra.libdevice as generic
+    return generic, cuda
+
+
+def _libdevice(name: str, op):
+    """``libdevice.<name>`` for the interpreter: ``op`` on the values of an fp32 or fp64 tensor. On the GPU
+    (sm_90) ``__nv_tanhf`` is within 2 ulp of the exact tanh; numpy's float32 tanh within 1 or 2 (not
+    bitwise the same)."""
+    import triton.language as tl
+    from triton.runtime import interpreter as stock
+
+    def function(arg0, _semantic=None):
+        if not isinstance(arg0, tl.tensor) or arg0.dtype.scalar.name not in ("fp32", "fp64"):
+            raise ValueError(f"libdevice.{name}: expected an fp32 or fp64 tensor, got {arg0!r}")
+        with np.errstate(all="ignore"):
+            data = op(arg0.handle.data)
+        return tl.tensor(stock.TensorHandle(data.astype(arg0.handle.data.dtype), arg0.dtype.scalar), arg0.type)
+    function.__wrapped__ = op
+    return function
 
 
 _ALIASES: dict[str, tuple[str, ...]] = {}

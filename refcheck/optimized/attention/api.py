@@ -13,8 +13,8 @@ import math
 
 import torch
 
-from refcheck.references.attention import check_attention_inputs
-from refcheck.references.contract import check_scale, check_tensor
+from refcheck.references.attention import check_attention_inputs, check_softcap, check_window
+from refcheck.references.contract import check_scale, check_shape, check_tensor
 
 from ..common import check_flag, check_precision, check_runs_on
 from .backward import backward
@@ -36,11 +36,11 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
 
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, lay: Layout, block_m: int, schedule: str):
+    def forward(ctx, q, k, v, sinks, lay: Layout, block_m: int, schedule: str):
         B, T, H, _ = q.shape
         q, k, v = (_tokens(x) for x in (q, k, v))
-        o, lse = forward(q, k, v, lay, block_m, schedule=schedule)
-        ctx.save_for_backward(q, k, v, o, lse)
+        o, lse = forward(q, k, v, lay, block_m, schedule=schedule, sinks=sinks)
+        ctx.save_for_backward(q, k, v, o, lse, sinks)
         ctx.lay = lay
         ctx.shape = (B, T, H)
         ctx.set_materialize_grads(False)
@@ -48,11 +48,18 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, sinks = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do.reshape(o.shape).contiguous()
-        dq, dk, dv = backward(q, k, v, o, lse, do, None if dlse is None else dlse.contiguous(), ctx.lay)
+        dq, dk, dv, delta = backward(q, k, v, o, lse, do, None if dlse is None else dlse.contiguous(), ctx.lay)
+        # a sink is a key of value 0: its dS is P_sink (0 - delta), P_sink = exp(sinks[h] - lse) ([B, H, T], fp32),
+        # 0 for a sink of -inf (whose row may see no key either: lse = -inf)
+        dsinks = None
+        if sinks is not None:
+            sink = sinks.float().view(1, -1, 1)
+            dsinks = -(torch.where(sink == -math.inf, 0.0, torch.exp(sink - lse)) * delta).sum((0, 2))
         B, T, H = ctx.shape
-        return dq.view(B, T, H, -1), dk.view(B, -1, *k.shape[1:]), dv.view(B, -1, *v.shape[1:]), None, None, None
+        return (dq.view(B, T, H, -1), dk.view(B, -1, *k.shape[1:]), dv.view(B, -1, *v.shape[1:]),
+                None if dsinks is None else dsinks.to(sinks.dtype), None, None, None)
 
 
 def _shape_only(x):
@@ -84,18 +91,21 @@ def _check_fp8(q, k, v, descales: dict) -> tuple[float, float, float] | None:
     return values[0], values[1], values[2]
 
 
-def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-              q_descale=None, k_descale=None, v_descale=None, precision=DEFAULT_PRECISION, block_m=BLOCK_M[0],
-              schedule=SCHEDULES[0]):
+def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, window_size=None,
+              softcap=None, sinks=None, q_descale=None, k_descale=None, v_descale=None, precision=DEFAULT_PRECISION,
+              block_m=BLOCK_M[0], schedule=SCHEDULES[0]):
     """Softmax attention (``references.attention``): ``(o [B, T, H, Dv] in q.dtype, lse fp32 [B, H, T])``.
 
-    For each sequence, query head h and key head ``h // (H // Hk)``:
-    ``o_i = sum_j softmax_j(scale q_i . k_j) v_j`` over the keys j that query i sees (all, or causal
-    with the mask aligned bottom-right: ``j <= i + S - T``), ``lse_i = log sum_j exp(scale q_i . k_j)``;
-    a query that sees no key gets ``o_i = 0``, ``lse_i = -inf``. q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``,
-    v ``[B, S, Hk, Dv]`` (Dqk, Dv <= 256, any, e.g. MLA's 192/128); packed: B = 1 with
-    cu_seqlens_q / cu_seqlens_k ``[N+1]``. Differentiable in q, k and v (through o and lse); the
-    backward is deterministic.
+    For each sequence, query head h and key head ``h // (H // Hk)``, with ``d_i = i + S - T`` query i's
+    diagonal (aligned bottom-right) and ``s_ij = scale q_i . k_j`` (with ``softcap``: ``softcap tanh(s_ij /
+    softcap)``, Gemma 2): ``o_i = sum_j softmax_j(s_ij) v_j`` over the keys j that query i sees: all, or
+    causal ``j <= d_i``, or in the window ``window_size = (left, right)`` ``d_i - left <= j <= d_i + right``
+    (a side None: unbounded; with causal the right side at most 0); ``lse_i = log sum_j exp(s_ij)``. With
+    ``sinks [H]`` (gpt-oss) every row's softmax has one more key of score ``sinks[h]`` and value 0. A query
+    that sees no key gets ``o_i = 0``, ``lse_i = -inf`` (with sinks: its sink). q ``[B, T, H, Dqk]``,
+    k ``[B, S, Hk, Dqk]``, v ``[B, S, Hk, Dv]`` (Dqk, Dv <= 256, any, e.g. MLA's 192/128); packed: B = 1 with
+    cu_seqlens_q / cu_seqlens_k ``[N+1]``. Differentiable in q, k, v and sinks (through o and lse); the
+    backward is deterministic, and a window's kernels walk only the blocks inside it.
 
     fp8 (forward only): q, k, v all float8_e4m3fn or all float8_e5m2, holding ``x / x_descale``,
     with ``q_descale``, ``k_descale``, ``v_descale`` (positive, per tensor); o comes out in bf16.
@@ -124,9 +134,18 @@ def attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlen
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     descale = _check_fp8(q, k, v, {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale})
+    if sinks is not None:
+        check_tensor("sinks", sinks, 1, KERNEL_DTYPES)
+        check_shape("sinks", sinks, (q.shape[2],), "[H]")
+        if sinks.device != q.device:
+            raise ValueError(f"sinks: expected a tensor on {q.device} like q, got {sinks.device}")
+        sinks = sinks.contiguous()
     lay = make_layout(q, k, v, cu_seqlens_q, cu_seqlens_k, scale=scale, causal=causal,
-                      precision=check_precision(precision))
+                      precision=check_precision(precision), window_size=check_window(window_size),
+                      softcap=check_softcap(softcap))
     if descale is not None:
-        o, lse = forward(*(_tokens(x) for x in (q, k, v)), lay, block_m, descale, schedule=schedule)
+        if sinks is not None and sinks.requires_grad:
+            raise ValueError("sinks: fp8 attention is forward only, got a tensor that requires grad")
+        o, lse = forward(*(_tokens(x) for x in (q, k, v)), lay, block_m, descale, schedule=schedule, sinks=sinks)
         return o.view(*q.shape[:3], -1), lse
-    return AttentionFunction.apply(q, k, v, lay, block_m, schedule)
+    return AttentionFunction.apply(q, k, v, sinks, lay, block_m, schedule)

@@ -18,19 +18,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import KERNEL_LOG2E, LOG2E, launch, tma_aligned
+from ..common import KERNEL_LOG2E, launch, tma_aligned
 from .layout import Layout
 from .tiles import (
     block_descriptors,
-    causal_key_end,
     dot_split,
-    full_key_end,
+    key_blocks,
     load_block,
     load_split,
     load_tile,
     query_block,
+    query_blocks,
     row_offset,
     sequence,
+    softcapped,
     store_tile,
     visible,
     zeros_split,
@@ -96,18 +97,23 @@ def load_rows(lse_ptr, delta_ptr, rows, rmask):
 
 
 @triton.jit
-def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
-             DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr,
-             BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
+def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale, left,
+             right, cap_in, cap_out, DQK: tl.constexpr, DV: tl.constexpr, LEFT: tl.constexpr, RIGHT: tl.constexpr,
+             SOFTCAP: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
+             PREC: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
     """``dQ += dS K`` (unscaled) over key block ``j0 .. j0 + BN - 1``, dQ as its two column tiles; MASKED
     and TMA as in the forward's ``attend``."""
     j = j0 + tl.arange(0, BN)
     k1, k2 = load_block(k_ptr, kd1, kd2, ks + j0, Sk - j0, hk, HK, DQK, BN, BQ1, BQ2, MASKED, TMA)
     v = load_block(v_ptr, vd, vd, ks + j0, Sk - j0, hk, HK, DV, BN, BDV, 0, MASKED, TMA)[0]
-    p = tl.exp2(dot_split(q1, q2, k1, k2, BQ2, PREC) * qk_scale - lse2[:, None])
+    s, capped = softcapped(dot_split(q1, q2, k1, k2, BQ2, PREC), cap_in, cap_out, SOFTCAP)
+    p = tl.exp2(s * qk_scale - lse2[:, None])
     if MASKED:
-        p = tl.where(visible(i[:, None], j[None, :], Tq, Sk, CAUSAL), p, 0.0)
-    ds = (p * (tl.dot(do, tl.trans(v), input_precision=PREC) - delta[:, None])).to(k1.dtype)
+        p = tl.where(visible(i[:, None], j[None, :], Tq, Sk, left, right, LEFT, RIGHT), p, 0.0)
+    ds = p * (tl.dot(do, tl.trans(v), input_precision=PREC) - delta[:, None])
+    if SOFTCAP:
+        ds = ds * capped
+    ds = ds.to(k1.dtype)
     dq1 = tl.dot(ds, k1, dq1, input_precision=PREC)
     if BQ2 > 0:
         dq2 = tl.dot(ds, k2, dq2, input_precision=PREC)
@@ -116,15 +122,15 @@ def dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, 
 
 @triton.jit
 def dq_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, do_ptr, lse_ptr, delta_ptr, dq_ptr, cuq_ptr, cuk_ptr, scale, qk_scale,
-              H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
-              PREC: tl.constexpr, TMA: tl.constexpr):
+              left, right, cap_in, cap_out, H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr,
+              LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """dQ of query block ``program_id(0)`` of sequence ``program_id(1)``, query head ``program_id(2)``: the
-    key blocks every query of it sees first, without masks, then the rest (``dq_block``)."""
+    forward's key blocks (``key_blocks``), those every query of it sees whole without masks (``dq_block``)."""
     n = tl.program_id(1)
     h = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
-    m0 = query_block(BM, CAUSAL)
+    m0 = query_block(BM, RIGHT)
     if m0 >= Tq:
         return
     hk = h // G
@@ -134,13 +140,19 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, do_ptr, lse_ptr, delta_ptr, dq_
     do = load_tile(do_ptr, qs + m0, Tq - m0, h, H, DV, 0, BM, BDV)
     lse2, delta = load_rows(lse_ptr, delta_ptr, row_offset(n, h, H, T, qs, BATCHED) + i, i < Tq)
     dq1, dq2 = zeros_split(BM, BQ1, BQ2)
-    full = full_key_end(m0, BN, Tq, Sk, CAUSAL)
-    for j0 in range(0, full, BN):
+    start, lo, hi, end = key_blocks(m0, BM, BN, Tq, Sk, left, right, LEFT, RIGHT)
+    for j0 in range(start, tl.minimum(lo, end), BN):
         dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
-                            qk_scale, DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, False, TMA)
-    for j0 in range(full, causal_key_end(m0, BM, Tq, Sk, CAUSAL), BN):
+                            qk_scale, left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV,
+                            PREC, True, TMA)
+    for j0 in range(lo, hi, BN):
         dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
-                            qk_scale, DQK, DV, CAUSAL, BN, BQ1, BQ2, BDV, PREC, True, TMA)
+                            qk_scale, left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV,
+                            PREC, False, TMA)
+    for j0 in range(tl.maximum(lo, hi), end, BN):
+        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
+                            qk_scale, left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV,
+                            PREC, True, TMA)
     store_tile(dq_ptr, dq1 * scale, qs + m0, Tq - m0, h, H, DQK, 0, BM, BQ1)
     if BQ2 > 0:
         store_tile(dq_ptr, dq2 * scale, qs + m0, Tq - m0, h, H, DQK, BQ1, BM, BQ2)
@@ -148,22 +160,26 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, do_ptr, lse_ptr, delta_ptr, dq_
 
 @triton.jit
 def dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs, m0, Tq, h, H, base, j,
-               Sk, qk_scale, DQK: tl.constexpr, DV: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr,
-               BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr, PREC: tl.constexpr,
-               MASKED: tl.constexpr, TMA: tl.constexpr):
+               Sk, qk_scale, left, right, cap_in, cap_out, DQK: tl.constexpr, DV: tl.constexpr, LEFT: tl.constexpr,
+               RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, BM: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr,
+               BDV: tl.constexpr, PREC: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr):
     """``dV += P^T dO`` and ``dK += dS^T Q`` (unscaled, dK as its two column tiles) over query block
     ``m0 .. m0 + BM - 1`` of head h, in the transposed ``[BN, BM]`` orientation; MASKED: some of these
-    queries may not see some of the keys or not exist (causal diagonal, last block); TMA: q and dO load
-    through the descriptors ``qd1``, ``qd2``, ``dod``."""
+    queries may not see some of the keys or not exist (``query_blocks``); TMA: q and dO load through the
+    descriptors ``qd1``, ``qd2``, ``dod``."""
     i = m0 + tl.arange(0, BM)
     q1, q2 = load_block(q_ptr, qd1, qd2, qs + m0, Tq - m0, h, H, DQK, BM, BQ1, BQ2, MASKED, TMA)
     do = load_block(do_ptr, dod, dod, qs + m0, Tq - m0, h, H, DV, BM, BDV, 0, MASKED, TMA)[0]
     lse2, delta = load_rows(lse_ptr, delta_ptr, base + i, i < Tq)
-    pt = tl.exp2(dot_split(k1, k2, q1, q2, BQ2, PREC) * qk_scale - lse2[None, :])               # [BN, BM]
+    st, capped = softcapped(dot_split(k1, k2, q1, q2, BQ2, PREC), cap_in, cap_out, SOFTCAP)
+    pt = tl.exp2(st * qk_scale - lse2[None, :])                                                 # [BN, BM]
     if MASKED:
-        pt = tl.where(visible(i[None, :], j[:, None], Tq, Sk, CAUSAL), pt, 0.0)
+        pt = tl.where(visible(i[None, :], j[:, None], Tq, Sk, left, right, LEFT, RIGHT), pt, 0.0)
     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PREC)
-    dst = (pt * (tl.dot(v, tl.trans(do), input_precision=PREC) - delta[None, :])).to(q1.dtype)
+    dst = pt * (tl.dot(v, tl.trans(do), input_precision=PREC) - delta[None, :])
+    if SOFTCAP:
+        dst = dst * capped
+    dst = dst.to(q1.dtype)
     dk1 = tl.dot(dst, q1, dk1, input_precision=PREC)
     if BQ2 > 0:
         dk2 = tl.dot(dst, q2, dk2, input_precision=PREC)
@@ -172,13 +188,13 @@ def dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, d
 
 @triton.jit
 def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cuq_ptr, cuk_ptr, scale,
-                qk_scale, H, G, T, DQK: tl.constexpr, DV: tl.constexpr, BATCHED: tl.constexpr, CAUSAL: tl.constexpr,
+                qk_scale, left, right, cap_in, cap_out, H, G, T, DQK: tl.constexpr, DV: tl.constexpr,
+                BATCHED: tl.constexpr, LEFT: tl.constexpr, RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BQ1: tl.constexpr, BQ2: tl.constexpr, BDV: tl.constexpr,
                 PREC: tl.constexpr, TMA: tl.constexpr):
     """dK, dV of key block ``program_id(0)`` of sequence ``program_id(1)``, key head ``program_id(2)``:
     the G query heads of that key head in order, each over the query blocks that see the keys
-    (``dkdv_block``): masked from the first one to those that see every key of the block (causal),
-    unmasked up to the last whole block, masked for the partial last one."""
+    (``query_blocks``), those that see every key of the block unmasked (``dkdv_block``)."""
     n = tl.program_id(1)
     hk = tl.program_id(2)
     qs, Tq, ks, Sk = sequence(n, cuq_ptr, cuk_ptr)
@@ -191,29 +207,22 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, 
     v = load_tile(v_ptr, ks + n0, Sk - n0, hk, HK, DV, 0, BN, BDV)
     dk1, dk2 = zeros_split(BN, BQ1, BQ2)
     dv = tl.zeros((BN, BDV), tl.float32)
-    first = 0
-    whole = Tq // BM * BM
-    mid = 0
-    if CAUSAL:       # query i sees key j iff i >= j - (Sk - Tq): key n0 from `first`, key n0 + BN - 1 from `mid`
-        first = tl.maximum(n0 - (Sk - Tq), 0) // BM * BM
-        mid = (tl.maximum(n0 + BN - 1 - (Sk - Tq), 0) + BM - 1) // BM * BM
-    mid = tl.where(n0 + BN > Sk, whole, mid)         # a partial key block (keys past Sk): masked throughout
-    mid = tl.maximum(first, tl.minimum(mid, whole))
+    first, a, b, last = query_blocks(n0, BN, BM, Tq, Sk, left, right, LEFT, RIGHT)
     for g in range(G):
         h = hk * G + g
         base = row_offset(n, h, H, T, qs, BATCHED)
-        for m0 in range(first, mid, BM):
+        for m0 in range(first, a, BM):
             dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs,
-                                      m0, Tq, h, H, base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC,
-                                      True, TMA)
-        for m0 in range(mid, whole, BM):
+                                      m0, Tq, h, H, base, j, Sk, qk_scale, left, right, cap_in, cap_out, DQK, DV,
+                                      LEFT, RIGHT, SOFTCAP, BM, BQ1, BQ2, BDV, PREC, True, TMA)
+        for m0 in range(a, b, BM):
             dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs,
-                                      m0, Tq, h, H, base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC,
-                                      False, TMA)
-        for m0 in range(tl.maximum(mid, whole), Tq, BM):
+                                      m0, Tq, h, H, base, j, Sk, qk_scale, left, right, cap_in, cap_out, DQK, DV,
+                                      LEFT, RIGHT, SOFTCAP, BM, BQ1, BQ2, BDV, PREC, False, TMA)
+        for m0 in range(b, last, BM):
             dk1, dk2, dv = dkdv_block(dk1, dk2, dv, k1, k2, v, q_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, qs,
-                                      m0, Tq, h, H, base, j, Sk, qk_scale, DQK, DV, CAUSAL, BM, BQ1, BQ2, BDV, PREC,
-                                      True, TMA)
+                                      m0, Tq, h, H, base, j, Sk, qk_scale, left, right, cap_in, cap_out, DQK, DV,
+                                      LEFT, RIGHT, SOFTCAP, BM, BQ1, BQ2, BDV, PREC, True, TMA)
     store_tile(dk_ptr, dk1 * scale, ks + n0, Sk - n0, hk, HK, DQK, 0, BN, BQ1)
     if BQ2 > 0:
         store_tile(dk_ptr, dk2 * scale, ks + n0, Sk - n0, hk, HK, DQK, BQ1, BN, BQ2)
@@ -222,7 +231,8 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, qd1, qd2, dod, lse_ptr, delta_ptr, 
 
 def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | None = None,
              dkdv_ladder: list[dict] | None = None):
-    """``(dq, dk, dv)`` in the dtypes of q, k, v, from the flattened contiguous inputs, o, the
+    """``(dq, dk, dv, delta)``, the gradients in the dtypes of q, k, v and ``delta = dO . o - dlse`` (fp32, lse's
+    shape: a sink's gradient is ``-sum exp(sink - lse) delta``), from the flattened contiguous inputs, o, the
     forward's lse, dO (o's shape) and dlse (lse's shape, or None); the ladders override the launch
     settings of ``dq_kernel`` and ``dkdv_kernel`` (``benchmarks/attention_sweep.py``), a step may say
     ``TMA`` (default: wherever ``tma_aligned``)."""
@@ -234,9 +244,9 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
         preprocess_kernel[grid_p](o, do, dlse if dlse is not None else lse, delta, lay.cu_q, lay.cu_k, lay.heads,
                                   lay.length, HAS_DLSE=dlse is not None, BM=PREPROCESS_BM, PREC=lay.precision,
                                   **consts)
-    tiles = dict(DQK=lay.dqk, CAUSAL=lay.causal, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision,
+    tiles = dict(DQK=lay.dqk, BQ1=lay.qk_tiles[0], BQ2=lay.qk_tiles[1], PREC=lay.precision, **lay.mask_consts,
                  **consts)
-    common = (lay.cu_q, lay.cu_k, lay.scale, lay.scale * LOG2E, lay.heads, lay.group, lay.length)
+    common = (lay.cu_q, lay.cu_k, lay.scale, *lay.mask_args(), lay.heads, lay.group, lay.length)
     dq_ladder = dq_ladder or lay.ladders((DQ_BM, DQ_BM // 2, DQ_BM // 4), dq_keys(lay), sum(lay.qk_tiles))
     keys_tma, queries_tma = tma_aligned(k, v), tma_aligned(q, do)
     if lay.grid(lay.max_q, DQ_BM, lay.heads):
@@ -254,4 +264,4 @@ def backward(q, k, v, o, lse, do, dlse, lay: Layout, dq_ladder: list[dict] | Non
             return (q, k, v, do, *descs, lse, delta, dk, dv, *common)
         launch(dkdv_kernel, lambda meta: lay.grid(lay.max_k, meta["BN"], lay.heads // lay.group), dkdv_args, tiles,
                [{"TMA": queries_tma} | step for step in dkdv_ladder])
-    return dq, dk, dv
+    return dq, dk, dv, delta

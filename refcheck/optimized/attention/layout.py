@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..common import column_tiles, padded
+from ..common import LOG2E, column_tiles, padded
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,9 @@ class Layout:
     max_q, max_k:  the longest query / key span (the launch grids)
     dqk, dv:       head dims; ``qk_tiles`` and ``bdv`` the tile widths that cover them
     itemsize:      bytes per element of q, k, v (fp32 4, bf16/fp16 2, fp8 1): the block sizes follow it
+    window:        ``(left, right)`` keys a query sees around its diagonal, None where unbounded, causal
+                   folded in (right at most 0)
+    softcap:       scores ``softcap tanh(s / softcap)``, or None
     batched:       sequence n is batch row n (no cu_seqlens); else everything is batch row 0
     """
 
@@ -34,9 +37,25 @@ class Layout:
     dv: int
     itemsize: int
     scale: float
-    causal: bool
+    window: tuple[int | None, int | None]
+    softcap: float | None
     precision: str
     batched: bool
+
+    @property
+    def mask_consts(self) -> dict:
+        """The constexprs of the visibility mask and the scores (``tiles.visible``, ``forward.scores``)."""
+        return dict(LEFT=self.window[0] is not None, RIGHT=self.window[1] is not None,
+                    SOFTCAP=self.softcap is not None)
+
+    def mask_args(self, factor: float = 1.0) -> tuple[float, int, int, float, float]:
+        """``(qk_scale, left, right, cap_in, cap_out)``: the runtime scalars of the mask and the scores of
+        ``q k^T`` times ``factor`` (fp8's descales) in base 2 (``forward.scores``)."""
+        left, right = (0 if side is None else side for side in self.window)
+        c = self.scale * factor
+        if self.softcap is None:
+            return c * LOG2E, left, right, 1.0, 1.0
+        return 1.0, left, right, c / self.softcap, self.softcap * LOG2E
 
     @property
     def num_seqs(self) -> int:
@@ -89,8 +108,13 @@ class Layout:
 
 
 def make_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, *, scale: float,
-                causal: bool, precision: str) -> Layout:
-    """The layout of validated inputs q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``, v ``[B, S, Hk, Dv]``."""
+                causal: bool, precision: str, window_size: tuple[int | None, int | None] | None = None,
+                softcap: float | None = None) -> Layout:
+    """The layout of validated inputs q ``[B, T, H, Dqk]``, k ``[B, S, Hk, Dqk]``, v ``[B, S, Hk, Dv]``, a
+    validated ``window_size`` (``references.attention.check_window``) and softcap."""
+    left, right = window_size or (None, None)
+    if causal:
+        right = 0 if right is None else min(right, 0)
     B, T, H, Dqk = q.shape
     S, Hk = k.shape[1], k.shape[2]
     dev, i32 = q.device, torch.int32
@@ -101,4 +125,4 @@ def make_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q,
         cu_q, cu_k = cu_seqlens_q.to(device=dev, dtype=i32), cu_seqlens_k.to(device=dev, dtype=i32)
         max_q, max_k = (int(c.diff().max()) for c in (cu_q, cu_k))
     return Layout(B, T, H, H // Hk, cu_q.contiguous(), cu_k.contiguous(), max_q, max_k, Dqk, v.shape[-1],
-                  q.element_size(), scale, causal, precision, cu_seqlens_q is None)
+                  q.element_size(), scale, (left, right), softcap, precision, cu_seqlens_q is None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..common import row_blocks
 
@@ -115,17 +116,17 @@ def dot_split(a1, a2, b1, b2, B2: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def query_block(BM: tl.constexpr, CAUSAL: tl.constexpr):
+def query_block(BM: tl.constexpr, RIGHT: tl.constexpr):
     """The first query row of this program's block ``program_id(0)`` of BM rows (``block_row``)."""
-    return block_row(tl.program_id(0), tl.num_programs(0), BM, CAUSAL)
+    return block_row(tl.program_id(0), tl.num_programs(0), BM, RIGHT)
 
 
 @triton.jit
-def block_row(b, NB, BM: tl.constexpr, CAUSAL: tl.constexpr):
-    """The first query row of the ``b``-th of ``NB`` blocks of BM rows in launch order. Causal, the
-    blocks run last first: later queries see more keys, so the longest programs start first and the
-    short ones fill the tail of the launch (a query block past a sequence's end does nothing either way)."""
-    if CAUSAL:
+def block_row(b, NB, BM: tl.constexpr, RIGHT: tl.constexpr):
+    """The first query row of the ``b``-th of ``NB`` blocks of BM rows in launch order. Bounded on the right
+    (causal), the blocks run last first: later queries see more keys, so the longest programs start first and
+    the short ones fill the tail of the launch (a query block past a sequence's end does nothing either way)."""
+    if RIGHT:
         b = NB - 1 - b
     return b * BM
 
@@ -148,31 +149,78 @@ def row_offset(n, h, H, T, qs, BATCHED: tl.constexpr):
 
 
 @triton.jit
-def visible(i, j, Tq, Sk, CAUSAL: tl.constexpr):
-    """Whether query i sees key j (broadcast shapes): both exist and, causal, ``j <= i + Sk - Tq``
-    (the mask aligned bottom-right: the last query sees every key)."""
+def visible(i, j, Tq, Sk, left, right, LEFT: tl.constexpr, RIGHT: tl.constexpr):
+    """Whether query i sees key j (broadcast shapes): both exist and j lies in i's window around its diagonal
+    ``d = i + Sk - Tq`` (aligned bottom-right: the last query's diagonal is the last key): ``j >= d - left``
+    where LEFT (a window's left side), ``j <= d + right`` where RIGHT (causal: right = 0)."""
     ok = (i < Tq) & (j < Sk)
-    if CAUSAL:
-        ok = ok & (j <= i + (Sk - Tq))
+    if LEFT:
+        ok = ok & (j >= i + (Sk - Tq) - left)
+    if RIGHT:
+        ok = ok & (j <= i + (Sk - Tq) + right)
     return ok
 
 
 @triton.jit
-def causal_key_end(m0, BM: tl.constexpr, Tq, Sk, CAUSAL: tl.constexpr):
-    """One past the last key any of queries ``m0 .. m0 + BM - 1`` sees (causal) or ``Sk``."""
-    if CAUSAL:
-        return tl.maximum(tl.minimum(m0 + BM + Sk - Tq, Sk), 0)
-    return Sk
+def softcapped(s, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """``(scores, dfactor)`` of a ``q k^T`` block ``s`` (unscaled): with SOFTCAP the base-2 scores
+    ``cap_out t``, ``t = tanh(cap_in s)`` (``cap_in = scale / softcap``, ``cap_out = softcap log2(e)``), and
+    ``1 - t^2``, the factor that takes the gradient of a score to that of ``scale q k^T``; else s itself (the
+    kernels scale it by ``qk_scale`` inside their max and exp2: one FMA an element) and s again (never used)."""
+    dfactor = s
+    if SOFTCAP:
+        t = libdevice.tanh(s * cap_in)
+        s = t * cap_out
+        dfactor = 1.0 - t * t
+    return s, dfactor
 
 
 @triton.jit
-def full_key_end(m0, BN: tl.constexpr, Tq, Sk, CAUSAL: tl.constexpr):
-    """The key blocks ``[j0, j0 + BN)`` below this bound (a multiple of BN) exist and are seen by every
-    query from m0 on (causal: ``j0 + BN - 1 <= m0 + Sk - Tq``), so they need no mask."""
+def key_blocks(m0, BM: tl.constexpr, BN: tl.constexpr, Tq, Sk, left, right, LEFT: tl.constexpr,
+               RIGHT: tl.constexpr):
+    """``(start, lo, hi, end)``: the key blocks ``[j0, j0 + BN)`` that queries ``m0 .. m0 + BM - 1`` walk. Some
+    query sees a key of every block from ``start`` (a multiple of BN) up to ``end``; the blocks from ``lo`` up
+    to ``hi`` (multiples of BN; none where ``hi <= lo``) exist and are seen whole by every query of the block,
+    so they need no mask. A walk takes ``[start, min(lo, end))`` masked, ``[lo, hi)`` unmasked, then
+    ``[max(lo, hi), end)`` masked. Unbounded on the left, ``start = lo = 0``; a window skips the blocks it
+    excludes."""
+    d = m0 + Sk - Tq                                      # the first query's diagonal
+    start = 0
+    lo = 0
+    if LEFT:
+        start = tl.maximum(d - left, 0) // BN * BN
+        lo = (tl.maximum(d + BM - 1 - left, 0) + BN - 1) // BN * BN
     end = Sk
-    if CAUSAL:
-        end = tl.maximum(tl.minimum(m0 + 1 + Sk - Tq, Sk), 0)
-    return end // BN * BN
+    hi = Sk
+    if RIGHT:
+        end = tl.maximum(tl.minimum(d + BM + right, Sk), 0)
+        hi = tl.maximum(tl.minimum(d + 1 + right, Sk), 0)
+    return start, lo, hi // BN * BN, end
+
+
+@triton.jit
+def query_blocks(n0, BN: tl.constexpr, BM: tl.constexpr, Tq, Sk, left, right, LEFT: tl.constexpr,
+                 RIGHT: tl.constexpr):
+    """``(first, a, b, last)``: the query blocks ``[m0, m0 + BM)`` that see some key of ``n0 .. n0 + BN - 1``
+    (query i sees key j where ``j - right <= i + Sk - Tq <= j + left``), the transpose of ``key_blocks``: from
+    ``first`` (a multiple of BM) up to ``last``, those from ``a`` up to ``b`` (multiples of BM) whole and seeing
+    every key of the block, unmasked; a walk takes ``[first, a)`` masked, ``[a, b)`` unmasked, ``[b, last)``
+    masked. A partial key block (keys past Sk) is masked throughout."""
+    off = Sk - Tq
+    first = 0
+    mid = 0
+    if RIGHT:        # key n0 from `first` on, key n0 + BN - 1 from `mid` on
+        first = tl.maximum(n0 - off - right, 0) // BM * BM
+        mid = (tl.maximum(n0 + BN - 1 - off - right, 0) + BM - 1) // BM * BM
+    last = Tq
+    whole = Tq // BM * BM
+    if LEFT:         # key n0 + BN - 1 up to query `last`, key n0 up to query `whole`
+        last = tl.maximum(tl.minimum(n0 + BN + left - off, Tq), 0)
+        whole = tl.minimum(whole, tl.maximum(n0 + 1 + left - off, 0) // BM * BM)
+    some = (whole > mid) & (n0 + BN <= Sk)
+    a = tl.where(some, mid, first)
+    b = tl.where(some, whole, first)
+    return first, a, b, last
 
 
 def block_descriptors(x: torch.Tensor, y: torch.Tensor, rows: int, x_tiles: tuple[int, int], y_width: int,
