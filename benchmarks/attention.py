@@ -22,6 +22,12 @@ and picks its own backend; flash-attn-4
 shape. Errors: relative RMS ``||x - ref|| / ||ref||`` of o, lse, dq, dk, dv against
 ``references.attention`` in float64 on one small MLA shape (``ERROR_SHAPE``), for every implementation.
 
+Models' layers (``MODELS``), ours against flash-attn-4 with the same options, forward and backward: gpt-oss
+(64 query heads, 8 key heads, head dim 64, causal, sinks; its sliding layers' window of 128 keys and its full
+layers) and Gemma 2 (32 and 16 heads, head dim 128, causal, softcap 50, window 4096). Their flops count the
+(query, key) pairs the mask lets through (``visible_pairs``), so a window's TFLOP/s compare with a full layer's;
+their errors against float64 at a small shape of each (``MODEL_ERROR_SHAPE``), dsinks included.
+
 fp8: our forward on e4m3 q, k, v (per-tensor descale factors, o in bf16) at Dqk = Dv = 128, rows
 ``ours-fp8`` (``x bf16``: its time over our bf16 forward's; ``%mm`` still against the bf16 matmul,
 the fp8 tensor-core peak is twice that), and its error vs float64 on the values the fp8 inputs hold.
@@ -70,9 +76,110 @@ def implementations() -> tuple[dict, dict]:
         return impls, {"fa4": f"flash_attn.cute not importable: {type(err).__name__}: {err}"}
 
 
-def make_inputs(B, T, H, Dqk, Dv, seed=0, dtype=torch.bfloat16):
+def make_inputs(B, T, H, Dqk, Dv, seed=0, dtype=torch.bfloat16, Hk=None):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    return [torch.randn(B, T, H, d, device=DEVICE, generator=gen).to(dtype) for d in (Dqk, Dqk, Dv)]
+    return [torch.randn(B, T, h, d, device=DEVICE, generator=gen).to(dtype)
+            for h, d in ((H, Dqk), (Hk or H, Dqk), (Hk or H, Dv))]
+
+
+MODELS = {
+    # name: (shape, options); sinks: a learnable logit per head (N(0, 1))
+    "gpt-oss-sliding": (dict(B=4, T=4096, H=64, Hk=8, Dqk=64, Dv=64), dict(causal=True, window_size=(128, None),
+                                                                         sinks=True)),
+    "gpt-oss-full": (dict(B=4, T=4096, H=64, Hk=8, Dqk=64, Dv=64), dict(causal=True, sinks=True)),
+    "gemma2-sliding": (dict(B=2, T=8192, H=32, Hk=16, Dqk=128, Dv=128), dict(causal=True, window_size=(4096, None),
+                                                                           softcap=50.0)),
+}
+MODEL_ERROR_SHAPE = dict(B=1, T=1024)
+"""The models' error shapes: their heads and head dims, these B and T (windows and options as timed)."""
+
+
+def visible_pairs(T: int, options: dict) -> int:
+    """(query, key) pairs a causal, windowed mask lets through for T queries and T keys."""
+    left = (options.get("window_size") or (None, None))[0]
+    rows = torch.arange(T, dtype=torch.float64) + 1
+    seen = rows if left is None else rows.clamp(max=left + 1)
+    return int(seen.sum()) if options.get("causal") else T * T
+
+
+def model_inputs(shape: dict, options: dict, seed: int = 0):
+    """``(q, k, v, options)`` of a model row, the sinks among the options where it has them."""
+    q, k, v = make_inputs(shape["B"], shape["T"], shape["H"], shape["Dqk"], shape["Dv"], seed=seed, Hk=shape["Hk"])
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = torch.randn(shape["H"], device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(seed + 9))
+    return q, k, v, options
+
+
+def model_rows(impls, roof, timing) -> list[dict]:
+    """ours and fa4 at each of ``MODELS``, forward and backward (the sinks' gradient with the rest)."""
+    from triton.testing import do_bench
+    rows = []
+    for model, (shape, opts) in MODELS.items():
+        q, k, v, options = model_inputs(shape, opts)
+        flops = 2 * shape["B"] * shape["H"] * visible_pairs(shape["T"], opts) * (shape["Dqk"] + shape["Dv"])
+        ms: dict[str, tuple[float, float] | str] = {}
+        for name in ("ours", "fa4"):
+            if name not in impls:
+                continue
+            fn = impls[name]
+            try:
+                with torch.no_grad():
+                    fwd = do_bench(lambda: fn(q, k, v, **options), return_mode="median", **timing)
+                leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+                sinks = options.get("sinks")
+                extra = {} if sinks is None else {"sinks": sinks.detach().requires_grad_()}
+                o, _ = fn(*leaves, **(options | extra))
+                do = torch.randn_like(o)
+                wrt = leaves + list(extra.values())
+                bwd = do_bench(lambda: torch.autograd.grad(o, wrt, do, retain_graph=True), return_mode="median",
+                               **timing)
+                ms[name] = (fwd, bwd)
+            except Exception as err:
+                ms[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                torch.cuda.empty_cache()
+        for name, m in ms.items():
+            for mode, i, f in (("fwd", 0, flops), ("bwd", 1, 2.5 * flops)):
+                row = dict(kind=model, B=shape["B"], T=shape["T"], H=shape["H"], Hk=shape["Hk"], Dqk=shape["Dqk"],
+                           Dv=shape["Dv"], causal=True, options={n: o for n, o in opts.items()}, impl=name, mode=mode)
+                if isinstance(m, str):
+                    row["note"] = m
+                else:
+                    row.update(ms=m[i], tflops=f / m[i] / 1e9, pct_matmul=100 * f / m[i] / 1e9 / roof["bf16_tflops"])
+                    ours = ms.get("ours")
+                    if name != "ours" and isinstance(ours, tuple):
+                        row["ours_time_ratio"] = ours[i] / m[i]
+                rows.append(row)
+                print(format_row(row), flush=True)
+    return rows
+
+
+def model_errors(impls) -> dict[str, dict[str, dict[str, float | str]]]:
+    """Relative RMS errors of o, lse and every gradient (dsinks included) vs float64 at each model's heads and
+    options, ``MODEL_ERROR_SHAPE``'s B and T, bf16 inputs."""
+    out: dict[str, dict[str, dict[str, float | str]]] = {}
+    for model, (shape, opts) in MODELS.items():
+        q, k, v, options = model_inputs(shape | MODEL_ERROR_SHAPE, opts, seed=1)
+        names = ["q", "k", "v"] + (["sinks"] if "sinks" in options else [])
+        tensors = dict(zip(names, [q, k, v] + ([options.pop("sinks")] if "sinks" in options else [])))
+        x64 = {n: t.double().requires_grad_() for n, t in tensors.items()}
+        ro, rlse = references.attention(**x64, **options)
+        do = torch.randn(ro.shape, device=DEVICE, dtype=torch.float64, generator=torch.Generator(DEVICE).manual_seed(2))
+        want = torch.autograd.grad(ro, list(x64.values()), do)
+        out[model] = {}
+        for name in ("ours", "fa4"):
+            if name not in impls:
+                continue
+            try:
+                leaves = {n: t.detach().requires_grad_() for n, t in tensors.items()}
+                o, lse = impls[name](**leaves, **options)
+                got = torch.autograd.grad(o, list(leaves.values()), do.to(o.dtype))
+            except Exception as err:
+                out[model][name] = {"note": f"{type(err).__name__}: {err}"}
+                continue
+            out[model][name] = {"o": rel(o, ro), "lse": rel(lse, rlse)} | {
+                f"d{n}": rel(g, w) for n, g, w in zip(names, got, want)}
+    return out
 
 
 def quantized(xs, dtype=torch.float8_e4m3fn) -> tuple[list[torch.Tensor], dict[str, float]]:
@@ -187,6 +294,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here (after every shape)")
     ap.add_argument("--quick", action="store_true", help="T = 2048 only, shorter warmup and timing")
+    ap.add_argument("--models-only", action="store_true", help="only the models' rows and their errors")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/attention.py needs a CUDA GPU")
@@ -200,22 +308,31 @@ def main():
         if args.out:
             with open(args.out, "w") as fh:
                 json.dump(result, fh, indent=1)
-    result["errors"] = errs = errors(impls)
-    for name, e in errs.items():
-        print(f"errors vs float64 {name} {ERROR_SHAPE}: " + " ".join(
-            f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()))
-    save()
     print(f"device {result['device']}: bf16 matmul {result['roofline']['bf16_tflops']:.0f} TFLOP/s; skipped: {skipped}")
-    print(HEADER)
-    for T in LENGTHS[:1] if args.quick else LENGTHS:       # shortest first: a run cut short keeps every kind
-        for kind in DIMS:
+    if not args.models_only:
+        result["errors"] = errs = errors(impls)
+        for name, e in errs.items():
+            print(f"errors vs float64 {name} {ERROR_SHAPE}: " + " ".join(
+                f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()))
+        save()
+        print(HEADER)
+        for T in LENGTHS[:1] if args.quick else LENGTHS:       # shortest first: a run cut short keeps every kind
+            for kind in DIMS:
+                for causal in (False, True):
+                    result["rows"] += bench_shape(kind, T, causal, impls, result["roofline"], timing)
+                    save()
+        for T in LENGTHS[:1] if args.quick else LENGTHS:
             for causal in (False, True):
-                result["rows"] += bench_shape(kind, T, causal, impls, result["roofline"], timing)
+                result["rows"].append(fp8_row(T, causal, result["roofline"], timing))
                 save()
-    for T in LENGTHS[:1] if args.quick else LENGTHS:
-        for causal in (False, True):
-            result["rows"].append(fp8_row(T, causal, result["roofline"], timing))
-            save()
+    result["model_errors"] = model_errs = model_errors(impls)
+    for model, per_impl in model_errs.items():
+        for name, e in per_impl.items():
+            print(f"errors vs float64 {model} {name}: " + " ".join(
+                f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}" for k, v in e.items()))
+    save()
+    result["rows"] += model_rows(impls, result["roofline"], timing)
+    save()
 
 
 if __name__ == "__main__":

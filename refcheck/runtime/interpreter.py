@@ -1000,7 +1000,7 @@ def _libdevice(name: str, op):
         with np.errstate(all="ignore"):
             data = op(arg0.handle.data)
         return tl.tensor(stock.TensorHandle(data.astype(arg0.handle.data.dtype), arg0.dtype.scalar), arg0.type)
-    function.__wrapped__ = op
+    function.__wrapped__ = op  # type: ignore[attr-defined]
     return function
 
 

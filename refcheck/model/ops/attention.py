@@ -338,17 +338,20 @@ def flex_backward_refusal(device: str, case=None) -> str | None:
     return "flex_attention: 'does not support backward on CPU'" if torch.device(device).type == "cpu" else None
 
 
-def fa4_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None):
+def fa4_attention(q, k, v, *, causal=False, scale=None, cu_seqlens_q=None, cu_seqlens_k=None, window_size=None,
+                  softcap=None, sinks=None):
     """flash-attn-4 ``flash_attn_func`` / ``flash_attn_varlen_func``: o and lse (``[B, H, T]``;
-    packed, its ``[H, total]`` gets the batch axis of one)."""
+    packed, its ``[H, total]`` gets the batch axis of one). Its ``window_size`` is ours (bottom-right, None
+    unbounded, causal bounding the right side at 0), ``softcap`` the same function, ``learnable_sink`` our sinks."""
     from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    options = dict(softmax_scale=scale, causal=causal, window_size=tuple(window_size or (None, None)),
+                   softcap=0.0 if softcap is None else softcap, learnable_sink=sinks, return_lse=True)
     if cu_seqlens_q is None:
-        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_lse=True)
+        return flash_attn_func(q, k, v, **options)
     lengths_q, lengths_k = cu_seqlens_q.diff(), cu_seqlens_k.diff()
     o, lse = flash_attn_varlen_func(q[0], k[0], v[0], cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
                                     max_seqlen_q=int(lengths_q.max()) if len(lengths_q) else 0,
-                                    max_seqlen_k=int(lengths_k.max()) if len(lengths_k) else 0,
-                                    softmax_scale=scale, causal=causal, return_lse=True)
+                                    max_seqlen_k=int(lengths_k.max()) if len(lengths_k) else 0, **options)
     return o.unsqueeze(0), lse.unsqueeze(0)
 
 
