@@ -141,10 +141,11 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, do_ptr, lse_ptr, delta_ptr, dq_
     lse2, delta = load_rows(lse_ptr, delta_ptr, row_offset(n, h, H, T, qs, BATCHED) + i, i < Tq)
     dq1, dq2 = zeros_split(BM, BQ1, BQ2)
     start, lo, hi, end = key_blocks(m0, BM, BN, Tq, Sk, left, right, LEFT, RIGHT)
-    for j0 in range(start, tl.minimum(lo, end), BN):
-        dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
-                            qk_scale, left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV,
-                            PREC, True, TMA)
+    if LEFT:  # the masked blocks on the window's left (none without one)
+        for j0 in range(start, tl.minimum(lo, end), BN):
+            dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
+                                qk_scale, left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV,
+                                PREC, True, TMA)
     for j0 in range(lo, hi, BN):
         dq1, dq2 = dq_block(dq1, dq2, q1, q2, do, lse2, delta, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq,
                             qk_scale, left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV,

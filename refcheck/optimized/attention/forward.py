@@ -108,10 +108,11 @@ def forward_tile(q_ptr, k_ptr, v_ptr, kd1, kd2, vd, o_ptr, lse_ptr, cuq_ptr, cuk
             l = tl.zeros((BM,), tl.float32)
         acc = tl.zeros((BM, BDV), tl.float32)
         start, lo, hi, end = key_blocks(m0, BM, BN, Tq, Sk, left, right, LEFT, RIGHT)
-        for j0 in range(start, tl.minimum(lo, end), BN):
-            acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
-                               left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV, PREC,
-                               FP8, True, TMA)
+        if LEFT:  # the masked blocks on the window's left (none without one)
+            for j0 in range(start, tl.minimum(lo, end), BN):
+                acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
+                                   left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV, PREC,
+                                   FP8, True, TMA)
         for j0 in range(lo, hi, BN):
             acc, m, l = attend(acc, m, l, q1, q2, k_ptr, v_ptr, kd1, kd2, vd, ks, j0, Sk, hk, HK, i, Tq, qk_scale,
                                left, right, cap_in, cap_out, DQK, DV, LEFT, RIGHT, SOFTCAP, BN, BQ1, BQ2, BDV, PREC,
