@@ -32,12 +32,12 @@ from .gates import kda_gate
 from .kda import kda, kda_chunked
 
 
-def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
-    """Validate what is the gated delta rule's own (grouped value heads, a scalar gate and beta
-    ``[B, T, HV]``, the gate computed from ``A_log`` and ``dt_bias`` with ``use_gate_in_kernel``); return q
-    and k with each query/key head repeated for the value heads of its group, and the log-decay broadcast
-    over K: KDA's operands, one head per value head."""
+def check_gated_delta_rule_inputs(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                                  use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False) -> tuple[int, int]:
+    """Validate what is the gated delta rule's own: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` with HV a
+    multiple of H (grouped value heads), a scalar gate and beta ``[B, T, HV]``, ``A_log`` (and ``dt_bias``)
+    ``[HV]`` exactly with ``use_gate_in_kernel``, ``allow_neg_eigval`` only with the sigmoid in the kernel.
+    Returns ``(H, HV)``; a ValueError naming the argument otherwise."""
     check_tensor("q", q, 4)
     b, t, h, kd = q.shape
     check_tensor("k", k, 4)
@@ -54,19 +54,34 @@ def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias
     if use_gate_in_kernel:
         if A_log is None:
             raise ValueError("A_log: required with use_gate_in_kernel=True ([HV], the decay rate's log)")
+        check_tensor("A_log", A_log, 1)
+        check_shape("A_log", A_log, (hv,), "[HV]")
         if dt_bias is not None:
             check_tensor("dt_bias", dt_bias, 1)
             check_shape("dt_bias", dt_bias, (hv,), "[HV]")
-        g = kda_gate(g.unsqueeze(-1), A_log, dt_bias).squeeze(-1)
     else:
         for name, given in (("A_log", A_log), ("dt_bias", dt_bias)):
             if given is not None:
                 raise ValueError(f"{name}: given without use_gate_in_kernel=True (it takes part in the gate only then)")
-    if use_beta_sigmoid_in_kernel:
-        beta = beta.sigmoid() * (2 if allow_neg_eigval else 1)
-    elif allow_neg_eigval:
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval: given without use_beta_sigmoid_in_kernel=True (it scales the sigmoid "
                          "computed in the kernel only then)")
+    return h, hv
+
+
+def gva_operands(q, k, v, g, beta, use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False):
+    """Validate the inputs (``check_gated_delta_rule_inputs``); return q and k with each query/key head
+    repeated for the value heads of its group, the log-decay (computed from ``A_log`` and ``dt_bias`` with
+    ``use_gate_in_kernel``) broadcast over K, and beta (its sigmoid, with ``use_beta_sigmoid_in_kernel``):
+    KDA's operands, one head per value head."""
+    h, hv = check_gated_delta_rule_inputs(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias,
+                                          use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    b, t, _, kd = q.shape
+    if use_gate_in_kernel:
+        g = kda_gate(g.unsqueeze(-1), A_log, dt_bias).squeeze(-1)
+    if use_beta_sigmoid_in_kernel:
+        beta = beta.sigmoid() * (2 if allow_neg_eigval else 1)
     group = hv // h
     q, k = (x.repeat_interleave(group, dim=2) if group > 1 else x for x in (q, k))
     return q, k, v, g.unsqueeze(-1).expand(b, t, hv, kd), beta

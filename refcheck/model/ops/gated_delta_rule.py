@@ -139,6 +139,9 @@ CARD = linear_card(
                                         ("qwen35_heads", 65, {"use_qk_l2norm": True}, {"H": 16, "HV": 32, "K": 128, "V": 128},
                                          {"devices": ("cuda",)})),
     implementations=(
+        Implementation("gated_delta_rule", "triton_recurrent", "refcheck.optimized:gated_delta_rule_recurrent",
+                       triton=True, backward=False,
+                       description="our Triton recurrent kernel (decode over a state pool, GVA, gate and beta in the kernel)"),
         Implementation("gated_delta_rule", "fla_chunk",
                        "refcheck.model.ops.gated_delta_rule:fla_chunk_gated_delta_rule", triton=True, requires="fla",
                        fixed_mode="tf32", family="fla",

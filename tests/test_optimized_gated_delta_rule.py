@@ -1,0 +1,139 @@
+"""Quick checks of ``optimized.gated_delta_rule_recurrent`` on the CPU (faithful Triton interpreter) against the
+float64 reference over its options (grouped value heads, packed sequences, the gate and beta in the kernel, the
+value-first layout, a state pool written in place), bad input, and kernel mutants that the laws catch. The laws
+run over it too (``refcheck/properties``, implementation ``triton_recurrent``)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from refcheck.runtime import interpreter
+
+interpreter.interpret_new_kernels()  # before the kernel modules are imported
+interpreter.enable()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from refcheck import optimized, references  # noqa: E402
+from refcheck.model.case import Case  # noqa: E402
+from refcheck.optimized.gated_delta_rule import recurrent  # noqa: E402
+
+FP32_ERROR = 2e-6
+"""Largest absolute error of o and the final state allowed against float64 for fp32 inputs (measured
+7.1e-7 over every option combination at these sizes)."""
+
+
+def inputs(B=2, T=5, H=2, HV=4, K=16, V=32, seed=0, gate=False, beta_logits=False):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q, k = r(B, T, H, K), r(B, T, H, K)
+    x = dict(q=q / q.norm(dim=-1, keepdim=True), k=k / k.norm(dim=-1, keepdim=True), v=r(B, T, HV, V),
+             g=r(B, T, HV) if gate else -torch.rand(B, T, HV, generator=gen),
+             beta=2 * r(B, T, HV) if beta_logits else torch.rand(B, T, HV, generator=gen))
+    options = {}
+    if gate:
+        options.update(use_gate_in_kernel=True, A_log=0.5 * r(HV), dt_bias=r(HV))
+    return x, options
+
+
+def to64(d: dict) -> dict:
+    return {n: x.double() if torch.is_tensor(x) and x.is_floating_point() else x for n, x in d.items()}
+
+
+@pytest.mark.parametrize("gate, beta_logits, v_first, packed, pool", [
+    c for c in itertools.product([False, True], repeat=5) if sum(c) in (0, 1, 3, 5)])
+def test_recurrent_matches_float64(gate, beta_logits, v_first, packed, pool):
+    """o and the final state (returned, or written into the pool's named slots, the others untouched) at fp32
+    accuracy, grouped value heads (2 per query/key head) and l2norm of q and k throughout."""
+    x, options = inputs(gate=gate, beta_logits=beta_logits)
+    options.update(use_qk_l2norm=True, state_v_first=v_first)
+    if beta_logits:
+        options.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    if packed:
+        x = {n: t.reshape(1, -1, *t.shape[2:])[:, :8] for n, t in x.items()}
+        options["cu_seqlens"] = torch.tensor([0, 5, 5, 8])
+    n = 3 if packed else 2
+    shape = (4, 32, 16) if v_first else (4, 16, 32)
+    gen = torch.Generator().manual_seed(9)
+    if pool:
+        states, slots = torch.randn(n + 2, *shape, generator=gen), torch.tensor([3, 0, 4][:n])
+        ours, truth = states.clone(), states.double()
+        o, final = optimized.gated_delta_rule_recurrent(**x, **options, initial_state=ours, ssm_state_indices=slots,
+                                                        inplace_final_state=True)
+        ro, _ = references.gated_delta_rule(**to64(x), **to64(options), initial_state=truth, ssm_state_indices=slots,
+                                            inplace_final_state=True)
+        assert final is None
+        final, want = ours, truth
+    else:
+        h0 = torch.randn(n, *shape, generator=gen)
+        o, final = optimized.gated_delta_rule_recurrent(**x, **options, initial_state=h0, output_final_state=True)
+        ro, want = references.gated_delta_rule(**to64(x), **to64(options), initial_state=h0.double(),
+                                               output_final_state=True)
+    assert (o.double() - ro).abs().max() <= FP32_ERROR
+    assert (final.double() - want).abs().max() <= FP32_ERROR
+
+
+def _bad(**change):
+    x, options = inputs()
+    with pytest.raises(ValueError) as err:
+        optimized.gated_delta_rule_recurrent(**(x | options | change))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(v=torch.randn(2, 5, 3, 32)), "v"),                                   # HV not a multiple of H
+    (dict(g=torch.randn(2, 5, 4, 16)), "g"),                                   # a gate per key channel
+    (dict(A_log=torch.randn(4)), "A_log"),                                     # without use_gate_in_kernel
+    (dict(use_gate_in_kernel=True, A_log=torch.randn(2)), "A_log"),            # [H], not [HV]
+    (dict(allow_neg_eigval=True), "allow_neg_eigval"),
+    (dict(initial_state=torch.randn(2, 4, 16, 32).double()), "initial_state"),
+    (dict(initial_state=torch.randn(5, 4, 16, 32), ssm_state_indices=torch.tensor([0, 5])), "ssm_state_indices"),
+    (dict(inplace_final_state=True), "inplace_final_state"),
+    (dict(q=torch.randn(2, 5, 2, 300), k=torch.randn(2, 5, 2, 300)), "q"),
+    (dict(v=torch.randn(2, 5, 4, 32).half()), "v"),
+])
+def test_recurrent_bad_input_names_the_argument(change, name):
+    assert name in _bad(**change)
+
+
+def _law_fails(law: str, options: dict | None = None, draw: dict | None = None) -> bool:
+    from refcheck.engine.laws import LawViolation
+    from refcheck.engine.reproduce import law as run_law
+    case = Case.make("gated_delta_rule", dict(B=2, T=3, H=1, HV=2, K=16, V=16), "fp32", 5, options=options or {},
+                     draw=draw or {})
+    try:
+        run_law(law, "triton_recurrent", case)
+    except LawViolation:
+        return True
+    return False
+
+
+@triton.jit
+def slot_ignored(slot, hv, HV, K: tl.constexpr, V: tl.constexpr, kk, vv, V_FIRST: tl.constexpr):
+    """Every sequence's state read from and written to slot 0 (the slot index dropped)."""
+    base = hv.to(tl.int64) * K * V
+    if V_FIRST:
+        return base + vv[None, :] * K + kk[:, None]
+    return base + kk[:, None] * V + vv[None, :]
+
+
+@triton.jit
+def value_first_ignored(slot, hv, HV, K: tl.constexpr, V: tl.constexpr, kk, vv, V_FIRST: tl.constexpr):
+    """The state always addressed key-first: a value-first state is read and written transposed."""
+    return (slot.to(tl.int64) * HV + hv) * K * V + kk[:, None] * V + vv[None, :]
+
+
+def test_state_mutants_are_caught_by_their_laws(monkeypatch):
+    """Our kernel with the pool slot dropped fails the state-pool law (19); with a value-first state read and
+    written key-first (K = V here: the shapes agree, the values are transposed), agreement with float64 (law 1).
+    Unmutated, both hold."""
+    v_first = {"state_v_first": True, "output_final_state": True}
+    assert not _law_fails("state_pool") and not _law_fails("agreement", v_first, {"initial_state": True})
+    with monkeypatch.context() as patch:
+        patch.setattr(recurrent, "state_offsets", slot_ignored)
+        assert _law_fails("state_pool")
+    monkeypatch.setattr(recurrent, "state_offsets", value_first_ignored)
+    assert _law_fails("agreement", v_first, {"initial_state": True})
