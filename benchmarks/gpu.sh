@@ -15,6 +15,7 @@
 #   ncu         benchmarks/kda.py --ncu-step under Nsight Compute: what bounds each kernel, ours and FLA's
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
+#   gdn-bench   benchmarks/gdn.py (GDN_ARGS, e.g. --quick): our GDN decode vs FLA's and FlashInfer's, GB/s of the copy rate
 #   paged-bench benchmarks/paged_attention.py (PAGED_ARGS, e.g. --quick): our paged decode vs FlashInfer's, GB/s of the copy rate
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
 #   gla-bench   benchmarks/gla.py (GLA_ARGS, e.g. --quick or --kernels-only): ours vs FLA chunk_gla / chunk_simple_gla
@@ -177,6 +178,10 @@ for step in "$@"; do
       timeout -s INT "${ATTENTION_BENCH_S:-300}" python3 benchmarks/attention.py ${ATTENTION_ARGS:-} --out "$OUT/attention_bench.json" \
         > "$OUT/attention_bench.log" 2>&1
       echo "attention-bench exit $?" >> "$OUT/attention_bench.log" ;;
+    gdn-bench)
+      timeout -s INT "${GDN_BENCH_S:-300}" python3 benchmarks/gdn.py ${GDN_ARGS:-} --out "$OUT/gdn_decode.json" \
+        > "$OUT/gdn_decode.log" 2>&1
+      echo "gdn-bench exit $?" >> "$OUT/gdn_decode.log" ;;
     paged-bench)
       timeout -s INT "${PAGED_BENCH_S:-300}" python3 benchmarks/paged_attention.py ${PAGED_ARGS:-} --out "$OUT/paged_attention_bench.json" \
         > "$OUT/paged_attention_bench.log" 2>&1
@@ -239,6 +244,7 @@ for step in "$@"; do
     attention-sweep) echo "== attention launch settings =="; grep -E "^==|^  |compiled|exit" "$OUT/attention_sweep.log" \
                        | awk '/^==/{n=0} {if (n++ < 3) print}' ;;
     gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
+    gdn-bench) echo "== gdn decode benchmark =="; tail -8 "$OUT/gdn_decode.log" ;;
     paged-bench) echo "== paged decode benchmark =="; tail -16 "$OUT/paged_attention_bench.log" ;;
     gla-profile) echo "== gla kernel stages =="; grep -E " ms$|compiled|exit" "$OUT/gla_profile.log" ;;
     replay) echo "== replayed findings =="; grep -E "^(fails|holds|exit)" "$OUT/replay.log" | cut -c1-160 ;;
