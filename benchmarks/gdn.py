@@ -11,10 +11,12 @@ rate; ``of_copy`` is the share of that rate reached. Shapes: Qwen3.5's heads (16
 
 Every implementation runs as serving would call it: ours and FlashInfer's on the pool in place (slots by index);
 FLA's 0.6.0 recurrent kernel takes no pool, so its rows gather the states first and scatter them back after (what a
-caller of it does: ``fla_gathered``). Errors: relative RMS of o and the written states against the float64
+caller of it does: ``fla_gathered``). ``ours`` checks the slots (one read-back to the host a call),
+``ours_unchecked`` does not (``check_slots=False``, as a serving loop calls it). Errors: relative RMS of o and the written states against the float64
 reference on 8 sequences of each shape.
 
     python benchmarks/gdn.py --out benchmarks/results/gdn_decode_h200.json [--quick]
+    python benchmarks/gdn.py --sweep --out ...      our kernel under every launch of SWEEP
 """
 from __future__ import annotations
 
@@ -54,12 +56,17 @@ def state_bytes(n, hv) -> int:
     return 2 * n * hv * K * V * 4
 
 
-def ours(x):
+def ours(x, **knobs):
     from refcheck.optimized import gated_delta_rule_recurrent
     return gated_delta_rule_recurrent(x["q"], x["k"], x["v"], x["a"], x["b"], initial_state=x["pool"],
                                       ssm_state_indices=x["slots"], inplace_final_state=True, use_qk_l2norm=True,
                                       use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
-                                      use_beta_sigmoid_in_kernel=True, state_v_first=True)[0]
+                                      use_beta_sigmoid_in_kernel=True, state_v_first=True, **knobs)[0]
+
+
+def ours_unchecked(x):
+    """Ours as a serving loop calls it: the slots unchecked (``check_slots=False``), no read-back to the host."""
+    return ours(x, check_slots=False)
 
 
 def fla_gathered(x):
@@ -83,7 +90,7 @@ def flashinfer(x):
 
 def peers() -> dict:
     """name -> fn(inputs) -> o (the pool updated in place), or why it is unavailable."""
-    found: dict = {"ours": ours}
+    found: dict = {"ours": ours, "ours_unchecked": ours_unchecked}
     for name, fn, module in (("fla_gathered", fla_gathered, "fla"), ("flashinfer", flashinfer, "flashinfer.gdn_decode")):
         try:
             __import__(module)
@@ -107,13 +114,37 @@ def error(fn, h, hv) -> dict:
     return {"o": rel(o, ro), "state": rel(x["pool"][slots], truth[slots])}
 
 
+SWEEP = [dict(BV=bv, num_warps=w) for bv in (16, 32, 64, 128) for w in (1, 2, 4, 8)]
+
+
+def sweep(roof: dict, out: str | None) -> None:
+    """Ours (slots unchecked) under every launch of SWEEP at Qwen3.5's heads, 256 and 64 sequences."""
+    from triton.testing import do_bench
+    rows = []
+    for n in BATCHES:
+        x = make(n, 16, 32)
+        for config in SWEEP:
+            ms = do_bench(lambda: ours(x, check_slots=False, config=config), warmup=25, rep=60, return_mode="median")
+            rows.append(dict(batch=n, **config, ms=ms, of_copy=state_bytes(n, 32) / ms / 1e6 / roof["copy_gbps"]))
+            print(json.dumps(rows[-1]), flush=True)
+    if out:
+        Path(out).write_text(json.dumps(dict(roofline=roof, sweep=rows, device=torch.cuda.get_device_name()), indent=1))
+    for n in BATCHES:
+        best = min((r for r in rows if r["batch"] == n), key=lambda r: r["ms"])
+        print(f"best at {n} sequences: BV={best['BV']} warps={best['num_warps']} {best['ms']:.4f} ms, "
+              f"{best['of_copy']:.2f} of copy")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here (after every row)")
     ap.add_argument("--quick", action="store_true", help="256 sequences only, shorter timing")
+    ap.add_argument("--sweep", action="store_true", help="our kernel under every launch of SWEEP instead")
     args = ap.parse_args()
     from triton.testing import do_bench
     roof = roofline()
+    if args.sweep:
+        return sweep(roof, args.out)
     found = peers()
     print(f"roofline: copy {roof['copy_gbps']:.0f} GB/s; peers: "
           + ", ".join(f"{k} ({'ok' if callable(v) else v})" for k, v in found.items()), flush=True)
@@ -133,7 +164,7 @@ def main() -> None:
                     row[name] = {"ms": ms, "gbps": gbps, "of_copy": gbps / roof["copy_gbps"], "rel_err": error(fn, h, hv)}
                 except Exception as err:
                     row[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
-            for peer in ("fla_gathered", "flashinfer"):
+            for peer in ("fla_gathered", "flashinfer", "ours_unchecked"):
                 if "ms" in row.get("ours", {}) and "ms" in row.get(peer, {}):
                     row[f"{peer}_over_ours"] = row[peer]["ms"] / row["ours"]["ms"]
             rows.append(row)
@@ -142,14 +173,15 @@ def main() -> None:
                 Path(args.out).write_text(json.dumps(dict(roofline=roof, rows=rows, device=torch.cuda.get_device_name(),
                                                           torch=torch.__version__, when=time.strftime("%Y-%m-%d")),
                                                      indent=1))
-    print(f"\n{'shape':18} {'batch':>5} {'ours ms':>8} {'GB/s':>6} {'of copy':>7} {'fla/ours':>8} {'fi/ours':>8} "
-          f"{'fi of copy':>10} {'err o ours/fla/fi':>26}")
+    print(f"\n{'shape':18} {'batch':>5} {'ours ms':>8} {'GB/s':>6} {'of copy':>7} {'unchecked':>9} {'fla/ours':>8} "
+          f"{'fi/ours':>8} {'fi of copy':>10} {'err o ours/fla/fi':>26}")
     for r in rows:
-        o, fi = r.get("ours", {}), r.get("flashinfer", {})
+        o, fi, un = r.get("ours", {}), r.get("flashinfer", {}), r.get("ours_unchecked", {})
         errs = "/".join(f"{r.get(n, {}).get('rel_err', {}).get('o', math.nan):.1e}" for n in ("ours", "fla_gathered",
                                                                                               "flashinfer"))
         print(f"{r['shape']:18} {r['batch']:5} {o.get('ms', math.nan):8.4f} {o.get('gbps', math.nan):6.0f} "
-              f"{o.get('of_copy', math.nan):7.2f} {r.get('fla_gathered_over_ours', math.nan):8.2f} "
+              f"{o.get('of_copy', math.nan):7.2f} {un.get('of_copy', math.nan):9.2f} "
+              f"{r.get('fla_gathered_over_ours', math.nan):8.2f} "
               f"{r.get('flashinfer_over_ours', math.nan):8.2f} {fi.get('of_copy', math.nan):10.2f} {errs:>26}")
 
 

@@ -137,3 +137,25 @@ def test_state_mutants_are_caught_by_their_laws(monkeypatch):
         assert _law_fails("state_pool")
     monkeypatch.setattr(recurrent, "state_offsets", value_first_ignored)
     assert _law_fails("agreement", v_first, {"initial_state": True})
+
+
+@pytest.mark.parametrize("config", [dict(BV=16, num_warps=1), dict(BV=128, num_warps=8)])
+def test_launch_configs_and_unchecked_slots_compute_the_same(config):
+    """Other launches (value columns a program, warps) and ``check_slots=False`` give the same bits here: each
+    column's sums run over K alone, and the check reads nothing the kernel uses. (On a GPU the warps lay out the
+    sums over K, and with them their order: the same within rounding, not bitwise.)"""
+    x, options = inputs(gate=True)
+    pool = torch.randn(6, 4, 16, 32, generator=torch.Generator().manual_seed(3))
+    slots = torch.tensor([4, 1])
+    runs = []
+    for kw in ({}, dict(config=config, check_slots=False)):
+        states = pool.clone()
+        o, _ = optimized.gated_delta_rule_recurrent(**x, **options, initial_state=states, ssm_state_indices=slots,
+                                                    inplace_final_state=True, **kw)
+        runs.append((o, states))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
+@pytest.mark.parametrize("config", [dict(BV=24), dict(BV=8), dict(num_warps=3), dict(block=16)])
+def test_bad_launch_config_names_it(config):
+    assert "config" in _bad(config=config)

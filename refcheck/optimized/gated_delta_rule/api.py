@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from refcheck.references.contract import check_scale, check_state_pool
+from refcheck.references.contract import check_scale, check_shape, check_state_pool, check_tensor
 from refcheck.references.gated_delta_rule import check_gated_delta_rule_inputs
 
 from ..common import check_flag, check_runs_on, kernel_state, make_chunks
-from .recurrent import recurrent_kernel, value_block
+from .recurrent import check_config, recurrent_kernel
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
@@ -25,7 +25,8 @@ MAX_HEAD_DIM = 256
 def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                                cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None,
                                dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
-                               state_v_first=False, ssm_state_indices=None, inplace_final_state=False):
+                               state_v_first=False, ssm_state_indices=None, inplace_final_state=False,
+                               check_slots=True, config=None):
     """The gated delta rule by its recurrence (``references.gated_delta_rule``): ``(o [B, T, HV, V] in
     q.dtype, final_state float32 [N, HV, K, V] or None)`` (``[N, HV, V, K]`` with ``state_v_first``).
 
@@ -33,6 +34,12 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
     ``S <- e^g S``, ``S <- S + beta k (v - S^T k)^T``, ``o = scale S^T q``. With ``ssm_state_indices [N]``
     the initial state is a pool ``[P, HV, K, V]`` and sequence n starts from slot ``ssm_state_indices[n]``;
     with ``inplace_final_state`` its final state is written back into that slot and None is returned.
+
+    Knobs:
+      check_slots: validate ``ssm_state_indices`` (in range, distinct when written back), which reads them back
+                   to the host: a synchronization per call. False (a serving loop whose slots its scheduler
+                   owns): unchecked, no synchronization; a slot outside the pool is then an illegal address.
+      config:      the launch (``recurrent.DEFAULT_CONFIG``'s keys: ``BV`` value columns a program, ``num_warps``).
     """
     check_gated_delta_rule_inputs(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
                                   allow_neg_eigval)
@@ -61,9 +68,16 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
     sk, sv = (V, K) if state_v_first else (K, V)
     if inplace_final_state and ssm_state_indices is None:
         raise ValueError("inplace_final_state: needs ssm_state_indices (the pool slots to write back into)")
+    check_flag("check_slots", check_slots)
+    config = check_config(config, K, V)
     if ssm_state_indices is not None:
-        pool, _ = check_state_pool(initial_state, ssm_state_indices, N, HV, sk, sv, inplace=inplace_final_state,
-                                   output_final_state=output_final_state)
+        if check_slots:
+            pool, _ = check_state_pool(initial_state, ssm_state_indices, N, HV, sk, sv, inplace=inplace_final_state,
+                                       output_final_state=output_final_state)
+        else:
+            pool = initial_state
+            check_tensor("ssm_state_indices", ssm_state_indices, 1, (torch.int32, torch.int64))
+            check_shape("initial_state", pool, (pool.shape[0], HV, sk, sv), f"[P, {HV}, {sk}, {sv}]: a pool of states")
         if pool.dtype != torch.float32 or not pool.is_contiguous():
             raise ValueError(f"initial_state: expected a contiguous float32 pool, got {pool.dtype}"
                              + ("" if pool.is_contiguous() else ", not contiguous"))
@@ -74,7 +88,7 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
     store = output_final_state or inplace_final_state
     ht = h0 if inplace_final_state else (torch.empty(N, HV, sk, sv, device=q.device, dtype=torch.float32)
                                          if store else o)
-    bv = value_block(K, V)
+    bv = config["BV"]
     if N:   # sequences without tokens still write their final state (the initial one, or zeros)
         recurrent_kernel[(triton.cdiv(V, bv), N, HV)](
             q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
@@ -83,5 +97,5 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
             K=K, V=V, BK=max(16, 1 << (K - 1).bit_length()), BV=bv, L2NORM=use_qk_l2norm, GATE=use_gate_in_kernel,
             HAS_BIAS=dt_bias is not None, BETA_SIGMOID=use_beta_sigmoid_in_kernel, NEG_EIGVAL=allow_neg_eigval,
             HAS_H0=h0 is not None, POOL=ssm_state_indices is not None, STORE=store, V_FIRST=state_v_first,
-            num_warps=4)
+            num_warps=config["num_warps"])
     return o, (ht if output_final_state else None)

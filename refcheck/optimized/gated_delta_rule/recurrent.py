@@ -99,10 +99,30 @@ def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, bias_ptr, h0_p
         tl.store(ht_ptr + offsets, S, mask=smask)
 
 
+DEFAULT_CONFIG = {"BV": None, "num_warps": 4}
+"""The launch: BV value columns a program (None: ``value_block``), num_warps."""
+
+
 def value_block(k: int, v: int) -> int:
-    """Value columns a program: the state block ``[K, BV]`` fp32 stays within 64 registers a thread at four
-    warps (``K * BV <= 8192``), at least 16."""
+    """Value columns a program by default: the state block ``[K, BV]`` fp32 stays within 64 registers a thread at
+    four warps (``K * BV <= 8192``), from 16 to 64."""
     bv = min(triton.next_power_of_2(v), 64)
     while bv > 16 and triton.next_power_of_2(k) * bv > 8192:
         bv //= 2
-    return bv
+    return max(bv, 16)
+
+
+def check_config(config: dict | None, k: int, v: int) -> dict:
+    """The launch of ``config`` over ``DEFAULT_CONFIG``: BV None or a power of two from 16 (at most V's next power
+    of two: no program of only masked columns), num_warps 1, 2, 4 or 8."""
+    config = {**DEFAULT_CONFIG, **(config or {})}
+    if set(config) != set(DEFAULT_CONFIG):
+        raise ValueError(f"config: expected keys among {sorted(DEFAULT_CONFIG)}, got {sorted(config)}")
+    bv, warps = config["BV"], config["num_warps"]
+    if bv is None:
+        bv = value_block(k, v)
+    if isinstance(bv, bool) or not isinstance(bv, int) or bv < 16 or bv & (bv - 1):
+        raise ValueError(f"config: BV must be None or a power of two from 16, got {bv!r}")
+    if warps not in (1, 2, 4, 8):
+        raise ValueError(f"config: num_warps must be 1, 2, 4 or 8, got {warps!r}")
+    return {"BV": min(bv, max(16, triton.next_power_of_2(v))), "num_warps": warps}
