@@ -12,8 +12,8 @@ rate; ``of_copy`` is the share of that rate reached. Shapes: Qwen3.5's heads (16
 Every implementation runs as serving would call it: ours and FlashInfer's on the pool in place (slots by index);
 FLA's 0.6.0 recurrent kernel takes no pool, so its rows gather the states first and scatter them back after (what a
 caller of it does: ``fla_gathered``). ``ours`` checks the slots (one read-back to the host a call),
-``ours_unchecked`` does not (``check_slots=False``, as a serving loop calls it). Errors: relative RMS of o and the written states against the float64
-reference on 8 sequences of each shape.
+``ours_unchecked`` does not (``check_slots=False``, as a serving loop calls it). Errors: relative RMS of o and
+the written states against the float64 reference on 8 sequences of each shape.
 
     python benchmarks/gdn.py --out benchmarks/results/gdn_decode_h200.json [--quick]
     python benchmarks/gdn.py --sweep --out ...      our kernel under every launch of SWEEP
