@@ -99,15 +99,15 @@ def recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_ptr, bias_ptr, h0_p
         tl.store(ht_ptr + offsets, S, mask=smask)
 
 
-DEFAULT_CONFIG = {"BV": None, "num_warps": 4}
+DEFAULT_CONFIG = {"BV": None, "num_warps": 1}
 """The launch: BV value columns a program (None: ``value_block``), num_warps."""
 
 
 def value_block(k: int, v: int) -> int:
     """Value columns a program by default: the state block ``[K, BV]`` fp32 stays within 64 registers a thread at
     four warps (``K * BV <= 8192``), from 16 to 64."""
-    bv = min(triton.next_power_of_2(v), 64)
-    while bv > 16 and triton.next_power_of_2(k) * bv > 8192:
+    bv = min(triton.next_power_of_2(v), 32)
+    while bv > 16 and triton.next_power_of_2(k) * bv > 4096:
         bv //= 2
     return max(bv, 16)
 
