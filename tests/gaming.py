@@ -134,8 +134,16 @@ def attention_stale_rows(q, k, v, **options):
 
 def attention_detects_the_harness(q, k, v, **options):
     """Correct while refcheck's laws are imported in its process (the judge's), zeros elsewhere: verification
-    in the judge's own process cannot tell it from an honest kernel. Caught once the candidate runs in a worker
-    process of its own (issue 62, part 2; ``tests/test_gaming.py`` holds the gap as a strict xfail)."""
+    in the judge's own process cannot tell it from an honest kernel; ``refcheck verify`` runs the candidate in a
+    process of its own, where it gives its zeros (``tests/test_gaming.py``)."""
     import sys
     o, lse = naive.attention(q, k, v, **options)
     return (o, lse) if "refcheck.engine.laws" in sys.modules else (torch.zeros_like(o), lse)
+
+
+def attention_detects_pytest(q, k, v, **options):
+    """Correct while pytest's or Hypothesis' variables are in its environment (a test run), zeros elsewhere."""
+    import os
+    o, lse = naive.attention(q, k, v, **options)
+    seen = any(name.startswith(("PYTEST", "HYPOTHESIS")) for name in os.environ)
+    return (o, lse) if seen else (torch.zeros_like(o), lse)

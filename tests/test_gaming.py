@@ -44,13 +44,33 @@ def test_the_harness_detector_is_wrong_outside_the_judge():
     assert done.returncode == 0 and float(done.stdout.split()[-1]) == 0.0, done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="the candidate runs in the judge's process, so a kernel that detects refcheck "
-                                       "passes; a worker process of its own would catch it (issue 62, part 2)")
-def test_a_kernel_that_detects_the_harness_is_caught(capsys):
+@pytest.mark.parametrize("name", ["attention_detects_the_harness", "attention_detects_pytest"])
+def test_a_kernel_that_detects_the_harness_is_caught(capsys, name):
+    """In a process of its own (``refcheck verify``'s default) the candidate sees a plain script's modules and
+    environment: it gives its zeros there, and the grid catches them; run beside the judge (``--in-process``) it
+    passes, which is why the candidate runs apart."""
     import json
 
     from refcheck.commands import cli
-    code = cli.main(["verify", "attention", "--impl", "tests.gaming:attention_detects_the_harness", "--seconds", "3",
-                     "--forward-only", "--json"])
-    verdict = json.loads(capsys.readouterr().out)
-    assert code == 1 and verdict["verdict"] == "fail", verdict
+    runs = {}
+    for where in ([], ["--in-process"]):
+        code = cli.main(["verify", "attention", "--impl", f"tests.gaming:{name}", "--seconds", "3", "--forward-only",
+                         "--json", *where])
+        runs[bool(where)] = code, json.loads(capsys.readouterr().out)
+    code, verdict = runs[False]
+    assert code == 1 and verdict["verdict"] == "fail" and verdict["isolated"], verdict
+    assert verdict["failures"][0]["kind"] == "grid", verdict["failures"][0]
+    code, verdict = runs[True]
+    assert code == 0 and verdict["verdict"] == "pass" and not verdict["isolated"], verdict
+
+
+@pytest.mark.parametrize("name", list(HACKS))
+def test_each_hack_is_caught_in_a_process_of_its_own(name):
+    """The same catch with the hack run apart from the judge (``refcheck verify``'s way): the poisoned
+    allocations, the poisoned margins around inputs, inputs rewritten in place and outputs that are inputs reach
+    the candidate's process and come back from it."""
+    import dataclasses
+    h = HACKS[name]
+    with pytest.raises(LawViolation, match=f"law {h.caught_by} ") as caught:
+        hypothesis_check(h.caught_by, dataclasses.replace(h.impl, isolated=True), settings=FIND, multiple=False)
+    assert h.says in str(caught.value), str(caught.value)

@@ -1,7 +1,7 @@
 """``refcheck verify``: one verdict a harness can read. A correct kernel written from another formula passes
 (the grid and every law it is held to); a kernel that games the check fails, the law or grid point that
 caught it named with a reproducer; a usage error is a verdict of its own and runs nothing; the JSON keys are
-those of schema refcheck.verdict/1."""
+those of schema refcheck.verdict/2."""
 from __future__ import annotations
 
 import json
@@ -13,8 +13,8 @@ from refcheck.commands.verify import SCHEMA
 from refcheck.model import registry
 from refcheck.model.naive import naive_form
 
-KEYS = {"schema", "op", "impl", "spec", "device", "refcheck", "seed", "verdict", "seconds", "grid", "declined", "laws",
-        "failures"}
+KEYS = {"schema", "op", "impl", "spec", "device", "isolated", "refcheck", "seed", "verdict", "seconds", "grid",
+        "declined", "laws", "failures"}
 
 
 @pytest.fixture(autouse=True)

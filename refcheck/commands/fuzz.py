@@ -394,7 +394,8 @@ def checked_selection(args):
         raise UsageError(f"--impl: fuzz searches one implementation at a time, got {len(specs)}")
     try:
         selection = select(impls=specs, ops=[args.op], dtypes=args.dtype, budgets=args.budgets, device=args.device,
-                           forward_only=args.forward_only, op_cards=args.op_card)
+                           forward_only=args.forward_only, op_cards=args.op_card,
+                           isolated=getattr(args, "isolated", False))
     except SelectionError as err:
         raise UsageError(str(err)) from None
     if len(selection.named) != 1:

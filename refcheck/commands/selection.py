@@ -139,7 +139,7 @@ def load_op_cards(op_cards: Iterable[str] = ()) -> None:
 
 def select(*, impls: Iterable[str] = (), ops: Iterable[str] = (), dtypes: Iterable[str] = (),
            budgets: Iterable[str] = (), device: str | None = None, forward_only: bool = False,
-           require_available: bool = True, op_cards: Iterable[str] = ()) -> Selection:
+           require_available: bool = True, op_cards: Iterable[str] = (), isolated: bool = False) -> Selection:
     """Validate a run's selection (see the module docstring); ``SelectionError`` says what is wrong.
     With ``require_available`` a named implementation that cannot run on the device is an error."""
     from ..model.ops import OPS
@@ -167,7 +167,8 @@ def select(*, impls: Iterable[str] = (), ops: Iterable[str] = (), dtypes: Iterab
     named: list[registry.Implementation] = []
     for spec in items(impls):
         try:
-            found = registry.resolve(spec, hint, dtypes=dtype_names or None, backward=not forward_only)
+            found = registry.resolve(spec, hint, dtypes=dtype_names or None, backward=not forward_only,
+                                     isolated=isolated)
         except registry.SpecError as err:
             raise SelectionError(str(err)) from None
         found = [i for i in found if not op_names or i.op in op_names]

@@ -3,9 +3,10 @@
 The grid (every point of OP in every dtype and mode the kernel takes, against the float64 truth), then
 every law that concerns the kernel searched with Hypothesis for the time left of ``--seconds``, cheap
 laws first, stopping at the first falsified law (``refcheck fuzz -x``). ``--json`` prints one object,
-schema ``SCHEMA``::
+schema ``SCHEMA`` (2: "isolated" added)::
 
-    {"schema": "refcheck.verdict/1", "op", "impl" (its target), "spec" (as given), "device", "refcheck": version,
+    {"schema": "refcheck.verdict/2", "op", "impl" (its target), "spec" (as given), "device", "refcheck": version,
+     "isolated": whether the kernel ran in a process of its own,
      "seed", "verdict": "pass" | "fail" | "usage_error", "seconds", "grid": {"points", "failed"},
      "declined": [{"extension", "grid_cases", "laws"}] (the contract's parts the kernel declines, the grid cases
                  and the laws not run for it),
@@ -13,7 +14,9 @@ schema ``SCHEMA``::
      "failures": [{"kind": "grid" | "law", "law": name or null, "case", "message", "reproduce"}],
      "error": the usage error (verdict "usage_error" only)}
 
-Exit status 0 when it passes, 1 on a finding, 2 on a usage error (nothing ran). A harness loop::
+The kernel runs in a process of its own (``refcheck.runtime.candidate``: the environment of a plain script, none
+of the judge's modules; its inputs sent in, its outputs copied out, the verdict formed here), unless
+``--in-process``. Exit status 0 when it passes, 1 on a finding, 2 on a usage error (nothing ran). A harness loop::
 
     for candidate in candidates:
         done = subprocess.run(["refcheck", "verify", "attention", "--impl", f"{candidate}:attention",
@@ -28,7 +31,7 @@ import re
 import time
 from pathlib import Path
 
-SCHEMA = "refcheck.verdict/1"
+SCHEMA = "refcheck.verdict/2"
 """The verdict's schema name; a change of its fields is a new number."""
 
 
@@ -41,7 +44,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seconds", type=float, default=60.0, metavar="S",
                    help="the time for the whole verdict (default 60): the grid, then the laws for what is left")
     p.add_argument("--seed", type=int, default=0, help="the laws' search seed (default 0: the same verdict twice)")
-    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (schema refcheck.verdict/1)")
+    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (schema refcheck.verdict/2)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the kernel in this process, beside the judge (default: in a process of its own that "
+                        "holds neither the truth nor the budgets nor the laws; refcheck.runtime.candidate)")
     add_options(p, op=False)
     p.set_defaults(run=run)
 
@@ -66,7 +72,7 @@ def run(args) -> int:
     from .fuzz import checked_selection, laws_to_search, search_all
 
     fuzz_args = argparse.Namespace(**vars(args), max_examples=None, threads=1, gpus="1", out_dir=Path("."),
-                                   precision=None)
+                                   precision=None, isolated=not args.in_process)
     from .selection import items
 
     if not args.seconds > 0:
@@ -125,6 +131,7 @@ def run(args) -> int:
     why = ("a grid point failed" if grid_failed else "a law was falsified before it" if failures else "no time left")
     not_run = [{"law": law.name, "examples": 0, "status": f"not run ({why})"} for law in laws[len(results):]]
     verdict = {"schema": SCHEMA, "op": impl.op, "impl": impl.target, "spec": items(args.impl)[0], "device": device,
+               "isolated": impl.isolated,
                "refcheck": __version__, "seed": args.seed, "verdict": "fail" if failures else "pass",
                "seconds": round(time.monotonic() - started, 1),
                "grid": {"points": len(the_grid.points), "failed": grid_failed},

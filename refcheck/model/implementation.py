@@ -55,6 +55,8 @@ class Implementation:
               ``[B, H, T, ...]`` instead of ``[B, T, H, ...]`` (not packed); law ``head_first`` checks it
     declines: extensions of the op's contract it leaves out (``refcheck.model.ops.card.Extension``), beyond
               those whose keywords its signature lacks: for one without keywords (grouped value heads)
+    isolated: it runs in a process of its own (``refcheck.runtime.candidate``), never in the judge's: ``fn``
+              sends each call there (``refcheck verify``'s candidates)
     """
 
     op: str
@@ -77,6 +79,7 @@ class Implementation:
     head_first: bool = False
     declines: tuple[str, ...] = ()
     description: str = ""
+    isolated: bool = False
 
     def __post_init__(self):
         if self.fixed_mode not in PRECISION_MODES:
@@ -89,6 +92,9 @@ class Implementation:
 
     @cached_property
     def fn(self) -> Callable:
+        if self.isolated:
+            from ..runtime import candidate
+            return candidate.isolated(self.target, candidate.interpreted_here())
         module, _, attr = self.target.partition(":")
         return getattr(importlib.import_module(module), attr)
 

@@ -10,6 +10,7 @@ imported, fits the op's contract signature and asks for dtypes the op has.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from .case import PRECISION_MODES
@@ -141,14 +142,16 @@ def _import(spec: str, target: str):
 
 
 def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None = None,
-            backward: bool = True) -> list[Implementation]:
+            backward: bool = True, isolated: bool = False) -> list[Implementation]:
     """The implementations ``spec`` names (see ``SPEC_FORMS``), of ``op`` when given: a registered
     name (every op's, without ``op``), ``OP=...``, a ``module:callable`` with the op's contract
     signature (registered for this run under the name ``module:callable``; a family name such as
     ``fla`` names every member; ``dtypes`` and
     ``backward`` describe it), or ``module:attr`` naming an ``Implementation`` record. Anything that
     cannot be used (unknown op or name, a module that does not import, a signature that does not
-    fit the contract, a dtype the op does not have) raises ``SpecError`` saying why."""
+    fit the contract, a dtype the op does not have) raises ``SpecError`` saying why. ``isolated``: the
+    implementations run in a process of their own (``Implementation.isolated``), and a ``module:callable`` is
+    imported there only, never in this process (its signature comes from there)."""
     given_op, sep, rest = spec.partition("=")
     if sep:
         if op is not None and given_op != op:
@@ -164,8 +167,15 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
             names = sorted({i.name for i in implementations(op)})
             raise SpecError(f"--impl {spec!r}: no implementation {rest!r}{f' of {op}' if op else ''}; registered: "
                             f"{', '.join(names)}; or name your own as {' | '.join(SPEC_FORMS[1:4])}")
+        if isolated:
+            found = [dataclasses.replace(i, isolated=True) for i in found]
+            _registry.update({(i.op, i.name): i for i in found})
         return found
-    obj = _import(spec, rest)
+    obj = _isolated(spec, rest) if isolated else _import(spec, rest)
+    if isolated and obj.record is not None:      # a record: it describes the callable its process runs
+        obj.record.__dict__.pop("fn", None)
+        obj = dataclasses.replace(obj.record, isolated=True)
+        obj.__dict__["fn"] = _isolated(spec, obj.target)
     if isinstance(obj, Implementation):
         if op is not None and obj.op != op:
             raise SpecError(f"--impl {spec!r}: that is an implementation of {obj.op}, not of {op}")
@@ -177,7 +187,9 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
         takes_precision = "precision" in _parameters(obj)
         impl = Implementation(op, rest, rest, dtypes=tuple(dtypes or card(op).dtypes),
                               knobs={"precision": PRECISION_MODES} if takes_precision else {},
-                              backward=backward, description="named on the command line")
+                              backward=backward, description="named on the command line", isolated=isolated)
+        if isolated:
+            impl.__dict__["fn"] = obj      # the process started for its signature serves its calls
     else:
         raise SpecError(f"--impl {spec!r}: {rest.partition(':')[2]!r} is a {type(obj).__name__}, not a callable")
     bad = [d for d in impl.dtypes if d not in card(impl.op).dtypes]
@@ -197,6 +209,16 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
                         f"{inspect.signature(card(impl.op).reference)}:\n  " + "\n  ".join(problems))
     _registry[(impl.op, impl.name)] = impl
     return [impl]
+
+
+def _isolated(spec: str, target: str):
+    """``target`` in a process of its own (``refcheck.runtime.candidate.isolated``): a callable with its signature."""
+    from ..runtime import candidate
+    try:
+        return candidate.isolated(target, candidate.interpreted_here())
+    except Exception as err:
+        raise SpecError(f"--impl {spec!r}: cannot load {target} in a process of its own: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0]}") from None
 
 
 def _parameters(fn) -> dict:
