@@ -153,7 +153,8 @@ def _context() -> dict:
     algorithms and ``fill_uninitialized_memory`` (``refcheck.engine.laws.poisoned_allocations``)."""
     import torch.utils.deterministic as det
     return {"deterministic": torch.are_deterministic_algorithms_enabled(),
-            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(), "fill": det.fill_uninitialized_memory}
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "fill": det.fill_uninitialized_memory}  # type: ignore[attr-defined]
 
 
 def _split(args, kwargs):
@@ -175,7 +176,8 @@ def _outputs(reply, tensors: list[torch.Tensor]):
     with torch.no_grad():
         for i, value in mutated.items():
             tensors[i].copy_(value)
-    outs, built = [], []
+    outs: list = []
+    built: list[torch.Tensor] = []
     for entry in structure:
         if entry[0] == "value":
             outs.append(entry[1])
