@@ -54,7 +54,7 @@ def test_a_kernel_that_detects_the_harness_is_caught(capsys, name):
     from refcheck.commands import cli
     runs = {}
     for where in ([], ["--in-process"]):
-        code = cli.main(["verify", "attention", "--impl", f"tests.gaming:{name}", "--seconds", "3", "--forward-only",
+        code = cli.main(["verify", "attention", "--impl", f"tests.gaming:{name}", "--seconds", "2", "--forward-only",
                          "--json", *where])
         runs[bool(where)] = code, json.loads(capsys.readouterr().out)
     code, verdict = runs[False]
@@ -64,7 +64,12 @@ def test_a_kernel_that_detects_the_harness_is_caught(capsys, name):
     assert code == 0 and verdict["verdict"] == "pass" and not verdict["isolated"], verdict
 
 
-@pytest.mark.parametrize("name", list(HACKS))
+CROSSING = [name for name, h in HACKS.items() if h.says or h.caught_by != "agreement"]
+"""The hacks whose evidence has to cross to the candidate's process and back (an output that is an input, a tensor
+subclass, a stale buffer, a cache by address or shape); a wrong value comes back as any value does."""
+
+
+@pytest.mark.parametrize("name", CROSSING)
 def test_each_hack_is_caught_in_a_process_of_its_own(name):
     """The same catch with the hack run apart from the judge (``refcheck verify``'s way): the poisoned
     allocations, the poisoned margins around inputs, inputs rewritten in place and outputs that are inputs reach

@@ -52,7 +52,7 @@ def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys)
     assert code == 1 and v["verdict"] == "fail" and set(v) == KEYS, v
     first = v["failures"][0]
     assert first["kind"] == "grid" and "plain torch.Tensor" in first["message"], first
-    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.gaming:gdr_cached_by_shape", "--seconds", "6",
+    code, v = verify(capsys, "gated_delta_rule", "--impl", "tests.gaming:gdr_cached_by_shape", "--seconds", "4",
                      "--dtype", "fp32")
     assert code == 1 and v["verdict"] == "fail", v
     law = next(f for f in v["failures"] if f["kind"] == "law")
