@@ -113,44 +113,13 @@ def model_inputs(shape: dict, options: dict, seed: int = 0):
 
 def model_rows(impls, roof, timing) -> list[dict]:
     """ours and fa4 at each of ``MODELS``, forward and backward (the sinks' gradient with the rest)."""
-    from triton.testing import do_bench
     rows = []
     for model, (shape, opts) in MODELS.items():
         q, k, v, options = model_inputs(shape, opts)
         flops = 2 * shape["B"] * shape["H"] * visible_pairs(shape["T"], opts) * (shape["Dqk"] + shape["Dv"])
-        ms: dict[str, tuple[float, float] | str] = {}
-        for name in ("ours", "fa4"):
-            if name not in impls:
-                continue
-            fn = impls[name]
-            try:
-                with torch.no_grad():
-                    fwd = do_bench(lambda: fn(q, k, v, **options), return_mode="median", **timing)
-                leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-                sinks = options.get("sinks")
-                extra = {} if sinks is None else {"sinks": sinks.detach().requires_grad_()}
-                o, _ = fn(*leaves, **(options | extra))
-                do = torch.randn_like(o)
-                wrt = leaves + list(extra.values())
-                bwd = do_bench(lambda: torch.autograd.grad(o, wrt, do, retain_graph=True), return_mode="median",
-                               **timing)
-                ms[name] = (fwd, bwd)
-            except Exception as err:
-                ms[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-                torch.cuda.empty_cache()
-        for name, m in ms.items():
-            for mode, i, f in (("fwd", 0, flops), ("bwd", 1, 2.5 * flops)):
-                row = dict(kind=model, B=shape["B"], T=shape["T"], H=shape["H"], Hk=shape["Hk"], Dqk=shape["Dqk"],
-                           Dv=shape["Dv"], causal=True, options={n: o for n, o in opts.items()}, impl=name, mode=mode)
-                if isinstance(m, str):
-                    row["note"] = m
-                else:
-                    row.update(ms=m[i], tflops=f / m[i] / 1e9, pct_matmul=100 * f / m[i] / 1e9 / roof["bf16_tflops"])
-                    ours = ms.get("ours")
-                    if name != "ours" and isinstance(ours, tuple):
-                        row["ours_time_ratio"] = ours[i] / m[i]
-                rows.append(row)
-                print(format_row(row), flush=True)
+        ms = time_impls({n: impls[n] for n in ("ours", "fa4") if n in impls}, q, k, v, timing, **options)
+        rows += timed_rows(ms, flops, roof, kind=model, B=shape["B"], T=shape["T"], H=shape["H"], Hk=shape["Hk"],
+                           Dqk=shape["Dqk"], Dv=shape["Dv"], causal=True, options=dict(opts))
     return rows
 
 
@@ -209,35 +178,42 @@ def forward_flops(B, T, H, Dqk, Dv, causal) -> float:
     return 2 * B * H * T * T * (Dqk + Dv) / (2 if causal else 1)
 
 
-def time_pair(fn, q, k, v, causal, timing) -> tuple[float, float]:
-    """(forward ms, backward ms) of ``fn``."""
+def time_pair(fn, q, k, v, timing, **options) -> tuple[float, float]:
+    """(forward ms, backward ms) of ``fn`` with ``options``; the backward differentiates q, k, v and the sinks
+    where the options have them."""
     from triton.testing import do_bench
     with torch.no_grad():
-        fwd = do_bench(lambda: fn(q, k, v, causal=causal), return_mode="median", **timing)
+        fwd = do_bench(lambda: fn(q, k, v, **options), return_mode="median", **timing)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    o, _ = fn(*leaves, causal=causal)
+    if options.get("sinks") is not None:
+        options = options | {"sinks": options["sinks"].detach().requires_grad_()}
+        leaves.append(options["sinks"])
+    o, _ = fn(*leaves[:3], **options)
     do = torch.randn_like(o)
     bwd = do_bench(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), return_mode="median", **timing)
     return fwd, bwd
 
 
-def bench_shape(kind, T, causal, impls, roof, timing) -> list[dict]:
-    """Rows of one shape: each implementation, forward and backward."""
-    Dqk, Dv = DIMS[kind]
-    B = TOKENS // T
-    q, k, v = make_inputs(B, T, HEADS, Dqk, Dv)
-    flops = forward_flops(B, T, HEADS, Dqk, Dv, causal)
+def time_impls(impls, q, k, v, timing, **options) -> dict[str, tuple[float, float] | str]:
+    """``time_pair`` of each implementation, or the note of what it raised (a peer that refuses the shape, or
+    runs out of memory)."""
     ms: dict[str, tuple[float, float] | str] = {}
     for name, fn in impls.items():
         try:
-            ms[name] = time_pair(fn, q, k, v, causal, timing)
-        except Exception as err:  # a peer that refuses the shape (or runs out of memory): note it
+            ms[name] = time_pair(fn, q, k, v, timing, **options)
+        except Exception as err:
             ms[name] = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             torch.cuda.empty_cache()
+    return ms
+
+
+def timed_rows(ms: dict, flops: float, roof: dict, **fields) -> list[dict]:
+    """The rows of ``time_impls``'s times, forward and backward (2.5x the forward's flops), each with ``fields``,
+    its TFLOP/s, its share of the bf16 matmul rate and our time over its own; printed as they are made."""
     rows = []
     for name, m in ms.items():
         for mode, i, f in (("fwd", 0, flops), ("bwd", 1, 2.5 * flops)):
-            row = dict(kind=kind, B=B, T=T, H=HEADS, Dqk=Dqk, Dv=Dv, causal=causal, impl=name, mode=mode)
+            row = dict(fields, impl=name, mode=mode)
             if isinstance(m, str):
                 row["note"] = m
             else:
@@ -248,6 +224,16 @@ def bench_shape(kind, T, causal, impls, roof, timing) -> list[dict]:
             rows.append(row)
             print(format_row(row), flush=True)
     return rows
+
+
+def bench_shape(kind, T, causal, impls, roof, timing) -> list[dict]:
+    """Rows of one shape: each implementation, forward and backward."""
+    Dqk, Dv = DIMS[kind]
+    B = TOKENS // T
+    q, k, v = make_inputs(B, T, HEADS, Dqk, Dv)
+    flops = forward_flops(B, T, HEADS, Dqk, Dv, causal)
+    return timed_rows(time_impls(impls, q, k, v, timing, causal=causal), flops, roof, kind=kind, B=B, T=T, H=HEADS,
+                      Dqk=Dqk, Dv=Dv, causal=causal)
 
 
 HEADER = f"{'kind':5} {'T':>6} {'B':>3} {'causal':6} {'mode':4} {'impl':8} {'ms':>8} {'TFLOP/s':>8} {'%mm':>5} {'ours/x':>7}"

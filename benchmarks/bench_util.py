@@ -1,5 +1,5 @@
-"""Helpers the GPU benchmarks share (``kda.py``, ``gla.py``): errors against float64, the roofline
-measured in the same run, medians of CUDA timings."""
+"""Helpers the GPU benchmarks share (``kda.py``, ``gla.py``, ``attention.py``, ``paged_attention.py``, ``gdn.py``):
+errors against float64, the roofline measured in the same run, medians of CUDA timings, memory-bound entries."""
 from __future__ import annotations
 
 import contextlib
@@ -36,6 +36,20 @@ def roofline():
     dst = torch.empty_like(src)
     ms_copy = do_bench(lambda: dst.copy_(src), return_mode="median")
     return dict(bf16_tflops=2 * n ** 3 / ms / 1e9, copy_gbps=2 * src.numel() / ms_copy / 1e6)
+
+
+def copy_rate_entry(fn, time_ms, size: int, roof: dict, error) -> dict:
+    """One implementation's entry of a memory-bound row: ``{"ms", "gbps", "of_copy", "rel_err"}`` with ``time_ms()``
+    its median time, ``size`` the bytes the step must move, ``roof`` the run's ``roofline()`` and ``error()`` its
+    errors against float64; ``{"error": ...}`` where ``fn`` is why it is unavailable (a string) or it raised."""
+    if not callable(fn):
+        return {"error": fn}
+    try:
+        ms = time_ms()
+        gbps = size / ms / 1e6
+        return {"ms": ms, "gbps": gbps, "of_copy": gbps / roof["copy_gbps"], "rel_err": error()}
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"[:300]}
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_util import rel, roofline  # noqa: E402
+from benchmarks.bench_util import copy_rate_entry, rel, roofline  # noqa: E402
 
 SHAPES = [("qwen3.5 16/32", 16, 32), ("qwen3.5 tp8 2/8", 2, 8)]   # label, H, HV (K = V = 128)
 BATCHES = (256, 64)
@@ -155,15 +155,10 @@ def main() -> None:
             size = state_bytes(n, hv)
             row: dict = {"shape": label, "H": h, "HV": hv, "K": K, "V": V, "batch": n, "pool": POOL, "state_bytes": size}
             for name, fn in found.items():
-                if not callable(fn):
-                    row[name] = {"error": fn}
-                    continue
-                try:
-                    ms = do_bench(lambda: fn(x), warmup=25, rep=40 if args.quick else 100, return_mode="median")
-                    gbps = size / ms / 1e6
-                    row[name] = {"ms": ms, "gbps": gbps, "of_copy": gbps / roof["copy_gbps"], "rel_err": error(fn, h, hv)}
-                except Exception as err:
-                    row[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
+                reps = 40 if args.quick else 100
+                row[name] = copy_rate_entry(
+                    fn, lambda fn=fn: do_bench(lambda: fn(x), warmup=25, rep=reps, return_mode="median"), size, roof,
+                    lambda fn=fn: error(fn, h, hv))
             for peer in ("fla_gathered", "flashinfer", "ours_unchecked"):
                 if "ms" in row.get("ours", {}) and "ms" in row.get(peer, {}):
                     row[f"{peer}_over_ours"] = row[peer]["ms"] / row["ours"]["ms"]

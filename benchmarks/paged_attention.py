@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_util import rel, roofline  # noqa: E402
+from benchmarks.bench_util import copy_rate_entry, rel, roofline  # noqa: E402
 
 SHAPES = [  # label, H, Hk, Dqk, Dv
     ("gqa 32/8 d128", 32, 8, 128, 128),
@@ -136,16 +136,8 @@ def main() -> None:
                     size = cache_bytes(n, length, hk, dqk, dv)
                     row = {"shape": label, "batch": n, "cache": length, "page": page, "cache_bytes": size}
                     for name, fn in found.items():
-                        if not callable(fn):
-                            row[name] = {"error": fn}
-                            continue
-                        try:
-                            ms = median_ms(fn, *x, reps=reps)
-                            gbps = size / ms / 1e6
-                            row[name] = {"ms": ms, "gbps": gbps, "of_copy": gbps / roof["copy_gbps"],
-                                         "rel_err": error(fn, h, hk, dqk, dv, page, length)}
-                        except Exception as err:
-                            row[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
+                        row[name] = copy_rate_entry(fn, lambda fn=fn, x=x: median_ms(fn, *x, reps=reps), size, roof,
+                                                    lambda fn=fn: error(fn, h, hk, dqk, dv, page, length))
                     if "ms" in row.get("ours", {}) and "ms" in row.get("flashinfer", {}):
                         row["flashinfer_over_ours"] = row["flashinfer"]["ms"] / row["ours"]["ms"]
                     rows.append(row)

@@ -172,10 +172,11 @@ def resolve(spec: str, op: str | None = None, *, dtypes: tuple[str, ...] | None 
             _registry.update({(i.op, i.name): i for i in found})
         return found
     obj = _isolated(spec, rest) if isolated else _import(spec, rest)
-    if isolated and obj.record is not None:      # a record: it describes the callable its process runs
+    if isolated and obj.record is not None:      # a record: it describes the callable its process already runs
+        proxy = obj
         obj.record.__dict__.pop("fn", None)
         obj = dataclasses.replace(obj.record, isolated=True)
-        obj.__dict__["fn"] = _isolated(spec, obj.target)
+        obj.__dict__["fn"] = proxy
     if isinstance(obj, Implementation):
         if op is not None and obj.op != op:
             raise SpecError(f"--impl {spec!r}: that is an implementation of {obj.op}, not of {op}")
