@@ -167,25 +167,25 @@ def block_scales(s_ptr, rows, rmask, h, H, NSB, KB: tl.constexpr, SB: tl.constex
 
 
 @triton.jit
-def block_gamma(G_ptr, last, h, H, K, kb, KB: tl.constexpr):
-    """``e^{G_last}`` of block kb, ``[KB]``."""
+def block_gamma(G_ptr, last, h, H, K, kb, KB: tl.constexpr, SCALAR: tl.constexpr = False):
+    """``e^{G_last}`` of block kb, ``[KB]`` (``SCALAR``: of a ``[T, H]`` gate, broadcast)."""
     kk, kmask = block_cols(kb, KB, K)
-    return decay(load_gate_row(G_ptr, last, h, H, K, kk, kmask))
+    return decay(load_gate_row(G_ptr, last, h, H, K, kk, kmask, SCALAR))
 
 
 @triton.jit
-def block_gammas(G_ptr, last, h, H, K, KB: tl.constexpr, NKB: tl.constexpr):
-    """``e^{G_last}`` of blocks 0..3 (block 0's again past ``NKB``)."""
-    g0 = block_gamma(G_ptr, last, h, H, K, 0, KB)
+def block_gammas(G_ptr, last, h, H, K, KB: tl.constexpr, NKB: tl.constexpr, SCALAR: tl.constexpr = False):
+    """``e^{G_last}`` of blocks 0..3 (block 0's again past ``NKB``; ``SCALAR``: ``block_gamma``)."""
+    g0 = block_gamma(G_ptr, last, h, H, K, 0, KB, SCALAR)
     g1 = g0
     g2 = g0
     g3 = g0
     if NKB > 1:
-        g1 = block_gamma(G_ptr, last, h, H, K, 1, KB)
+        g1 = block_gamma(G_ptr, last, h, H, K, 1, KB, SCALAR)
     if NKB > 2:
-        g2 = block_gamma(G_ptr, last, h, H, K, 2, KB)
+        g2 = block_gamma(G_ptr, last, h, H, K, 2, KB, SCALAR)
     if NKB > 3:
-        g3 = block_gamma(G_ptr, last, h, H, K, 3, KB)
+        g3 = block_gamma(G_ptr, last, h, H, K, 3, KB, SCALAR)
     return g0, g1, g2, g3
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -139,60 +140,96 @@ class KdaFunction(torch.autograd.Function):
         cfg: KdaConfig = ctx.cfg
         q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, flags, *rest = ctx.saved_tensors
         keys, rest = PreparedKeys(*rest[:len(PreparedKeys._fields)]), rest[len(PreparedKeys._fields):]
-        Tm = Stored(Td, Ts, Td.shape[-1])
         kept, trans = rest[:2] if cfg.keep else (), Transitions(*rest[-2:]) if cfg.segments is not None else None
         B, T = ctx.shape
-        do = do.reshape(v.shape).contiguous()
-        scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
-        # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
-        # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
-        # ms; B=8 7.610 -> 7.594, at 834fa01)
-        dht = None if dht is None else dht.contiguous()
-        groups = None if cfg.keep or cfg.segments is not None else sequence_groups(cfg.chunks)
-        if groups is None:
-            side = SideStream(q.device)
-            if cfg.keep:
-                hs, U = (Stored(x) for x in kept)
-            else:
-                with side:
-                    _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
-                                             scaled=scaled, segments=cfg.segments, transitions=trans)
-            dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision,
-                                 want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments, transitions=trans)
-            parts = ((None, lambda: side.join(hs, U)),)
-        else:
-            # by sequence groups (``chunk.state.sequence_groups``): the long sequences' two passes and the short ones'
-            # recomputation each on a stream of its own, the short ones' reverse pass on this one; the short ones'
-            # gradients once their passes are done, while the long ones' go on, then the long ones'
-            long, short = groups
-            hs, U, _ = recurrence_outputs(keys, v, cfg.chunks, scaled)
-            dh, dY, dh0 = dstate_outputs(keys, do, cfg.chunks, scaled, h0 is not None)
-            lanes = [SideStream(q.device, lane) for lane in range(3)]
-            for lane, select in zip(lanes[:2], (long, short)):
-                with lane:
-                    recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
-                               select=select, stored=(hs, U, None))
-            with lanes[2]:
-                dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
-                       scaled=scaled, select=long, stored=(dh, dY, dh0))
-            dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
-                   scaled=scaled, select=short, stored=(dh, dY, dh0))
-
-            def long_passes_done():
-                lanes[0].join(hs, U)
-                lanes[2].join(dh, dY, dh0)
-            parts = ((short, lambda: lanes[1].join(hs, U)), (long, long_passes_done))
-        dq, dk, dv, dg, dbeta, dA, ddt = grads(
-            qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
-            cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, flags, cfg.use_gather,
-            cfg.precision, torch.float32 if cfg.l2norm else q.dtype, torch.float32 if cfg.l2norm else k.dtype,
-            parts=parts)
+        wide = torch.float32 if cfg.l2norm else None
+        dq, dk, dv, dg, dbeta, dA, ddt, dh0 = chunk_backward(
+            Saved(qn, kn, v, g, G, beta, A_log, dt_bias, h0, Stored(Td, Ts, Td.shape[-1]), P, flags, keys, kept,
+                  trans), do.reshape(v.shape), dht, cfg, wide or q.dtype, wide or k.dtype)
         if cfg.l2norm:
             dq, dk = l2norm_backward(q, dq), l2norm_backward(k, dk)
         unflat = lambda x: x.view(B, T, *x.shape[1:])  # noqa: E731
         return (unflat(dq), unflat(dk), unflat(dv), unflat(dg), unflat(dbeta),
                 None if dA is None else dA.to(A_log.dtype), None if ddt is None else ddt.to(dt_bias.dtype),
                 dh0, None)
+
+
+class Saved(NamedTuple):
+    """What the chunked forward keeps for ``chunk_backward`` (tokens flattened, ``[T, H, *]``): q and k as its kernels
+    read them (normalized, or as given), v, the log-decay g as given (read by the gate's backward only), the cumulative
+    gate G ``[T, H, K]``, beta, the gate's parameters (or None), the initial state (or None), ``intra``'s T and P, the
+    front's flags and prepared operands, with ``disable_recompute`` the states and U (else empty), and over segments
+    their transitions (else None)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    G: torch.Tensor
+    beta: torch.Tensor
+    A_log: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    h0: torch.Tensor | None
+    T: Stored
+    P: torch.Tensor
+    flags: torch.Tensor | None
+    keys: PreparedKeys
+    kept: tuple
+    transitions: Transitions | None
+
+
+def chunk_backward(saved: Saved, do, dht, cfg: KdaConfig, dq_dtype: torch.dtype, dk_dtype: torch.dtype):
+    """The chunked delta rule's backward from the forward's ``Saved``, given ``dO [T, H, V]`` and ``dS1`` (or None):
+    ``(dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0)``, dq and dk with respect to ``saved.q`` and ``saved.k`` in the
+    dtypes given, dg with respect to g (``cfg.use_gate``: through the gate's function; else the per-channel log-decay
+    whose chunk-local cumulative sum G is). KDA's, and Gated DeltaNet's on its decay broadcast over the channels
+    (``optimized.gated_delta_rule.chunk``)."""
+    qn, kn, v, g, G, beta, A_log, dt_bias, h0, Tm, P, flags, keys, kept, trans = saved
+    do = do.contiguous()
+    scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
+    # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
+    # where the sequences differ in length, one pass's tail runs beside the other's (H200, varlen 8.514 -> 8.156
+    # ms; B=8 7.610 -> 7.594, at 834fa01)
+    dht = None if dht is None else dht.contiguous()
+    groups = None if cfg.keep or cfg.segments is not None else sequence_groups(cfg.chunks)
+    if groups is None:
+        side = SideStream(qn.device)
+        if cfg.keep:
+            hs, U = (Stored(x) for x in kept)
+        else:
+            with side:
+                _, hs, U, _ = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False,
+                                         scaled=scaled, segments=cfg.segments, transitions=trans)
+        dh, dY, dh0 = dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision,
+                             want_dh0=h0 is not None, scaled=scaled, segments=cfg.segments, transitions=trans)
+        parts = ((None, lambda: side.join(hs, U)),)
+    else:
+        # by sequence groups (``chunk.state.sequence_groups``): the long sequences' two passes and the short ones'
+        # recomputation each on a stream of its own, the short ones' reverse pass on this one; the short ones'
+        # gradients once their passes are done, while the long ones' go on, then the long ones'
+        long, short = groups
+        hs, U, _ = recurrence_outputs(keys, v, cfg.chunks, scaled)
+        dh, dY, dh0 = dstate_outputs(keys, do, cfg.chunks, scaled, h0 is not None)
+        lanes = [SideStream(qn.device, lane) for lane in range(3)]
+        for lane, select in zip(lanes[:2], (long, short)):
+            with lane:
+                recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=False, scaled=scaled,
+                           select=select, stored=(hs, U, None))
+        with lanes[2]:
+            dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
+                   scaled=scaled, select=long, stored=(dh, dY, dh0))
+        dstate(keys, G, beta, Tm, P, do, dht, cfg.chunks, cfg.scale, cfg.precision, want_dh0=h0 is not None,
+               scaled=scaled, select=short, stored=(dh, dY, dh0))
+
+        def long_passes_done():
+            lanes[0].join(hs, U)
+            lanes[2].join(dh, dY, dh0)
+        parts = ((short, lambda: lanes[1].join(hs, U)), (long, long_passes_done))
+    dq, dk, dv, dg, dbeta, dA, ddt = grads(
+        qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
+        cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, flags, cfg.use_gather,
+        cfg.precision, dq_dtype, dk_dtype, parts=parts)
+    return dq, dk, dv, dg, dbeta, dA, ddt, dh0
 
 
 def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,

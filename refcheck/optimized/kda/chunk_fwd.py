@@ -56,6 +56,7 @@ from .blocks import (
     NB,
     below_blocks,
     below_inverse,
+    below_scalar,
     block_beta,
     diag_block,
     load_block,
@@ -168,23 +169,25 @@ def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
 
 @triton.jit
 def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
+                SCALAR: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
     A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
     Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
     ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
     exactly too). Finding the span here (the first channels' before any dot, the rest beside the dots), this kernel took
-    0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826)."""
+    0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826).
+    ``SCALAR``: a ``[T, H]`` gate, whose blocks the dots give for any decay (``blocks.diag_block``; flags unread)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if s * BC < n:
         dots = True
-        if not SAFE:
+        if not (SAFE or SCALAR):
             dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
-            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
+            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC, SCALAR)
             store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
             store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
@@ -247,17 +250,21 @@ def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
 @triton.jit
 def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
                  K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr,
-                 HALF: tl.constexpr):
+                 HALF: tl.constexpr, SCALAR: tl.constexpr):
     """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
     blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
     diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``); with ``HALF`` the
-    blocks' sums by fp16 dots (``blocks.below_blocks``)."""
+    blocks' sums by fp16 dots (``blocks.below_blocks``); ``SCALAR``: a ``[T, H]`` gate (``blocks.below_scalar``)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
-                                                                              BC, BK, PREC, HALF)
+    if SCALAR:
+        A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
+                                                                                  BC, BK, PREC, HALF)
+    else:
+        A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
+                                                                                  BC, BK, PREC, HALF)
     store_below(P_ptr, scale * P10, scale * P20, scale * P21, scale * P30, scale * P31, scale * P32, t0, n, h, H, C, BC)
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
@@ -281,7 +288,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
                       KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
                       T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr,
-                      TMA: tl.constexpr, SELECT: tl.constexpr):
+                      TMA: tl.constexpr, SELECT: tl.constexpr, SCALAR: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
     at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32 or
@@ -297,7 +304,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
     row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
     A step loads its values first and forms ``Z = V - Kg S`` after the dot: loaded where the dot took them as its
     accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8, at
-    56d920f). With ``SELECT`` the sequences listed at sel_ptr only."""
+    56d920f). With ``SELECT`` the sequences listed at sel_ptr only; ``SCALAR``: G a ``[T, H]`` gate (``tiles.load_gate``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV, sel_ptr, SELECT)
     wmask = vv < W
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
@@ -309,7 +316,7 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         if OUTPUT:
             sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
             sq0, sq1, sq2, sq3 = scale * sq0, scale * sq1, scale * sq2, scale * sq3
-        g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
+        g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB, SCALAR)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(hs, S0, S1, S2, S3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, hs_s_ptr, SCALED,
@@ -373,10 +380,13 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     ``BK``, ``BH``, ``num_warps``, ``num_stages``). The exact rows have a kernel of their own: in a branch of the diagonal kernel
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
     decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
-    at 04b1a87 and a17baeb)."""
+    at 04b1a87 and a17baeb).
+    G ``[T, H]`` (one decay per head, Gated DeltaNet) gives every block by plain dots weighed afterwards
+    (``blocks.diag_block``, ``blocks.below_scalar``), for any decay: no exact rows, ``flags`` unread."""
     total, H, K = k.shape
     config = config or {}
-    safe = flags is None
+    scalar = G.dim() == 2
+    safe = flags is None or scalar
     T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
     half = half_pairs(unit_rows, precision)
     P = torch.empty(total, H, chunks.size, device=k.device, dtype=p_dtype(half, scale))
@@ -389,7 +399,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
 
     def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
         return cfg | dict(BK=min(cfg["BK"], padded(K)))
-    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec),
+    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec, SCALAR=scalar),
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
         cfg = exact_launch(K) | config.get("exact", {})
@@ -398,7 +408,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
-           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half),
+           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half, SCALAR=scalar),
            [narrow((BELOW_HALF_LAUNCH if half else BELOW_LAUNCH) | config.get("below", {}))])
     return T, P
 
@@ -443,7 +453,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
     ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (h, U, the final state or
     None) where given (``recurrence_outputs``; the backward's passes by sequence groups, ``state.sequence_groups``,
-    ``api``)."""
+    ``api``). G: ``[T, H, K]``, or ``[T, H]`` (one decay per head, Gated DeltaNet)."""
     total, H, K = keys.kg.shape
     V = v.shape[-1]
     dev = v.device
@@ -475,7 +485,7 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, SCALED=scaled,
                            T_SCALED=T.scaled, OUTPUT=steps and output is not None,
                            HALF=keys.kg.dtype == torch.float16,
-                           PREC=precision, TMA=tma, SELECT=select is not None)
+                           PREC=precision, TMA=tma, SELECT=select is not None, SCALAR=G.dim() == 2)
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
 
