@@ -7,4 +7,5 @@ from .gla import gla, simple_gla
 from .kda import kda, kda_gate
 from .paged_attention import paged_attention
 
-__all__ = ["attention", "gated_delta_rule_chunk", "gated_delta_rule_recurrent", "gla", "kda", "kda_gate", "paged_attention", "simple_gla"]
+__all__ = ["attention", "gated_delta_rule_chunk", "gated_delta_rule_recurrent", "gla", "kda", "kda_gate",
+           "paged_attention", "simple_gla"]

@@ -16,7 +16,11 @@ from refcheck import references
 from ..implementation import Implementation
 from .card import Extension, Inputs
 from .inputs import normal, rounded
+from .kda import TRITON_KNOBS
 from .linear import GATE_IN_KERNEL, STATE_POOL, gate_in_kernel_draws, gate_parameters, linear_card, linear_tensors
+
+CHUNK_KNOBS = {name: TRITON_KNOBS[name] for name in ("precision", "segment_chunks")}
+"""The chunked kernel's knobs: KDA's that it takes."""
 
 
 def make_inputs(case, device) -> Inputs:
@@ -139,6 +143,8 @@ CARD = linear_card(
                                         ("qwen35_heads", 65, {"use_qk_l2norm": True}, {"H": 16, "HV": 32, "K": 128, "V": 128},
                                          {"devices": ("cuda",)})),
     implementations=(
+        Implementation("gated_delta_rule", "triton", "refcheck.optimized:gated_delta_rule_chunk", knobs=CHUNK_KNOBS,
+                       triton=True, description="our chunked Triton GDN (KDA's kernels, one decay per value head)"),
         Implementation("gated_delta_rule", "triton_recurrent", "refcheck.optimized:gated_delta_rule_recurrent",
                        triton=True, backward=False,
                        description="our Triton recurrent kernel (decode over a state pool, GVA, gate and beta in the kernel)"),

@@ -192,6 +192,7 @@ def chunk_backward(saved: Saved, do, dht, cfg: KdaConfig, dq_dtype: torch.dtype,
     # ms; B=8 7.610 -> 7.594, at 834fa01)
     dht = None if dht is None else dht.contiguous()
     groups = None if cfg.keep or cfg.segments is not None else sequence_groups(cfg.chunks)
+    parts: tuple  # (the sequences, or None for all; a wait for their passes) in the order their gradients run
     if groups is None:
         side = SideStream(qn.device)
         if cfg.keep:

@@ -96,6 +96,13 @@ def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.cons
 
 
 @triton.jit
+def key_head(h, H, GROUP):
+    """``(head, heads)`` of q and k that head h of H reads: grouped value heads, GROUP of them a query/key head
+    (Gated DeltaNet's GVA; 1 for KDA)."""
+    return h // GROUP, H // GROUP
+
+
+@triton.jit
 def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, flag_ptr,
                  cu_ptr, seq_ptr, start_ptr, eps, H, K, GROUP, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
                  L2NORM: tl.constexpr, CUMSUM: tl.constexpr, FLAGS: tl.constexpr, SCALAR: tl.constexpr,
@@ -117,8 +124,7 @@ def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_
     if FLAGS:
         span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C, C // NB, SCALAR)
     eG, eD = decays(G, load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask, SCALAR))
-    hk = h // GROUP
-    HK = H // GROUP
+    hk, HK = key_head(h, H, GROUP)
     k = normalized(k_ptr, kn_ptr, rows, rmask, hk, HK, h, H, K, cols, cmask, eps, KB, NKB, L2NORM, COPY)
     store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
     q = normalized(q_ptr, qn_ptr, rows, rmask, hk, HK, h, H, K, cols, cmask, eps, KB, NKB, L2NORM, COPY)
