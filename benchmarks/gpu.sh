@@ -16,6 +16,7 @@
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   gdn-bench   benchmarks/gdn.py (GDN_ARGS, e.g. --quick): our GDN decode vs FLA's and FlashInfer's, GB/s of the copy rate
+#   gdn-prefill benchmarks/gdn_prefill.py (GDN_PREFILL_ARGS, e.g. --quick): our chunked GDN vs FLA's and FlashInfer's prefill
 #   gdn-sweep   benchmarks/gdn.py --sweep: our GDN decode kernel under every launch setting
 #   paged-bench benchmarks/paged_attention.py (PAGED_ARGS, e.g. --quick): our paged decode vs FlashInfer's, GB/s of the copy rate
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
@@ -183,6 +184,10 @@ for step in "$@"; do
       timeout -s INT "${GDN_BENCH_S:-300}" python3 benchmarks/gdn.py ${GDN_ARGS:-} --out "$OUT/gdn_decode.json" \
         > "$OUT/gdn_decode.log" 2>&1
       echo "gdn-bench exit $?" >> "$OUT/gdn_decode.log" ;;
+    gdn-prefill)
+      timeout -s INT "${GDN_PREFILL_S:-400}" python3 benchmarks/gdn_prefill.py ${GDN_PREFILL_ARGS:-} \
+        --out "$OUT/gdn_prefill.json" > "$OUT/gdn_prefill.log" 2>&1
+      echo "gdn-prefill exit $?" >> "$OUT/gdn_prefill.log" ;;
     gdn-sweep)
       timeout -s INT "${GDN_SWEEP_S:-200}" python3 benchmarks/gdn.py --sweep --out "$OUT/gdn_decode_sweep.json" \
         > "$OUT/gdn_decode_sweep.log" 2>&1
@@ -250,6 +255,7 @@ for step in "$@"; do
                        | awk '/^==/{n=0} {if (n++ < 3) print}' ;;
     gla-bench) echo "== gla benchmark =="; tail -30 "$OUT/gla_bench.log" ;;
     gdn-bench) echo "== gdn decode benchmark =="; tail -8 "$OUT/gdn_decode.log" ;;
+    gdn-prefill) echo "== gdn prefill benchmark =="; tail -7 "$OUT/gdn_prefill.log" ;;
     gdn-sweep) echo "== gdn decode launches =="; tail -3 "$OUT/gdn_decode_sweep.log" ;;
     paged-bench) echo "== paged decode benchmark =="; tail -16 "$OUT/paged_attention_bench.log" ;;
     gla-profile) echo "== gla kernel stages =="; grep -E " ms$|compiled|exit" "$OUT/gla_profile.log" ;;
