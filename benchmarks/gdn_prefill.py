@@ -15,7 +15,10 @@ Timing: ``triton.testing.do_bench`` medians, forward under ``no_grad``, forward+
 relative RMS of o, the final state and (forward+backward) every gradient against the float64 chunked reference, on
 one sequence of 2048 tokens at the row's heads.
 
-    python benchmarks/gdn_prefill.py --out benchmarks/results/gdn_prefill_h200.json [--quick]
+    python benchmarks/gdn_prefill.py --out benchmarks/results/gdn_prefill_h200.json [--quick] [--kernels]
+
+``--kernels``: then the CUDA time of each kernel (torch.profiler) of ours and the peers' forward and of our
+forward+backward at the first shape, under ``kernels_ms``.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_util import rel, roofline  # noqa: E402
+from benchmarks.bench_util import kernel_times, rel, roofline  # noqa: E402
 
 K = V = 128
 SHAPES = [  # label, H, HV, sequence lengths
@@ -121,10 +124,40 @@ def work(h_v: int, lengths: list[int]) -> float:
     return chunks * h_v * (4 * C * C * K + 2 * C * C * (K + V) + 6 * C * K * V + 2 * C * C * V)
 
 
+def kernels(found: dict, out: str | None) -> None:
+    """Each kernel's CUDA time of every implementation's forward and of our forward+backward at the first shape,
+    added to the results file under ``kernels_ms``."""
+    _, h, hv, lengths = SHAPES[0]
+    x = make(h, hv, lengths)
+    steps = {}
+    for name, entry in found.items():
+        if isinstance(entry, tuple):
+            steps[f"{name} fwd"] = lambda fn=entry[0]: time_step(fn, x, False)
+    if isinstance(found.get("triton"), tuple):
+        steps["triton fwd+bwd"] = lambda: time_step(found["triton"][0], x, True)
+    times = kernel_times(steps, top=14)
+    if out:
+        data = json.loads(Path(out).read_text())
+        data["kernels_ms"] = times
+        Path(out).write_text(json.dumps(data, indent=1))
+
+
+def time_step(fn, x, backward: bool) -> None:
+    """One call (``kernels``): the forward under no_grad, or forward and backward."""
+    if not backward:
+        with torch.no_grad():
+            call(fn, x)
+        return
+    leaves = {n: (t.detach().requires_grad_() if n in DIFFERENTIABLE else t) for n, t in x.items()}
+    o, ht = call(fn, leaves)
+    torch.autograd.grad((o, ht), [leaves[n] for n in DIFFERENTIABLE], (torch.ones_like(o), torch.ones_like(ht)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here (after every row)")
     ap.add_argument("--quick", action="store_true", help="the first shape only")
+    ap.add_argument("--kernels", action="store_true", help="then each kernel's CUDA time at the first shape")
     args = ap.parse_args()
     roof = roofline()
     found = implementations()
@@ -164,6 +197,8 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(dict(roofline=roof, rows=rows, device=torch.cuda.get_device_name(),
                                                       torch=torch.__version__, when=time.strftime("%Y-%m-%d")),
                                                  indent=1))
+    if args.kernels:
+        kernels(found, args.out)
     print(f"\n{'shape':22} {'ours fwd':>8} {'TFLOP/s':>7} {'fla/ours':>8} {'fi/ours':>7} {'ours f+b':>8} "
           f"{'fla/ours':>8} {'err o ours/fla/fi':>26} {'err dq ours/fla':>16}")
     for r in rows:

@@ -21,7 +21,7 @@ import triton.language as tl  # noqa: E402
 from refcheck import optimized, references  # noqa: E402
 from refcheck.model.case import Case  # noqa: E402
 from refcheck.optimized.gated_delta_rule import recurrent  # noqa: E402
-from refcheck.optimized.kda import blocks, front  # noqa: E402
+from refcheck.optimized.kda import blocks, chunk_fwd  # noqa: E402
 
 FP32_ERROR = 2e-6
 """Largest absolute error of o and the final state allowed against float64 for fp32 inputs (measured
@@ -268,7 +268,7 @@ def test_chunk_mutants_are_caught_by_their_laws(monkeypatch):
         return _law_fails(law, impl="triton", dims=dict(B=1, T=40, H=2, HV=4, K=16, V=16))
     assert not fails("grouped_heads") and not fails("agreement")
     with monkeypatch.context() as patch:
-        patch.setattr(front, "key_head", wrong_key_head)
+        patch.setattr(chunk_fwd, "key_head", wrong_key_head)
         assert fails("grouped_heads")
     monkeypatch.setattr(blocks, "cross_decay", decay_dropped)
     assert fails("agreement")

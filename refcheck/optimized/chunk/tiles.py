@@ -178,6 +178,13 @@ def gated_left(x, eG, scale, dtype: tl.constexpr):
 
 
 @triton.jit
+def key_head(h, H, GROUP):
+    """``(head, heads)`` of the query/key tensors that value head h of H reads: grouped value heads, GROUP of them a
+    query/key head (Gated DeltaNet's GVA; 1 where q, k and v have the same heads)."""
+    return h // GROUP, H // GROUP
+
+
+@triton.jit
 def selected(i, sel_ptr, SELECT: tl.constexpr):
     """Program index i of a launch over a ``common.Selection``: with ``SELECT`` ``sel[i]`` (the sequence or chunk it
     lists), else i."""

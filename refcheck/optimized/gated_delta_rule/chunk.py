@@ -1,26 +1,27 @@
 """Public ``gated_delta_rule_chunk``: chunked Gated DeltaNet, forward and backward, on KDA's kernels.
 
 Gated DeltaNet is KDA with one decay per value head: ``g [B, T, HV]`` is KDA's gate constant over the K channels. So
-the op runs KDA's chunked machinery (``optimized.kda``: the front, the intra-chunk WY factors, the serial pass with
-the output, segments), with the gate as it is, ``[T, HV]``:
+the op runs KDA's chunked machinery (``optimized.kda``: the intra-chunk WY factors, the serial pass with the output,
+segments), with the gate as it is, ``[T, HV]``, and where a constant decay makes the work smaller, smaller:
 
 * the chunk-local cumulative gate G ``[T, HV]`` is ``gate.gate_cumsum`` of g seen as ``[T, HV, 1]`` (KDA's gate with
   K = 1: ``-exp(A_log) softplus(a + dt_bias)`` with ``use_gate_in_kernel``), fp64 for fp32 inputs as KDA's;
-* the front reads it broadcast over the channels (``tiles.load_gate``'s ``SCALAR``), and reads query/key head
-  ``j // (HV / H)`` for value head j (grouped value heads), copying q's and k's rows per value head where the heads
-  are grouped or normalized (``front.front``'s ``heads``);
+* the front (``front.scalar_front``) normalizes q and k once per query/key head and forms no decayed operands: the
+  serial pass reads q and k under the row scales ``e^G`` and ``e^{G_last - G}``;
 * the intra-chunk blocks leave the decay out of their sums: ``A_ij = (k_i . k_j) e^{G_i - G_j}``, plain dots weighed
   afterwards by factors in (0, 1], for any decay, where KDA's per-channel decay needs reference rows and, beyond
   their span, exact rows (``blocks.diag_block``, ``blocks.below_scalar``);
+* grouped value heads read their query/key head ``j // (HV / H)`` in place (``tiles.key_head``): nothing is copied
+  per value head;
 * the serial pass reads ``e^{G_last}`` as one number a head (``state.block_gammas``).
 
-The backward is KDA's (``kda.api.chunk_backward``) on G broadcast over the channels ``[T, HV, K]``, with the front's
-span flags (its pair sums are per channel); then dg is the sum of KDA's per-channel dg over the channels (the
-cumulative sum is linear), chained through the gate's function with ``use_gate_in_kernel``
-(``gate.gate_backward``), and dq, dk the sums over each group's value heads, then through the norm
-(``use_qk_l2norm``). beta's sigmoid and the value-first state layout are taken around the kernels by PyTorch
-(``[T, HV]`` and ``[N, HV, K, V]`` elementwise work); a state pool is gathered into the initial states and the
-final states written back into their slots.
+The backward is KDA's (``kda.api.chunk_backward``) on KDA's operands formed from the forward's: G broadcast over the
+channels ``[T, HV, K]``, q and k repeated per group, and KDA's front over them (its prepared operands and span
+flags: its pair sums are per channel); then dg is the sum of KDA's per-channel dg over the channels (the cumulative
+sum is linear), chained through the gate's function with ``use_gate_in_kernel`` (``gate.gate_backward``), and dq,
+dk the sums over each group's value heads, then through the norm (``use_qk_l2norm``). beta's sigmoid and the
+value-first state layout are taken around the kernels by PyTorch (``[T, HV]`` and ``[N, HV, K, V]`` elementwise
+work); a state pool is gathered into the initial states and the final states written back into their slots.
 """
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ from ..chunk.scaled import Stored
 from ..chunk.segments import Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import check_flag, check_precision, check_runs_on, kernel_state, make_chunks
-from ..kda.api import DEFAULT_PRECISION, KERNEL_DTYPES, MAX_HEAD_DIM, KdaConfig, PreparedKeys, Saved, chunk_backward
+from ..kda.api import DEFAULT_PRECISION, KERNEL_DTYPES, MAX_HEAD_DIM, KdaConfig, Saved, chunk_backward
 from ..kda.chunk_fwd import CHUNK, below_kernel, intra, recurrence
 from ..kda.front import front
 from ..kda.gate import gate_backward, gate_cumsum
 from ..kda.l2norm import l2norm_backward
+from .front import scalar_front
 
 
 class GdnChunkFunction(torch.autograd.Function):
@@ -50,12 +52,12 @@ class GdnChunkFunction(torch.autograd.Function):
         g, beta = (x.reshape(B * T, HV).contiguous() for x in (g, beta))
         G = gate_cumsum(g.view(B * T, HV, 1), A_log if use_gate else None, dt_bias if use_gate else None, None,
                         cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)).view(B * T, HV)
-        qn, kn, keys, G, flags = front(q, k, None, cfg.l2norm, cfg.chunks, cfg.precision, False, G=G, heads=HV)
-        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, flags, cfg.precision, unit_rows=cfg.l2norm)
+        qn, kn, keys = scalar_front(q, k, G, cfg.l2norm, cfg.chunks)
+        Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, None, cfg.precision, unit_rows=cfg.l2norm)
         o = torch.empty_like(v)
         ht, _, _, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                      segments=cfg.segments, output=(P, o, cfg.scale), states=False)
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, flags, *keys,
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P,
                               *(trans or ()))
         ctx.cfg, ctx.use_gate, ctx.shape = cfg, use_gate, (B, T)
         return o.view(B, T, HV, V), ht
@@ -63,16 +65,19 @@ class GdnChunkFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, flags, *rest = ctx.saved_tensors
-        keys, rest = PreparedKeys(*rest[:len(PreparedKeys._fields)]), rest[len(PreparedKeys._fields):]
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, *rest = ctx.saved_tensors
         trans = Transitions(*rest) if cfg.segments is not None else None
         B, T = ctx.shape
-        total, HV, K = qn.shape
-        H = q.shape[1]
-        Gk = G.unsqueeze(-1).expand(total, HV, K).contiguous()  # KDA's per-channel gate, for its pair sums
+        total, H, K = q.shape
+        HV = v.shape[1]
+        # KDA's operands, one head per value head: the gate per channel (its pair sums are per channel), q and k
+        # repeated per group, and what KDA's front forms from them (its prepared operands, the span flags)
+        Gk = G.unsqueeze(-1).expand(total, HV, K).contiguous()
+        qe, ke = (x.repeat_interleave(HV // H, dim=1) if HV != H else x for x in (qn, kn))
+        _, _, keys, _, flags = front(qe, ke, None, False, cfg.chunks, cfg.precision, False, G=Gk)
         wide = torch.float32 if cfg.l2norm or H != HV else None
         dq, dk, dv, dgk, dbeta, _, _, dh0 = chunk_backward(
-            Saved(qn, kn, v, Gk, Gk, beta, None, None, h0, Stored(Td, Ts, Td.shape[-1]), P, flags, keys, (), trans),
+            Saved(qe, ke, v, Gk, Gk, beta, None, None, h0, Stored(Td, Ts, Td.shape[-1]), P, flags, keys, (), trans),
             do.reshape(v.shape), dht, cfg, wide or q.dtype, wide or k.dtype)
         dgate = dgk.sum(-1, dtype=torch.float32)
         dA = ddt = None

@@ -77,11 +77,12 @@ def ref_row(G_ptr, t0, n, r, h, H, K, cols, cmask):
 
 @triton.jit
 def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr,
-               SCALAR: tl.constexpr = False):
+               SCALAR: tl.constexpr = False, hk=0, HK=1):
     """``(A_ss, P_ss)``: sub-chunk s's diagonal blocks of A (strictly lower) and P (lower, unscaled) by dots against its
     middle row m (trusted where the sub-chunk's span allows them, ``span_flags``). With ``SCALAR`` (a ``[T, H]``
     gate, one decay per head: Gated DeltaNet) the decay leaves the sum, ``A_ij = (k_i . k_j) e^{G_i - G_j}``: plain
-    dots of q and k, weighed afterwards by factors in (0, 1], for any decay (no span to trust)."""
+    dots of q and k (head hk of ``[T, HK, K]``: grouped value heads), weighed afterwards by factors in (0, 1], for any
+    decay (no span to trust)."""
     i = tl.arange(0, BC)
     A = tl.zeros((BC, BC), tl.float32)
     P = tl.zeros((BC, BC), tl.float32)
@@ -89,7 +90,7 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
         if SCALAR:
-            q, k = sub_keys(q_ptr, k_ptr, t0, n, s, h, H, K, cols, cmask, BC)
+            q, k = sub_keys(q_ptr, k_ptr, t0, n, s, hk, HK, K, cols, cmask, BC)
             right = tf32_nearest(tl.trans(k), DPREC)
             A += tl.dot(tf32_nearest(k, DPREC), right, input_precision=DPREC)
             P += tl.dot(tf32_nearest(q, DPREC), right, input_precision=DPREC)
@@ -109,16 +110,14 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
 
 
 @triton.jit
-def span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C: tl.constexpr, BC: tl.constexpr,
-               SCALAR: tl.constexpr = False):
+def span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C: tl.constexpr, BC: tl.constexpr):
     """Flag the sub-chunks of chunk c whose diagonal blocks the dots against the middle row m would not give: bit s of
     ``flag[c, h]`` (OR-ed in) where ``max |G - G_m|`` over sub-chunk s's rows and the tile's channels exceeds
     ``DIAG_SPAN``, from the chunk's tile ``G [C, KB]`` (rows clamped to the last valid one), in the program that
-    holds it (``front.front_kernel``; a row's channel blocks in programs of their own each OR their bits; ``SCALAR``: G
-    a ``[T, H]`` gate, ``tiles.load_gate``)."""
+    holds it (``front.front_kernel``; a row's channel blocks in programs of their own each OR their bits)."""
     i = tl.arange(0, C)
     mid = t0 + tl.minimum((i // BC) * BC + BC // 2, n - 1)
-    rows = tl.max(tl.abs(G - load_gate(G_ptr, mid, mid >= 0, h, H, K, cols, cmask, SCALAR)).to(tl.float32), axis=1)
+    rows = tl.max(tl.abs(G - load_gate(G_ptr, mid, mid >= 0, h, H, K, cols, cmask)).to(tl.float32), axis=1)
     span = tl.max(tl.reshape(rows, (NB, BC)), axis=1)  # G is fp64 for fp32 inputs
     s = tl.arange(0, NB)
     bits = tl.sum(tl.where((span <= DIAG_SPAN) | (s * BC >= n), 0, 1 << s), axis=0)  # a NaN span flagged too
@@ -200,20 +199,20 @@ def below_dots(A, P, k_b, q_b, right, PREC: tl.constexpr):
 
 
 @triton.jit
-def below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
-                 HALF: tl.constexpr):
-    """``below_blocks`` for a ``[T, H]`` gate (one decay per head): plain dots of q and k over the channels, each block
-    weighed afterwards by ``e^{G_i - G_j}`` (``cross_decay``, in (0, 1]); with ``HALF`` their operands in fp16 (q's and
-    k's rows of unit length)."""
+def below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, hk, HK, K, BC: tl.constexpr, BK: tl.constexpr,
+                 PREC: tl.constexpr, HALF: tl.constexpr):
+    """``below_blocks`` for a ``[T, H]`` gate (one decay per head): plain dots of q and k (head hk of ``[T, HK, K]``)
+    over the channels, each block weighed afterwards by ``e^{G_i - G_j}`` (``cross_decay``, in (0, 1]); with ``HALF``
+    their operands in fp16 (q's and k's rows of unit length)."""
     A10 = tl.zeros((BC, BC), tl.float32)
     A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = A10, A10, A10, A10, A10, A10, A10, A10, A10, A10, A10
     for c0 in range(0, K, BK):
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
-        _, k0 = sub_keys(q_ptr, k_ptr, t0, n, 0, h, H, K, cols, cmask, BC)
-        q1, k1 = sub_keys(q_ptr, k_ptr, t0, n, 1, h, H, K, cols, cmask, BC)
-        q2, k2 = sub_keys(q_ptr, k_ptr, t0, n, 2, h, H, K, cols, cmask, BC)
-        q3, k3 = sub_keys(q_ptr, k_ptr, t0, n, 3, h, H, K, cols, cmask, BC)
+        _, k0 = sub_keys(q_ptr, k_ptr, t0, n, 0, hk, HK, K, cols, cmask, BC)
+        q1, k1 = sub_keys(q_ptr, k_ptr, t0, n, 1, hk, HK, K, cols, cmask, BC)
+        q2, k2 = sub_keys(q_ptr, k_ptr, t0, n, 2, hk, HK, K, cols, cmask, BC)
+        q3, k3 = sub_keys(q_ptr, k_ptr, t0, n, 3, hk, HK, K, cols, cmask, BC)
         r0, r1, r2 = (pair_operand(tl.trans(k0), HALF), pair_operand(tl.trans(k1), HALF),
                       pair_operand(tl.trans(k2), HALF))
         kb, qb = pair_operand(k1, HALF), pair_operand(q1, HALF)

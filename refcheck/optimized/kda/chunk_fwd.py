@@ -50,7 +50,16 @@ from ..chunk.state import (
     store_blocks,
     update_blocks,
 )
-from ..chunk.tiles import chunk_span, decay, load_rows, load_rows_stored, load_rowvec, store_tile, tf32_nearest
+from ..chunk.tiles import (
+    chunk_span,
+    decay,
+    key_head,
+    load_rows,
+    load_rows_stored,
+    load_rowvec,
+    store_tile,
+    tf32_nearest,
+)
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands
 from .blocks import (
     NB,
@@ -170,14 +179,15 @@ def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
 @triton.jit
 def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
                 C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
-                SCALAR: tl.constexpr):
+                SCALAR: tl.constexpr, GROUP: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
     A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
     Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
     ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
     exactly too). Finding the span here (the first channels' before any dot, the rest beside the dots), this kernel took
     0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826).
-    ``SCALAR``: a ``[T, H]`` gate, whose blocks the dots give for any decay (``blocks.diag_block``; flags unread)."""
+    ``SCALAR``: a ``[T, H]`` gate, whose blocks the dots give for any decay (``blocks.diag_block``; flags unread), and
+    q and k with ``H / GROUP`` heads (``tiles.key_head``: grouped value heads)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
@@ -187,7 +197,8 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, s
         if not (SAFE or SCALAR):
             dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
-            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC, SCALAR)
+            hk, HK = key_head(h, H, GROUP)
+            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC, SCALAR, hk, HK)
             store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
             store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
@@ -250,18 +261,20 @@ def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
 @triton.jit
 def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
                  K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr,
-                 HALF: tl.constexpr, SCALAR: tl.constexpr):
+                 HALF: tl.constexpr, SCALAR: tl.constexpr, GROUP: tl.constexpr):
     """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
     blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
     diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``); with ``HALF`` the
-    blocks' sums by fp16 dots (``blocks.below_blocks``); ``SCALAR``: a ``[T, H]`` gate (``blocks.below_scalar``)."""
+    blocks' sums by fp16 dots (``blocks.below_blocks``); ``SCALAR``: a ``[T, H]`` gate (``blocks.below_scalar``), q and
+    k with ``H / GROUP`` heads (``tiles.key_head``)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if SCALAR:
-        A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
-                                                                                  BC, BK, PREC, HALF)
+        hk, HK = key_head(h, H, GROUP)
+        A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, hk,
+                                                                                  HK, K, BC, BK, PREC, HALF)
     else:
         A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
                                                                                   BC, BK, PREC, HALF)
@@ -288,7 +301,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
                       KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr, BV: tl.constexpr,
                       HAS_H0: tl.constexpr, STORE_FINAL: tl.constexpr, STEPS: tl.constexpr, SCALED: tl.constexpr,
                       T_SCALED: tl.constexpr, OUTPUT: tl.constexpr, HALF: tl.constexpr, PREC: tl.constexpr,
-                      TMA: tl.constexpr, SELECT: tl.constexpr, SCALAR: tl.constexpr):
+                      TMA: tl.constexpr, SELECT: tl.constexpr, SCALAR: tl.constexpr, GROUP: tl.constexpr,
+                      SCALES_IN_DOT: tl.constexpr):
     """One value block, sequence and head: walk the chunks, the state in NKB blocks S0..S3 [KB, BV];
     with ``STEPS``, ``hs[c] = S0`` and U of every chunk, fp32 or with ``SCALED`` row-scaled (``chunk.scaled``, scales
     at ``hs_s_ptr``, ``u_s_ptr``); with ``OUTPUT`` each chunk's output ``O = scale Qg S0 + P U`` into o (P fp32 or
@@ -304,8 +318,14 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
     row scales are by ``SB``-wide column blocks (``NSB`` of them, ``state.block_scales``).
     A step loads its values first and forms ``Z = V - Kg S`` after the dot: loaded where the dot took them as its
     accumulator, the wait for their TMA load held 21% of the pass's stall samples (ncu, H200, B=8, at
-    56d920f). With ``SELECT`` the sequences listed at sel_ptr only; ``SCALAR``: G a ``[T, H]`` gate (``tiles.load_gate``)."""
+    56d920f). With ``SELECT`` the sequences listed at sel_ptr only; ``SCALAR``: G a ``[T, H]`` gate (``tiles.load_gate``);
+    the prepared operands with ``H / GROUP`` heads, their row scales with H (``tiles.key_head``: grouped value heads,
+    whose operands differ by their row scales alone). ``SCALES_IN_DOT``: the dots take the prepared operands with their
+    row scales applied (exact for KDA's powers of two, ``chunk.prepared``), else the scales apply to their products
+    (Gated DeltaNet's operands: q and k as the front leaves them, 16-bit values that a "tf32" dot takes exactly, under
+    fp32 scales ``e^G``)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV, sel_ptr, SELECT)
+    hk, HK = key_head(h, H, GROUP)
     wmask = vv < W
     S0, S1, S2, S3 = load_blocks(h0_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_H0)
     for it in range(tl.cdiv(eos - bos, C)):
@@ -324,17 +344,17 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
         zero = tl.zeros((C, BV), tl.float32)
         if HALF:
             Sh0, Sh1, Sh2, Sh3, p = half_state(S0, S1, S2, S3, NKB)
-            Z = read_half_state(values, Sh0, Sh1, Sh2, Sh3, p, kg, -sg0, -sg1, -sg2, -sg3, t0, rows, rmask, h, H, K, KB,
+            Z = read_half_state(values, Sh0, Sh1, Sh2, Sh3, p, kg, -sg0, -sg1, -sg2, -sg3, t0, rows, rmask, hk, HK, K, KB,
                                 NKB, SB, TMA)
             if OUTPUT:
-                O = read_half_state(zero, Sh0, Sh1, Sh2, Sh3, p, qg, sq0, sq1, sq2, sq3, t0, rows, rmask, h, H, K, KB,
+                O = read_half_state(zero, Sh0, Sh1, Sh2, Sh3, p, qg, sq0, sq1, sq2, sq3, t0, rows, rmask, hk, HK, K, KB,
                                     NKB, SB, TMA)
         else:
-            Z = values - read_blocks(S0, S1, S2, S3, zero, kg, sg0, sg1, sg2, sg3, t0, rows, rmask, h, H, K, KB, NKB,
-                                     FIRST=True, PREC=PREC, TMA=TMA)
+            Z = values - read_blocks(S0, S1, S2, S3, zero, kg, sg0, sg1, sg2, sg3, t0, rows, rmask, hk, HK, K, KB, NKB,
+                                     FIRST=SCALES_IN_DOT, PREC=PREC, TMA=TMA)
             if OUTPUT:
-                O = read_blocks(S0, S1, S2, S3, zero, qg, sq0, sq1, sq2, sq3, t0, rows, rmask, h, H, K, KB, NKB,
-                                FIRST=True, PREC=PREC, TMA=TMA)
+                O = read_blocks(S0, S1, S2, S3, zero, qg, sq0, sq1, sq2, sq3, t0, rows, rmask, hk, HK, K, KB, NKB,
+                                FIRST=SCALES_IN_DOT, PREC=PREC, TMA=TMA)
         Tc = load_rows_scaled(T, t_s_ptr, t0, rows, rmask, h, H, C, 0, C, C, 1, T_SCALED, TMA)
         # rounded to nearest for the dots that take it (the update's, the output's), which would truncate it
         U = tf32_nearest(tl.dot(Tc, beta[:, None] * Z, input_precision=PREC), PREC)
@@ -346,8 +366,8 @@ def recurrence_kernel(kg, sg_ptr, kd, sd_ptr, v, G_ptr, beta_ptr, T, t_s_ptr, h0
                 Pc = tf32_nearest(Pc.to(tl.float32), PREC)
             O = tl.dot(Pc.to(tl.float32), U, O, input_precision=PREC)
             store_tile(o_ptr, O, rows, rmask, h, H, V, vv, vmask)
-        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd, sd0, sd1, sd2, sd3, g0, g1, g2, g3, t0, rows, rmask, h,
-                                       H, K, KB, NKB, DECAY=True, FIRST=True, PREC=PREC, TMA=TMA)
+        S0, S1, S2, S3 = update_blocks(S0, S1, S2, S3, U, kd, sd0, sd1, sd2, sd3, g0, g1, g2, g3, t0, rows, rmask, hk,
+                                       HK, K, KB, NKB, DECAY=True, FIRST=SCALES_IN_DOT, PREC=PREC, TMA=TMA)
     if STORE_FINAL:
         store_blocks(ht_ptr, S0, S1, S2, S3, nh, K, W, KB, NKB, vv, wmask)
 
@@ -382,10 +402,14 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
     at 04b1a87 and a17baeb).
     G ``[T, H]`` (one decay per head, Gated DeltaNet) gives every block by plain dots weighed afterwards
-    (``blocks.diag_block``, ``blocks.below_scalar``), for any decay: no exact rows, ``flags`` unread."""
-    total, H, K = k.shape
+    (``blocks.diag_block``, ``blocks.below_scalar``), for any decay: no exact rows, ``flags`` unread; q and k may then
+    have fewer heads than beta, H a multiple of theirs (grouped value heads, ``tiles.key_head``)."""
+    total, H = beta.shape
+    K = k.shape[-1]
+    group = H // k.shape[1]
     config = config or {}
     scalar = G.dim() == 2
+    assert scalar or group == 1, "grouped value heads with a [T, H] gate only"
     safe = flags is None or scalar
     T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
     half = half_pairs(unit_rows, precision)
@@ -396,10 +420,11 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB)
     dprec = diag_precision(precision, q.dtype)
+    grouped = dict(SCALAR=scalar, GROUP=group)
 
     def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
         return cfg | dict(BK=min(cfg["BK"], padded(K)))
-    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec, SCALAR=scalar),
+    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec) | grouped,
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
         cfg = exact_launch(K) | config.get("exact", {})
@@ -408,7 +433,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
-           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half, SCALAR=scalar),
+           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half) | grouped,
            [narrow((BELOW_HALF_LAUNCH if half else BELOW_LAUNCH) | config.get("below", {}))])
     return T, P
 
@@ -418,8 +443,8 @@ def recurrence_outputs(keys: PreparedKeys, v, chunks: Chunks, scaled: bool, fina
                        config: dict | None = None) -> tuple[Stored, Stored, torch.Tensor | None]:
     """``recurrence``'s h, U and with ``final`` the final state (``[N, H, K, V]`` fp32; else None), allocated (its
     launch's value blocks set the row scales'), for passes over parts of the sequences that write into the same ones."""
-    total, H, K = keys.kg.shape
-    V = v.shape[-1]
+    total, H, V = v.shape
+    K = keys.kg.shape[-1]
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     launch_cfg.pop("KB", None)
     block = serial_config(chunks if segments is None else segments.chunks, H, K, V, launch_cfg)["BV"]
@@ -453,9 +478,11 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
     ``num_warps``, ``num_stages``; ``KB``: the state blocks' rows, ``state_width`` by default).
     ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (h, U, the final state or
     None) where given (``recurrence_outputs``; the backward's passes by sequence groups, ``state.sequence_groups``,
-    ``api``). G: ``[T, H, K]``, or ``[T, H]`` (one decay per head, Gated DeltaNet)."""
-    total, H, K = keys.kg.shape
-    V = v.shape[-1]
+    ``api``). G: ``[T, H, K]``, or ``[T, H]`` (one decay per head, Gated DeltaNet), whose prepared operands may have
+    fewer heads than v, H a multiple of theirs (grouped value heads: their row scales have v's heads)."""
+    total, H, V = v.shape
+    K = keys.kg.shape[-1]
+    group = H // keys.kg.shape[1]
     dev = v.device
     launch_cfg = PREPARED_LAUNCH | launch_only(config)
     width = launch_cfg.pop("KB", state_width(scaled))
@@ -485,7 +512,8 @@ def recurrence(keys: PreparedKeys, v, G, beta, T: Stored, initial_state, chunks:
                       dict(HAS_H0=h0 is not None, STORE_FINAL=store_final, STEPS=steps and states, SCALED=scaled,
                            T_SCALED=T.scaled, OUTPUT=steps and output is not None,
                            HALF=keys.kg.dtype == torch.float16,
-                           PREC=precision, TMA=tma, SELECT=select is not None, SCALAR=G.dim() == 2)
+                           PREC=precision, TMA=tma, SELECT=select is not None, SCALAR=G.dim() == 2, GROUP=group,
+                           SCALES_IN_DOT=G.dim() == 3)
                       | keys.constexprs, over, H, K, W, launch_cfg, max_block=KB, select=select)
         return ht
 

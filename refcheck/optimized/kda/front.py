@@ -70,19 +70,16 @@ def sum_squares(x_ptr, x, rows, rmask, h, H, K, KB: tl.constexpr, NKB: tl.conste
 
 
 @triton.jit
-def normalized(x_ptr, out_ptr, rows, rmask, hx, HX, h, H, K, cols, cmask, eps, KB: tl.constexpr, NKB: tl.constexpr,
-               L2NORM: tl.constexpr, STORE: tl.constexpr):
-    """The program's fp32 tile of x (head hx of ``[T, HX, K]``) as the forward's kernels read it: with ``L2NORM``
-    ``x r``, stored at head h of out ``[T, H, K]`` (in its dtype) and returned as stored; else x, with ``STORE``
-    copied there (grouped heads: a value head's copy of its query/key head)."""
-    x = load_tile(x_ptr, rows, rmask, hx, HX, K, cols, cmask)
+def normalized(x_ptr, out_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB: tl.constexpr, NKB: tl.constexpr,
+               L2NORM: tl.constexpr):
+    """The program's fp32 tile of x as the forward's kernels read it: with ``L2NORM`` ``x r`` stored into out_ptr
+    (in its dtype) and returned as stored; else x."""
+    x = load_tile(x_ptr, rows, rmask, h, H, K, cols, cmask)
     if L2NORM:
-        y = (x * inverse_norm(sum_squares(x_ptr, x, rows, rmask, hx, HX, K, KB, NKB), eps)[:, None]).to(
+        y = (x * inverse_norm(sum_squares(x_ptr, x, rows, rmask, h, H, K, KB, NKB), eps)[:, None]).to(
             out_ptr.dtype.element_ty)
         store_tile(out_ptr, y, rows, rmask, h, H, K, cols, cmask)
         x = y.to(tl.float32)
-    elif STORE:
-        store_tile(out_ptr, x, rows, rmask, h, H, K, cols, cmask)
     return x
 
 
@@ -96,22 +93,12 @@ def store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C: tl.cons
 
 
 @triton.jit
-def key_head(h, H, GROUP):
-    """``(head, heads)`` of q and k that head h of H reads: grouped value heads, GROUP of them a query/key head
-    (Gated DeltaNet's GVA; 1 for KDA)."""
-    return h // GROUP, H // GROUP
-
-
-@triton.jit
 def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_ptr, sd_ptr, qg_ptr, sq_ptr, flag_ptr,
-                 cu_ptr, seq_ptr, start_ptr, eps, H, K, GROUP, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
-                 L2NORM: tl.constexpr, CUMSUM: tl.constexpr, FLAGS: tl.constexpr, SCALAR: tl.constexpr,
-                 COPY: tl.constexpr):
+                 cu_ptr, seq_ptr, start_ptr, eps, H, K, C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr,
+                 L2NORM: tl.constexpr, CUMSUM: tl.constexpr, FLAGS: tl.constexpr):
     """One chunk, head and column block: with ``CUMSUM`` G from g (``store_chunk_gate``), with ``FLAGS`` the sub-chunks
     whose decay the diagonal blocks' dots cannot take (``blocks.span_flags``); kn and k's operands, then qn and its
-    operand (the module docstring). q and k hold ``H / GROUP`` heads, head h reading head ``h // GROUP`` (grouped
-    value heads; with ``COPY`` their rows are copied per head into qn and kn); with ``SCALAR`` G is ``[T, H]``, one
-    decay per head broadcast over the channels (Gated DeltaNet)."""
+    operand (the module docstring)."""
     c = tl.program_id(0)
     t0, n, i, rows, rmask, grows = chunk_rows(c, cu_ptr, seq_ptr, start_ptr, C)
     h = tl.program_id(1)
@@ -120,14 +107,13 @@ def front_kernel(q_ptr, k_ptr, g_ptr, G_ptr, qn_ptr, kn_ptr, kg_ptr, sg_ptr, kd_
     cmask = cols < K
     if CUMSUM:
         store_chunk_gate(g_ptr, G_ptr, rows, rmask, h, H, K, cols, cmask, C)
-    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask, SCALAR)
+    G = load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
     if FLAGS:
-        span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C, C // NB, SCALAR)
-    eG, eD = decays(G, load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask, SCALAR))
-    hk, HK = key_head(h, H, GROUP)
-    k = normalized(k_ptr, kn_ptr, rows, rmask, hk, HK, h, H, K, cols, cmask, eps, KB, NKB, L2NORM, COPY)
+        span_flags(G, G_ptr, flag_ptr, c, t0, n, h, H, K, cols, cmask, C, C // NB)
+    eG, eD = decays(G, load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, cmask))
+    k = normalized(k_ptr, kn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_key_operands(kg_ptr, sg_ptr, kd_ptr, sd_ptr, k, eG, eD, rows, rmask, h, H, K, kb, NKB, cols, cmask)
-    q = normalized(q_ptr, qn_ptr, rows, rmask, hk, HK, h, H, K, cols, cmask, eps, KB, NKB, L2NORM, COPY)
+    q = normalized(q_ptr, qn_ptr, rows, rmask, h, H, K, cols, cmask, eps, KB, NKB, L2NORM)
     store_prepared(qg_ptr, sq_ptr, q * eG, rows, rmask, h, H, K, kb, NKB, cols, cmask)
 
 
@@ -145,19 +131,13 @@ class Front(NamedTuple):
 
 
 def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, safe: bool, config: dict | None = None,
-          G: torch.Tensor | None = None, heads: int | None = None) -> Front:
+          G: torch.Tensor | None = None) -> Front:
     """The forward's front from tokens-flattened q and k ``[T, H, K]`` (any kernel dtype, read as they are) and the
     log-decay g ``[T, H, K]`` (any kernel dtype), whose fp32 cumulative gate it forms (``store_chunk_gate``), or ``G``
     given (``gate.gate_cumsum``: an fp64 G, or the gate's function formed first; g is not read then, and may be None);
-    ``safe``: safe_gate's promise (no flags). ``config`` overrides the launch (``num_warps``, ``num_stages``).
-    Gated DeltaNet's form: ``G [T, heads]`` given, one cumulative decay per head (a decay constant over the K
-    channels), and ``heads`` a multiple of q's and k's H (grouped value heads: head j reads q's and k's head
-    ``j // (heads / H)``, whose rows are copied per head into the returned q and k ``[T, heads, K]``)."""
-    total, HK, K = k.shape
-    H = HK if heads is None else heads
-    scalar = G is not None and G.dim() == 2
-    copy = H != HK
-    qn, kn = ((q.new_empty(total, H, K), k.new_empty(total, H, K)) if l2norm or copy else (q, k))
+    ``safe``: safe_gate's promise (no flags). ``config`` overrides the launch (``num_warps``, ``num_stages``)."""
+    total, H, K = k.shape
+    qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
     keys = allocate_keys(total, H, K, precision, k.device, with_q=True)
     cumsum = G is None
     G = torch.empty(k.shape, device=k.device, dtype=torch.float32) if G is None else G
@@ -166,8 +146,7 @@ def front(q, k, g, l2norm: bool, chunks: Chunks, precision: str, safe: bool, con
     if chunks.num_chunks and H:
         launch(front_kernel, (chunks.num_chunks, H, NKB),
                (q, k, G if g is None else g, G, qn, kn, keys.kg, keys.sg, keys.kd, keys.sd, keys.qg, keys.sq,
-                G if flags is None else flags, chunks.cu, chunks.seq, chunks.start, EPS, H, K, H // HK),
-               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum, FLAGS=not safe, SCALAR=scalar,
-                    COPY=copy),
+                G if flags is None else flags, chunks.cu, chunks.seq, chunks.start, EPS, H, K),
+               dict(C=chunks.size, KB=KB, NKB=NKB, L2NORM=l2norm, CUMSUM=cumsum, FLAGS=not safe),
                [FRONT_LAUNCH | (config or {})])
     return Front(qn, kn, keys, G, flags)
