@@ -52,7 +52,7 @@ class GdnChunkFunction(torch.autograd.Function):
         g, beta = (x.reshape(B * T, HV).contiguous() for x in (g, beta))
         G = gate_cumsum(g.view(B * T, HV, 1), A_log if use_gate else None, dt_bias if use_gate else None, None,
                         cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)).view(B * T, HV)
-        qn, kn, keys = scalar_front(q, k, G, cfg.l2norm, cfg.chunks)
+        qn, kn, keys = scalar_front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision)
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, None, cfg.precision, unit_rows=cfg.l2norm)
         o = torch.empty_like(v)
         ht, _, _, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
