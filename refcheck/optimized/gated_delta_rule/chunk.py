@@ -74,12 +74,11 @@ class GdnChunkFunction(torch.autograd.Function):
         # repeated per group, and what KDA's front forms from them (its prepared operands, the span flags)
         Gk = G.unsqueeze(-1).expand(total, HV, K).contiguous()
         qe, ke = (x.repeat_interleave(HV // H, dim=1) if HV != H else x for x in (qn, kn))
-        _, _, keys, _, flags = front(qe, ke, None, False, cfg.chunks, cfg.precision, False, G=Gk)
+        _, _, keys, _, _ = front(qe, ke, None, False, cfg.chunks, cfg.precision, True, G=Gk)
         wide = torch.float32 if cfg.l2norm or H != HV else None
-        dq, dk, dv, dgk, dbeta, _, _, dh0 = chunk_backward(
-            Saved(qe, ke, v, Gk, Gk, beta, None, None, h0, Stored(Td, Ts, Td.shape[-1]), P, flags, keys, (), trans),
+        dq, dk, dv, dgate, dbeta, _, _, dh0 = chunk_backward(
+            Saved(qe, ke, v, Gk, Gk, beta, None, None, h0, Stored(Td, Ts, Td.shape[-1]), P, None, keys, (), trans, G),
             do.reshape(v.shape), dht, cfg, wide or q.dtype, wide or k.dtype)
-        dgate = dgk.sum(-1, dtype=torch.float32)
         dA = ddt = None
         if ctx.use_gate:
             dg, dA, ddt = gate_backward(dgate.view(total, HV, 1), g.view(total, HV, 1), A_log, dt_bias, None)

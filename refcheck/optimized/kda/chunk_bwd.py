@@ -68,12 +68,14 @@ from ..chunk.tiles import (
     load_rows,
     load_rowvec,
     load_tile,
+    row_offsets,
     selected,
     store_tile,
+    tf32_nearest,
     tile_ptrs,
 )
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands, use_tma
-from .chunk_fwd import SUB
+from .chunk_fwd import SUB, pair_decays
 from .gate import gate_backward_tile
 from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, sub_rowform, sub_rows
 
@@ -325,6 +327,65 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
 
 
 @triton.jit
+def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dkp_ptr, dGp_ptr, dq_ptr, dk_ptr,
+                        dg_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, TOTAL, C: tl.constexpr,
+                        BK: tl.constexpr, PREC: tl.constexpr, SELECT: tl.constexpr):
+    """Key side, part 2, for a ``[T, H]`` gate G (one decay per head: Gated DeltaNet), one chunk and head: the pair
+    sums with the decay out of them. With ``D_ij = e^{G_i - G_j}`` (``chunk_fwd.pair_decays``), ``A = (K K^T) o D``,
+    ``P = scale (Q K^T) o D``, ``W_L = Diag(beta) dL o D`` and ``W_P = scale dP o D``:
+
+        dq = dq' + W_P K,    dk = dk' + (W_L + W_L^T) K + W_P^T Q,    dbeta += rowsum(dL o A)
+        dG = sum_d dG'  + rowsum(M) - colsum(M),   M = W_L o (K K^T) + W_P o (Q K^T)
+
+    (each ``e^{G_i - G_j}`` gives ``+M_ij`` to ``dG_i`` and ``-M_ij`` to ``dG_j``), then dg, the reverse cumulative sum
+    of dG over the chunk, ``[T, H]`` fp32. Every ``[C, C]`` product over the channels is a dot, for any decay: no
+    sub-chunks, no exact rows. ``SELECT``: the chunks listed at sel_ptr (``common.Selection``)."""
+    c = selected(tl.program_id(0), sel_ptr, SELECT)
+    h = tl.program_id(1)
+    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
+    i = tl.arange(0, C)
+    rows = t0 + i
+    live = i < n
+    KK = tl.zeros((C, C), tl.float32)
+    QK = tl.zeros((C, C), tl.float32)
+    for c0 in range(0, K, BK):
+        cols = c0 + tl.arange(0, BK)
+        cmask = cols < K
+        k = tf32_nearest(load_tile(k_ptr, rows, live, h, H, K, cols, cmask), PREC)
+        q = tf32_nearest(load_tile(q_ptr, rows, live, h, H, K, cols, cmask), PREC)
+        KK += tl.dot(k, tl.trans(k), input_precision=PREC)
+        QK += tl.dot(q, tl.trans(k), input_precision=PREC)
+    G = tl.load(G_ptr + row_offsets(t0 + tl.minimum(i, n - 1), h, H, 1))
+    beta = load_rowvec(beta_ptr, rows, live, h, H)
+    dL = load_tile(dL_ptr, rows, live, h, H, C, i, i < C)
+    D = pair_decays(G, i, True)
+    tl.store(dbeta_ptr + (TOTAL + rows.to(tl.int64)) * H + h,
+             tl.load(dbeta_ptr + (TOTAL + rows.to(tl.int64)) * H + h, mask=live, other=0.0)
+             + tl.sum(dL * KK * D, axis=1), mask=live)
+    W_L = beta[:, None] * dL * D
+    M = W_L * KK
+    W_P = scale * load_tile(dP_ptr, rows, live, h, H, C, i, i < C) * pair_decays(G, i, False)
+    M += W_P * QK
+    dG = tl.sum(M, axis=1) - tl.sum(M, axis=0)
+    W_L = tf32_nearest(W_L, PREC)
+    W_P = tf32_nearest(W_P, PREC)
+    W_S = W_L + tl.trans(W_L)
+    for c0 in range(0, K, BK):
+        cols = c0 + tl.arange(0, BK)
+        cmask = cols < K
+        k = tf32_nearest(load_tile(k_ptr, rows, live, h, H, K, cols, cmask), PREC)
+        q = tf32_nearest(load_tile(q_ptr, rows, live, h, H, K, cols, cmask), PREC)
+        dq = load_tile(dqp_ptr, rows, live, h, H, K, cols, cmask) + tl.dot(W_P, k, input_precision=PREC)
+        store_tile(dq_ptr, dq, rows, live, h, H, K, cols, cmask)
+        dk = load_tile(dkp_ptr, rows, live, h, H, K, cols, cmask) + tl.dot(W_S, k, input_precision=PREC)
+        dk = tl.dot(tl.trans(W_P), q, dk, input_precision=PREC)
+        store_tile(dk_ptr, dk, rows, live, h, H, K, cols, cmask)
+        dG += tl.sum(load_tile(dGp_ptr, rows, live, h, H, K, cols, cmask), axis=1)
+    dG = tl.where(live, dG, 0.0)
+    tl.store(dg_ptr + row_offsets(rows, h, H, 1), tl.cumsum(dG, axis=0, reverse=True), mask=live)
+
+
+@triton.jit
 def diag_block_grads(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dq_ptr, dk_ptr, dG_ptr, dbeta_ptr, t0, n, b, kb,
                      h, scale, H, K, TOTAL, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr):
     """``grads_diag_kernel``'s work on sub-chunk b and channel block kb."""
@@ -386,6 +447,10 @@ def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, d
                                  n, b, kb, h, scale, H, K, TOTAL, C, BC, BK)
 
 
+SCALAR_PAIRS_LAUNCH = dict(BK=64, num_warps=8)
+"""``scalar_pairs_kernel``'s launch (``[64, BK]`` tiles of q and k, ``[64, 64]`` pair matrices). Not timed apart yet:
+KDA's pair sums over the gate broadcast (``grads_pairs_kernel``) took 4.82 ms on an H200 (bf16, B=8, T=4096, 16/32
+heads, K=V=128; ``benchmarks/results/gdn_prefill_h200.json``)."""
 PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 """``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
 (bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on, at 09143eb): 4.038 /
@@ -479,7 +544,8 @@ def dstate_outputs(keys: PreparedKeys, do, chunks: Chunks, scaled: bool, want_dh
 def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do, A_log, dt_bias, lower_bound,
           chunks: Chunks, scale: float, flags: torch.Tensor | None, use_gather: bool, precision: str, dq_dtype,
           dk_dtype, config: dict | None = None,
-          parts: Sequence[tuple[Selection | None, Callable[[], None] | None]] = ((None, None),)):
+          parts: Sequence[tuple[Selection | None, Callable[[], None] | None]] = ((None, None),),
+          scalar_gate: torch.Tensor | None = None):
     """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``. hs and U as the
     forward pass stored them, dh and dY as the reverse pass did (each pair scaled alike or not); ``flags`` the
     forward's (``chunk_fwd.intra``: the chunks whose diagonal blocks are summed exactly), None under safe_gate.
@@ -489,7 +555,9 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     launches (``BK``, ``BV``, ``num_warps`` of the key side; ``value``: ``BV``, ``num_warps`` of the
     value side; ``pairs``: ``grads_pairs_kernel``'s, ``diag``: ``grads_diag_kernel``'s). ``parts``: the launches over
     the chunks of each ``(selection, ready)`` in turn (None: all), ``ready()`` first where given (the backward by
-    sequence groups: a group's launches once its passes are done, ``api``)."""
+    sequence groups: a group's launches once its passes are done, ``api``). ``scalar_gate``: the cumulative gate
+    ``[T, H]`` whose broadcast over the channels G is (Gated DeltaNet): the pair sums then take it
+    (``scalar_pairs_kernel``, ``config["scalar"]``), and dg is ``[T, H]`` fp32, with respect to its log-decay."""
     total, H, K = k.shape
     V = v.shape[-1]
     NC = chunks.num_chunks
@@ -507,6 +575,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     vcfg = dict(BV=min(padded(V), 64), num_warps=4, num_stages=1) | config.pop("value", {})
     dcfg = DIAG_LAUNCH | config.pop("diag", {})
     pcfg = PAIRS_LAUNCH | config.pop("pairs", {})
+    scfg = SCALAR_PAIRS_LAUNCH | config.pop("scalar", {})
     # grads_state's loop over the value blocks in blocks of 32, three load stages (measured when the pair sums' row
     # and column kernels took this launch too; ``grads_pairs_kernel`` has its own, ``PAIRS_LAUNCH``): on an H100 (bf16,
     # B=8, T=4096, H=16, K=V=128, ``benchmarks/kda.py --profile``, two runs, at 96ae723)
@@ -520,7 +589,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
     dv = torch.empty_like(v)
-    dg = torch.empty_like(g)
+    dg = torch.empty_like(g) if scalar_gate is None else torch.empty(total, H, device=dev, dtype=f32)
     dL = torch.empty(total, H, C, device=dev, dtype=f32)
     dP = torch.empty_like(dL)
     dbeta = torch.empty(1 + nkb, total, H, device=dev, dtype=f32)
@@ -557,6 +626,12 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
                     dOd, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block, hs.blocks,
                     dh.block, dh.blocks)
         launch(grads_state_kernel, (NCs * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision) | part, ladder)
+        if scalar_gate is not None:
+            launch(scalar_pairs_kernel, (NCs, H),
+                   (q, k, scalar_gate, beta, dL, dP, dq_part, dk_part, dG_part, dq, dk, dg, dbeta, *chunk_args, scale,
+                    H, K, total), dict(C=C, PREC=precision) | part,
+                   [scfg | dict(BK=min(scfg["BK"], padded(K)))])
+            return
         if not safe:
             launch(grads_diag_kernel, (NCs, H),
                    (q, k, G, beta, dL, dP, flags, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, total),
