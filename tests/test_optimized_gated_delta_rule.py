@@ -21,7 +21,7 @@ import triton.language as tl  # noqa: E402
 from refcheck import optimized, references  # noqa: E402
 from refcheck.model.case import Case  # noqa: E402
 from refcheck.optimized.gated_delta_rule import recurrent  # noqa: E402
-from refcheck.optimized.kda import chunk_fwd  # noqa: E402
+from refcheck.optimized.kda import blocks, chunk_fwd  # noqa: E402
 
 FP32_ERROR = 2e-6
 """Largest absolute error of o and the final state allowed against float64 for fp32 inputs (measured
@@ -255,21 +255,20 @@ def wrong_key_head(h, H, GROUP):
 
 
 @triton.jit
-def decay_dropped(G, i, STRICT: tl.constexpr):
-    """The intra-chunk products without their decay: ones where ``pair_decays`` gives ``e^{G_i - G_j}``."""
-    lower = (i[:, None] > i[None, :]) if STRICT else (i[:, None] >= i[None, :])
-    return tl.where(lower, 1.0, 0.0)
+def decay_dropped(G_i, G_j):
+    """The blocks below the diagonal summed without their decay."""
+    return tl.full((G_i.shape[0], G_j.shape[0]), 1.0, tl.float32)
 
 
 def test_chunk_mutants_are_caught_by_their_laws(monkeypatch):
     """Our chunked kernel with each value head reading the wrong query/key head fails the grouped-heads law (its dense
-    call has q and k repeated per group); with the decay left out of the intra-chunk products, agreement with float64.
-    Unmutated, both hold."""
+    call has q and k repeated per group); with the decay left out of the blocks below the diagonal, agreement with
+    float64 (T = 40: three sub-chunks). Unmutated, both hold."""
     def fails(law):
         return _law_fails(law, impl="triton", dims=dict(B=1, T=40, H=2, HV=4, K=16, V=16))
     assert not fails("grouped_heads") and not fails("agreement")
     with monkeypatch.context() as patch:
         patch.setattr(chunk_fwd, "key_head", wrong_key_head)
         assert fails("grouped_heads")
-    monkeypatch.setattr(chunk_fwd, "pair_decays", decay_dropped)
+    monkeypatch.setattr(blocks, "cross_decay", decay_dropped)
     assert fails("agreement")

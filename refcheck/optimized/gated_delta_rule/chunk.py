@@ -52,7 +52,7 @@ class GdnChunkFunction(torch.autograd.Function):
         g, beta = (x.reshape(B * T, HV).contiguous() for x in (g, beta))
         G = gate_cumsum(g.view(B * T, HV, 1), A_log if use_gate else None, dt_bias if use_gate else None, None,
                         cfg.chunks, dtype=cumulative_gate_dtype(q.dtype)).view(B * T, HV)
-        qn, kn, keys = scalar_front(q, k, G, cfg.l2norm, cfg.chunks, cfg.precision)
+        qn, kn, keys = scalar_front(q, k, G, cfg.l2norm, cfg.chunks)
         Tm, P = intra(qn, kn, G, beta, cfg.chunks, cfg.scale, None, cfg.precision, unit_rows=cfg.l2norm)
         o = torch.empty_like(v)
         ht, _, _, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
@@ -71,7 +71,7 @@ class GdnChunkFunction(torch.autograd.Function):
         total, H, K = q.shape
         HV = v.shape[1]
         # KDA's operands, one head per value head: the gate per channel (its pair sums are per channel), q and k
-        # repeated per group, and what KDA's front forms from them (its prepared operands, the span flags)
+        # repeated per group, and the prepared operands KDA's front forms from them (the pair sums take the scalar gate)
         Gk = G.unsqueeze(-1).expand(total, HV, K).contiguous()
         qe, ke = (x.repeat_interleave(HV // H, dim=1) if HV != H else x for x in (qn, kn))
         _, _, keys, _, _ = front(qe, ke, None, False, cfg.chunks, cfg.precision, True, G=Gk)

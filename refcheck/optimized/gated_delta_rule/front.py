@@ -47,17 +47,13 @@ def scalar_front_kernel(q_ptr, k_ptr, G_ptr, qn_ptr, kn_ptr, eg_ptr, ed_ptr, cu_
             tl.store(ed_ptr + row_offsets(rows, h, H, 1), decay(G_last - G), mask=rmask)
 
 
-def scalar_front(q, k, G, l2norm: bool, chunks: Chunks, precision: str, config: dict | None = None):
+def scalar_front(q, k, G, l2norm: bool, chunks: Chunks, config: dict | None = None):
     """``(qn, kn, keys)`` from tokens-flattened q and k ``[T, HK, K]`` and the cumulative gate ``G [T, HV]`` (HV a
     multiple of HK): q and k as the forward's kernels read them (normalized with ``l2norm``, else as given, not
-    copied) and the serial pass's ``PreparedKeys``, q and k under the row scales ``e^G`` and ``e^{G_last - G}``.
-    Normalized under "tf32", qn and kn are fp16 whatever q's dtype: rows of unit length keep fp16's 11 significant
-    bits (bf16 has 8), which a "tf32" dot takes exactly, and the serial pass's dots then run on fp16 operands
-    (``kda.chunk_fwd.recurrence_kernel``'s ``HALF``)."""
+    copied) and the serial pass's ``PreparedKeys``, q and k under the row scales ``e^G`` and ``e^{G_last - G}``."""
     total, HK, K = k.shape
     H = G.shape[1]
-    dtype = torch.float16 if precision == "tf32" else q.dtype
-    qn, kn = (q.new_empty(q.shape, dtype=dtype), k.new_empty(k.shape, dtype=dtype)) if l2norm else (q, k)
+    qn, kn = (torch.empty_like(q), torch.empty_like(k)) if l2norm else (q, k)
     eg = torch.empty(total, H, 1, device=k.device, dtype=torch.float32)
     ed = torch.empty_like(eg)
     KB, NKB = state_blocks(K, maximum=SCALE_BLOCK)

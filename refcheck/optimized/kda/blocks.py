@@ -34,19 +34,39 @@ import triton
 import triton.language as tl
 
 from ..chunk.scaled import pow2_at_or_above, pow2_reciprocal
-from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile, tf32_nearest
+from ..chunk.tiles import decay, load_gate, load_gate_row, load_rowvec, load_tile, row_offsets, tf32_nearest
 from .subchunk import DIAG_SPAN, level_pairs, sub_rows
 
 NB = tl.constexpr(4)  # sub-chunks per chunk
 
 
 @triton.jit
+def sub_keys(q_ptr, k_ptr, t0, n, s, h, H, K, cols, cmask, BC: tl.constexpr):
+    """q and k of sub-chunk s (fp32, zero past the chunk's n valid rows), ``[BC, BK]`` each."""
+    _, rows, live, _ = sub_rows(t0, n, s, BC)
+    return load_tile(q_ptr, rows, live, h, H, K, cols, cmask), load_tile(k_ptr, rows, live, h, H, K, cols, cmask)
+
+
+@triton.jit
 def sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, cols, cmask, BC: tl.constexpr):
-    """q and k (fp32, zero past the chunk's n valid rows) and G (rows clamped to the last valid one, in its stored
-    dtype) of sub-chunk s, ``[BC, BK]`` each."""
-    _, rows, live, grows = sub_rows(t0, n, s, BC)
-    return (load_tile(q_ptr, rows, live, h, H, K, cols, cmask), load_tile(k_ptr, rows, live, h, H, K, cols, cmask),
-            load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask))
+    """q and k (``sub_keys``) and G (rows clamped to the last valid one, in its stored dtype) of sub-chunk s,
+    ``[BC, BK]`` each."""
+    _, _, _, grows = sub_rows(t0, n, s, BC)
+    q, k = sub_keys(q_ptr, k_ptr, t0, n, s, h, H, K, cols, cmask, BC)
+    return q, k, load_gate(G_ptr, grows, grows >= 0, h, H, K, cols, cmask)
+
+
+@triton.jit
+def sub_gate(G_ptr, t0, n, s, h, H, BC: tl.constexpr):
+    """Sub-chunk s's rows ``[BC]`` (clamped to the last valid one) of a ``[T, H]`` gate, in its stored dtype."""
+    _, _, _, grows = sub_rows(t0, n, s, BC)
+    return tl.load(G_ptr + row_offsets(grows, h, H, 1), mask=grows >= 0, other=0.0)
+
+
+@triton.jit
+def cross_decay(G_i, G_j):
+    """``e^{G_i - G_j}`` ``[BC, BC]`` of two sub-chunks' scalar gates, rows i after columns j: in (0, 1]."""
+    return decay(G_i[:, None] - G_j[None, :])
 
 
 @triton.jit
@@ -56,21 +76,36 @@ def ref_row(G_ptr, t0, n, r, h, H, K, cols, cmask):
 
 
 @triton.jit
-def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr):
+def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.constexpr, DPREC: tl.constexpr,
+               SCALAR: tl.constexpr = False, hk=0, HK=1):
     """``(A_ss, P_ss)``: sub-chunk s's diagonal blocks of A (strictly lower) and P (lower, unscaled) by dots against its
-    middle row m (trusted where the sub-chunk's span allows them, ``span_flags``)."""
+    middle row m (trusted where the sub-chunk's span allows them, ``span_flags``). With ``SCALAR`` (a ``[T, H]``
+    gate, one decay per head: Gated DeltaNet) the decay leaves the sum, ``A_ij = (k_i . k_j) e^{G_i - G_j}``: plain
+    dots of q and k (head hk of ``[T, HK, K]``: grouped value heads), weighed afterwards by factors in (0, 1], for any
+    decay (no span to trust)."""
     i = tl.arange(0, BC)
     A = tl.zeros((BC, BC), tl.float32)
     P = tl.zeros((BC, BC), tl.float32)
     for c0 in range(0, K, BK):
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
-        q, k, G = sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, cols, cmask, BC)
-        d = G - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K, cols, cmask)
-        el = decay(d)
-        right = tf32_nearest(tl.trans(k * decay(-d)), DPREC)
-        A += tl.dot(tf32_nearest(k * el, DPREC), right, input_precision=DPREC)
-        P += tl.dot(tf32_nearest(q * el, DPREC), right, input_precision=DPREC)
+        if SCALAR:
+            q, k = sub_keys(q_ptr, k_ptr, t0, n, s, hk, HK, K, cols, cmask, BC)
+            right = tf32_nearest(tl.trans(k), DPREC)
+            A += tl.dot(tf32_nearest(k, DPREC), right, input_precision=DPREC)
+            P += tl.dot(tf32_nearest(q, DPREC), right, input_precision=DPREC)
+        else:
+            q, k, G = sub_tiles(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, cols, cmask, BC)
+            d = G - ref_row(G_ptr, t0, n, s * BC + BC // 2, h, H, K, cols, cmask)
+            el = decay(d)
+            right = tf32_nearest(tl.trans(k * decay(-d)), DPREC)
+            A += tl.dot(tf32_nearest(k * el, DPREC), right, input_precision=DPREC)
+            P += tl.dot(tf32_nearest(q * el, DPREC), right, input_precision=DPREC)
+    if SCALAR:
+        G_s = sub_gate(G_ptr, t0, n, s, h, H, BC)
+        lower = tl.where(i[:, None] >= i[None, :], G_s[:, None] - G_s[None, :], 0.0)  # no exponent above 0
+        A = A * decay(lower)
+        P = P * decay(lower)
     return tl.where(i[:, None] > i[None, :], A, 0.0), tl.where(i[:, None] >= i[None, :], P, 0.0)
 
 
@@ -155,6 +190,46 @@ def below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K, BC: tl.constexpr, BK: tl.c
         A31, P31 = below_pair(A31, P31, kb, qb, k1, G1, G_r, PREC, HALF)
         A32, P32 = below_pair(A32, P32, kb, qb, k2, G2, G_r, PREC, HALF)
     return A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32
+
+
+@triton.jit
+def below_dots(A, P, k_b, q_b, right, PREC: tl.constexpr):
+    """One channel block's plain dots into the blocks ``(b, c)`` of A and P (``below_scalar``)."""
+    return A + tl.dot(k_b, right, input_precision=PREC), P + tl.dot(q_b, right, input_precision=PREC)
+
+
+@triton.jit
+def below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, hk, HK, K, BC: tl.constexpr, BK: tl.constexpr,
+                 PREC: tl.constexpr, HALF: tl.constexpr):
+    """``below_blocks`` for a ``[T, H]`` gate (one decay per head): plain dots of q and k (head hk of ``[T, HK, K]``)
+    over the channels, each block weighed afterwards by ``e^{G_i - G_j}`` (``cross_decay``, in (0, 1]); with ``HALF``
+    their operands in fp16 (q's and k's rows of unit length)."""
+    A10 = tl.zeros((BC, BC), tl.float32)
+    A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = A10, A10, A10, A10, A10, A10, A10, A10, A10, A10, A10
+    for c0 in range(0, K, BK):
+        cols = c0 + tl.arange(0, BK)
+        cmask = cols < K
+        _, k0 = sub_keys(q_ptr, k_ptr, t0, n, 0, hk, HK, K, cols, cmask, BC)
+        q1, k1 = sub_keys(q_ptr, k_ptr, t0, n, 1, hk, HK, K, cols, cmask, BC)
+        q2, k2 = sub_keys(q_ptr, k_ptr, t0, n, 2, hk, HK, K, cols, cmask, BC)
+        q3, k3 = sub_keys(q_ptr, k_ptr, t0, n, 3, hk, HK, K, cols, cmask, BC)
+        r0, r1, r2 = (pair_operand(tl.trans(k0), HALF), pair_operand(tl.trans(k1), HALF),
+                      pair_operand(tl.trans(k2), HALF))
+        kb, qb = pair_operand(k1, HALF), pair_operand(q1, HALF)
+        A10, P10 = below_dots(A10, P10, kb, qb, r0, PREC)
+        kb, qb = pair_operand(k2, HALF), pair_operand(q2, HALF)
+        A20, P20 = below_dots(A20, P20, kb, qb, r0, PREC)
+        A21, P21 = below_dots(A21, P21, kb, qb, r1, PREC)
+        kb, qb = pair_operand(k3, HALF), pair_operand(q3, HALF)
+        A30, P30 = below_dots(A30, P30, kb, qb, r0, PREC)
+        A31, P31 = below_dots(A31, P31, kb, qb, r1, PREC)
+        A32, P32 = below_dots(A32, P32, kb, qb, r2, PREC)
+    G0, G1 = sub_gate(G_ptr, t0, n, 0, h, H, BC), sub_gate(G_ptr, t0, n, 1, h, H, BC)
+    G2, G3 = sub_gate(G_ptr, t0, n, 2, h, H, BC), sub_gate(G_ptr, t0, n, 3, h, H, BC)
+    e10, e20, e21 = cross_decay(G1, G0), cross_decay(G2, G0), cross_decay(G2, G1)
+    e30, e31, e32 = cross_decay(G3, G0), cross_decay(G3, G1), cross_decay(G3, G2)
+    return (A10 * e10, A20 * e20, A21 * e21, A30 * e30, A31 * e31, A32 * e32,
+            P10 * e10, P20 * e20, P21 * e21, P30 * e30, P31 * e31, P32 * e32)
 
 
 @triton.jit

@@ -75,7 +75,7 @@ from ..chunk.tiles import (
     tile_ptrs,
 )
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands, use_tma
-from .chunk_fwd import SUB, pair_decays
+from .chunk_fwd import SUB
 from .gate import gate_backward_tile
 from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, sub_rowform, sub_rows
 
@@ -327,11 +327,19 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
 
 
 @triton.jit
+def pair_decays(G, i, STRICT: tl.constexpr):
+    """``e^{G_i - G_j}`` ``[C, C]`` of a chunk's scalar cumulative gate G ``[C]`` for the rows i after the columns j (with
+    ``STRICT``; else at or after them), zero elsewhere: every factor in (0, 1], for any decay."""
+    lower = (i[:, None] > i[None, :]) if STRICT else (i[:, None] >= i[None, :])
+    return tl.where(lower, decay(tl.where(lower, G[:, None] - G[None, :], 0.0)), 0.0)
+
+
+@triton.jit
 def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dkp_ptr, dGp_ptr, dq_ptr, dk_ptr,
                         dg_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, TOTAL, C: tl.constexpr,
                         BK: tl.constexpr, PREC: tl.constexpr, SELECT: tl.constexpr):
     """Key side, part 2, for a ``[T, H]`` gate G (one decay per head: Gated DeltaNet), one chunk and head: the pair
-    sums with the decay out of them. With ``D_ij = e^{G_i - G_j}`` (``chunk_fwd.pair_decays``), ``A = (K K^T) o D``,
+    sums with the decay out of them. With ``D_ij = e^{G_i - G_j}`` (``pair_decays``), ``A = (K K^T) o D``,
     ``P = scale (Q K^T) o D``, ``W_L = Diag(beta) dL o D`` and ``W_P = scale dP o D``:
 
         dq = dq' + W_P K,    dk = dk' + (W_L + W_L^T) K + W_P^T Q,    dbeta += rowsum(dL o A)
@@ -450,7 +458,8 @@ def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, d
 SCALAR_PAIRS_LAUNCH = dict(BK=64, num_warps=8)
 """``scalar_pairs_kernel``'s launch (``[64, BK]`` tiles of q and k, ``[64, 64]`` pair matrices). Not timed apart yet:
 KDA's pair sums over the gate broadcast (``grads_pairs_kernel``) took 4.82 ms on an H200 (bf16, B=8, T=4096, 16/32
-heads, K=V=128; ``benchmarks/results/gdn_prefill_h200.json``)."""
+heads, K=V=128; ``benchmarks/results/gdn_prefill_kernels_h200.json``); with this kernel in their place the forward and
+backward went 14.96 -> 13.92 ms with a forward 0.91 ms slower (``gdn_prefill_h200.json``, docs/kernels/gated_delta_rule.md)."""
 PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 """``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
 (bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on, at 09143eb): 4.038 /

@@ -57,8 +57,6 @@ from ..chunk.tiles import (
     load_rows,
     load_rows_stored,
     load_rowvec,
-    load_tile,
-    row_offsets,
     store_tile,
     tf32_nearest,
 )
@@ -67,6 +65,7 @@ from .blocks import (
     NB,
     below_blocks,
     below_inverse,
+    below_scalar,
     block_beta,
     diag_block,
     load_block,
@@ -75,7 +74,6 @@ from .blocks import (
     store_diag_inverse,
     store_t_rows,
     store_zeros_right,
-    unit_inverse,
 )
 from .subchunk import diag_precision
 
@@ -95,10 +93,6 @@ BELOW_HALF_LAUNCH = BELOW_LAUNCH | dict(BK=32)
 measured on an H200 (bf16, B=8, T=4096, H=16, K=128, ``intra`` with the diagonal blocks at "tf32",
 ``benchmarks/results/kda_profile_intra_h200.txt``, at c584f12) 0.489 ms at channel blocks of 32, 0.529 at 16, 0.732 at 64; 0.613
 at 2 warps, one load stage 0.736, three 0.533; at most 192 registers 0.535, 168 0.553, 128 0.736."""
-SCALAR_INTRA_LAUNCH = dict(BK=64, num_warps=4)
-"""``scalar_intra_kernel``'s launch (``[64, BK]`` tiles of q and k, two ``[64, 64]`` sums). Not timed apart yet: the
-diagonal and below-diagonal kernels it replaces for a scalar gate took 0.265 + 0.283 ms on an H200 (bf16, B=8,
-T=4096, 16/32 heads, K=V=128; ``benchmarks/results/gdn_prefill_h200.json``)."""
 INVERSE_LAUNCH = dict(num_warps=1)
 """``exact_inverse_kernel``'s launch (``[16, 16]`` dots): 72 registers at 1 warp; the only one timed (its kernel's
 docstring)."""
@@ -184,23 +178,27 @@ def diag_key(k_ptr, t, i, end, H, K, heads, d, m, W: tl.constexpr):
 
 @triton.jit
 def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, scale, H, K,
-                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr):
+                C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, SAFE: tl.constexpr, DPREC: tl.constexpr,
+                SCALAR: tl.constexpr, GROUP: tl.constexpr):
     """One sub-chunk s and head: the diagonal blocks of P (scaled, zeros right of them) and of ``T = (I + Diag(beta)
     A)^{-1}`` (into the diagonal blocks' array ``[T, H, BC]``) by dots against the middle row (``blocks.diag_block``).
     Without ``SAFE``, a sub-chunk the front flagged (bit s of ``flag[c, h]``, ``blocks.span_flags``: its decay exceeds
     ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
     exactly too). Finding the span here (the first channels' before any dot, the rest beside the dots), this kernel took
-    0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826)."""
+    0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826).
+    ``SCALAR``: a ``[T, H]`` gate, whose blocks the dots give for any decay (``blocks.diag_block``; flags unread), and
+    q and k with ``H / GROUP`` heads (``tiles.key_head``: grouped value heads)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if s * BC < n:
         dots = True
-        if not SAFE:
+        if not (SAFE or SCALAR):
             dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
-            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC)
+            hk, HK = key_head(h, H, GROUP)
+            A, P = diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC, BK, DPREC, SCALAR, hk, HK)
             store_block(P_ptr, scale * P, t0, n, s, s, h, H, C, BC)
             store_diag_inverse(D_ptr, beta_ptr, A, t0, n, s, h, H, BC, DPREC)
         store_zeros_right(P_ptr, t0, n, s, h, H, C, BC)
@@ -263,17 +261,23 @@ def exact_inverse_kernel(beta_ptr, D_ptr, flag_ptr, cu_ptr, seq_ptr, start_ptr, 
 @triton.jit
 def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr, scale, H,
                  K, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, T_SCALED: tl.constexpr,
-                 HALF: tl.constexpr):
+                 HALF: tl.constexpr, SCALAR: tl.constexpr, GROUP: tl.constexpr):
     """One chunk and head, after ``diag_kernel``: the blocks below the diagonal of P (scaled), and T whole, its
     blocks below the diagonal by block forward substitution from its diagonal blocks in memory (``blocks``; the
     diagonal blocks' array ``[T, H, BC]``), with ``T_SCALED`` row-scaled (``blocks.store_t_rows``); with ``HALF`` the
-    blocks' sums by fp16 dots (``blocks.below_blocks``)."""
+    blocks' sums by fp16 dots (``blocks.below_blocks``); ``SCALAR``: a ``[T, H]`` gate (``blocks.below_scalar``), q and
+    k with ``H / GROUP`` heads (``tiles.key_head``)."""
     tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
     c = tl.program_id(0)
     h = tl.program_id(1)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
-                                                                              BC, BK, PREC, HALF)
+    if SCALAR:
+        hk, HK = key_head(h, H, GROUP)
+        A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_scalar(q_ptr, k_ptr, G_ptr, t0, n, h, H, hk,
+                                                                                  HK, K, BC, BK, PREC, HALF)
+    else:
+        A10, A20, A21, A30, A31, A32, P10, P20, P21, P30, P31, P32 = below_blocks(q_ptr, k_ptr, G_ptr, t0, n, h, H, K,
+                                                                                  BC, BK, PREC, HALF)
     store_below(P_ptr, scale * P10, scale * P20, scale * P21, scale * P30, scale * P31, scale * P32, t0, n, h, H, C, BC)
     b1 = block_beta(beta_ptr, t0, n, 1, h, H, BC)
     b2 = block_beta(beta_ptr, t0, n, 2, h, H, BC)
@@ -284,63 +288,6 @@ def below_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, T_ptr, t_s_ptr, cu
     T33 = load_block(D_ptr, t0, n, 3, 0, h, H, BC, BC)
     T10, T20, T21, T30, T31, T32 = below_inverse(T00, T11, T22, T33, b1 * A10, b2 * A20, b2 * A21, b3 * A30, b3 * A31,
                                                  b3 * A32, PREC)
-    zero = tl.zeros((BC, BC), tl.float32)
-    store_t_rows(T_ptr, t_s_ptr, T00, zero, zero, zero, t0, n, 0, h, H, C, BC, T_SCALED)
-    store_t_rows(T_ptr, t_s_ptr, T10, T11, zero, zero, t0, n, 1, h, H, C, BC, T_SCALED)
-    store_t_rows(T_ptr, t_s_ptr, T20, T21, T22, zero, t0, n, 2, h, H, C, BC, T_SCALED)
-    store_t_rows(T_ptr, t_s_ptr, T30, T31, T32, T33, t0, n, 3, h, H, C, BC, T_SCALED)
-
-
-@triton.jit
-def pair_decays(G, i, STRICT: tl.constexpr):
-    """``e^{G_i - G_j}`` ``[C, C]`` of a chunk's scalar cumulative gate G ``[C]`` for the rows i after the columns j (with
-    ``STRICT``; else at or after them), zero elsewhere: every factor in (0, 1], for any decay."""
-    lower = (i[:, None] > i[None, :]) if STRICT else (i[:, None] >= i[None, :])
-    return tl.where(lower, decay(tl.where(lower, G[:, None] - G[None, :], 0.0)), 0.0)
-
-
-@triton.jit
-def scalar_intra_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, L_ptr, P_ptr, T_ptr, t_s_ptr, cu_ptr, seq_ptr, start_ptr,
-                        scale, H, K, GROUP: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-                        PREC: tl.constexpr, DPREC: tl.constexpr, T_SCALED: tl.constexpr):
-    """One chunk and head of a ``[T, H]`` gate G (one decay per head: Gated DeltaNet), whose decay leaves the sums:
-    ``A = (K K^T) o D`` and ``P = scale (Q K^T) o D`` with ``D_ij = e^{G_i - G_j}`` (``pair_decays``), each a plain
-    ``[C, C]`` dot over the channels (q and k with ``H / GROUP`` heads, ``tiles.key_head``), for any decay; P stored
-    whole; ``L = Diag(beta) A`` through memory (``L_ptr``, ``[T, H, C]`` fp32: the program's own rows, read back after
-    a barrier), whose blocks give ``T = (I + L)^{-1}``: the diagonal ones by exact doubling (``blocks.unit_inverse``),
-    the others by block forward substitution (``blocks.below_inverse``)."""
-    tl.static_assert(C == NB * BC, "a chunk is four sub-chunks")
-    c = tl.program_id(0)
-    h = tl.program_id(1)
-    hk, HK = key_head(h, H, GROUP)
-    t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
-    i = tl.arange(0, C)
-    rows = t0 + i
-    live = i < n
-    A = tl.zeros((C, C), tl.float32)
-    P = tl.zeros((C, C), tl.float32)
-    for c0 in range(0, K, BK):
-        cols = c0 + tl.arange(0, BK)
-        cmask = cols < K
-        k = tf32_nearest(load_tile(k_ptr, rows, live, hk, HK, K, cols, cmask), DPREC)
-        q = tf32_nearest(load_tile(q_ptr, rows, live, hk, HK, K, cols, cmask), DPREC)
-        right = tl.trans(k)
-        A += tl.dot(k, right, input_precision=DPREC)
-        P += tl.dot(q, right, input_precision=DPREC)
-    G = tl.load(G_ptr + row_offsets(t0 + tl.minimum(i, n - 1), h, H, 1))
-    beta = load_rowvec(beta_ptr, rows, live, h, H)
-    P = P * pair_decays(G, i, False) * scale
-    store_tile(P_ptr, P, rows, live, h, H, C, i, i < C)
-    store_tile(L_ptr, beta[:, None] * A * pair_decays(G, i, True), rows, live, h, H, C, i, i < C)
-    tl.debug_barrier()
-    T00 = unit_inverse(load_block(L_ptr, t0, n, 0, 0, h, H, C, BC), BC, DPREC)
-    T11 = unit_inverse(load_block(L_ptr, t0, n, 1, 1, h, H, C, BC), BC, DPREC)
-    T22 = unit_inverse(load_block(L_ptr, t0, n, 2, 2, h, H, C, BC), BC, DPREC)
-    T33 = unit_inverse(load_block(L_ptr, t0, n, 3, 3, h, H, C, BC), BC, DPREC)
-    T10, T20, T21, T30, T31, T32 = below_inverse(
-        T00, T11, T22, T33, load_block(L_ptr, t0, n, 1, 0, h, H, C, BC), load_block(L_ptr, t0, n, 2, 0, h, H, C, BC),
-        load_block(L_ptr, t0, n, 2, 1, h, H, C, BC), load_block(L_ptr, t0, n, 3, 0, h, H, C, BC),
-        load_block(L_ptr, t0, n, 3, 1, h, H, C, BC), load_block(L_ptr, t0, n, 3, 2, h, H, C, BC), PREC)
     zero = tl.zeros((BC, BC), tl.float32)
     store_t_rows(T_ptr, t_s_ptr, T00, zero, zero, zero, t0, n, 0, h, H, C, BC, T_SCALED)
     store_t_rows(T_ptr, t_s_ptr, T10, T11, zero, zero, t0, n, 1, h, H, C, BC, T_SCALED)
@@ -454,34 +401,30 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
     their ``[16, K]`` tiles took its registers (245 at 2 warps against 163), and ``intra`` took 0.938 ms at normal
     decay and 2.029 under strong decay where the split takes 0.611 and 1.742 (H200, B=8, T=4096, H=16, K=128,
     at 04b1a87 and a17baeb).
-    G ``[T, H]`` (one decay per head, Gated DeltaNet): one program per chunk and head forms every block by plain
-    dots (``scalar_intra_kernel``), for any decay (``flags`` unread); q and k may then have fewer heads than beta, H a
-    multiple of theirs (grouped value heads, ``tiles.key_head``)."""
+    G ``[T, H]`` (one decay per head, Gated DeltaNet) gives every block by plain dots weighed afterwards
+    (``blocks.diag_block``, ``blocks.below_scalar``), for any decay: no exact rows, ``flags`` unread; q and k may then
+    have fewer heads than beta, H a multiple of theirs (grouped value heads, ``tiles.key_head``)."""
     total, H = beta.shape
     K = k.shape[-1]
+    group = H // k.shape[1]
     config = config or {}
     scalar = G.dim() == 2
-    safe = flags is None
+    assert scalar or group == 1, "grouped value heads with a [T, H] gate only"
+    safe = flags is None or scalar
     T = allocate((total, H, chunks.size), chunks.size, row_scaled(precision), torch.float32, k.device)
     half = half_pairs(unit_rows, precision)
     P = torch.empty(total, H, chunks.size, device=k.device, dtype=p_dtype(half, scale))
-    # T's diagonal blocks (first A's: exact), or with a scalar gate L whole
-    D = torch.empty(total, H, chunks.size if scalar else SUB, device=k.device, dtype=torch.float32)
+    D = torch.empty(total, H, SUB, device=k.device, dtype=torch.float32)  # T's diagonal blocks (first A's: exact)
     if not (chunks.num_chunks and H):
         return T, P
+    args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
     fixed = dict(C=chunks.size, BC=SUB)
     dprec = diag_precision(precision, q.dtype)
-    if scalar:
-        launch(scalar_intra_kernel, (chunks.num_chunks, H),
-               (q, k, G, beta, D, P, T.data, T.scale_ptr(), chunks.cu, chunks.seq, chunks.start, scale, H, K),
-               fixed | dict(GROUP=H // k.shape[1], PREC=precision, DPREC=dprec, T_SCALED=T.scaled),
-               [SCALAR_INTRA_LAUNCH | dict(BK=min(SCALAR_INTRA_LAUNCH["BK"], padded(K))) | config.get("scalar", {})])
-        return T, P
-    args = (q, k, G, beta, D, P, P if flags is None else flags, chunks.cu, chunks.seq, chunks.start, scale, H, K)
+    grouped = dict(SCALAR=scalar, GROUP=group)
 
     def narrow(cfg: dict) -> dict:  # channel blocks no wider than K's tile
         return cfg | dict(BK=min(cfg["BK"], padded(K)))
-    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec),
+    launch(diag_kernel, (chunks.num_chunks * NB, H), args, fixed | dict(SAFE=safe, DPREC=dprec) | grouped,
            [narrow(DIAG_LAUNCH | config.get("diag", {}))])
     if not safe:
         cfg = exact_launch(K) | config.get("exact", {})
@@ -490,7 +433,7 @@ def intra(q, k, G, beta, chunks: Chunks, scale: float, flags: torch.Tensor | Non
         launch(exact_inverse_kernel, (chunks.num_chunks, H), (beta, D, flags, chunks.cu, chunks.seq, chunks.start, H),
                fixed | dict(DPREC=dprec), [INVERSE_LAUNCH | config.get("inverse", {})])
     launch(below_kernel, (chunks.num_chunks, H), args[:6] + (T.data, T.scale_ptr()) + args[7:],
-           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half),
+           fixed | dict(PREC=precision, T_SCALED=T.scaled, HALF=half) | grouped,
            [narrow((BELOW_HALF_LAUNCH if half else BELOW_LAUNCH) | config.get("below", {}))])
     return T, P
 
