@@ -47,8 +47,9 @@ def test_the_harness_detector_is_wrong_outside_the_judge():
 @pytest.mark.parametrize("name", ["attention_detects_the_harness", "attention_detects_pytest"])
 def test_a_kernel_that_detects_the_harness_is_caught(capsys, name):
     """In a process of its own (``refcheck verify``'s default) the candidate sees a plain script's modules and
-    environment: it gives its zeros there, and the grid catches them; run beside the judge (``--in-process``) it
-    passes, which is why the candidate runs apart."""
+    environment: it gives its zeros there, and the grid catches them; run beside the judge (``--in-process``) nothing
+    catches it (a pass, or where the two seconds ran out before every law, incomplete), which is why the candidate runs
+    apart."""
     import json
 
     from refcheck.commands import cli
@@ -61,7 +62,8 @@ def test_a_kernel_that_detects_the_harness_is_caught(capsys, name):
     assert code == 1 and verdict["verdict"] == "fail" and verdict["isolated"], verdict
     assert verdict["failures"][0]["kind"] == "grid", verdict["failures"][0]
     code, verdict = runs[True]
-    assert code == 0 and verdict["verdict"] == "pass" and not verdict["isolated"], verdict
+    assert (code, verdict["verdict"]) in ((0, "pass"), (3, "incomplete")) and not verdict["isolated"], verdict
+    assert verdict["failures"] == [], verdict["failures"]
 
 
 CROSSING = [name for name, h in HACKS.items() if h.says or h.caught_by != "agreement"]

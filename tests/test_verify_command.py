@@ -1,7 +1,7 @@
 """``refcheck verify``: one verdict a harness can read. A correct kernel written from another formula passes
 (the grid and every law it is held to); a kernel that games the check fails, the law or grid point that
-caught it named with a reproducer; a usage error is a verdict of its own and runs nothing; the JSON keys are
-those of schema refcheck.verdict/2."""
+caught it named with a reproducer; a kernel whose laws the time did not reach is incomplete, not a pass; a usage
+error is a verdict of its own and runs nothing; the JSON keys are those of schema refcheck.verdict/3."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from refcheck.model import registry
 from refcheck.model.naive import naive_form
 
 KEYS = {"schema", "op", "impl", "spec", "device", "isolated", "refcheck", "seed", "verdict", "seconds", "grid",
-        "declined", "laws", "failures"}
+        "declined", "laws", "failures", "uncovered"}
 
 
 @pytest.fixture(autouse=True)
@@ -38,13 +38,22 @@ def verify(capsys, *args: str) -> tuple[int, dict]:
 
 
 def test_a_correct_kernel_of_another_formula_passes(capsys):
-    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "4")
+    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "8")
     assert code == 0 and v["verdict"] == "pass" and v["failures"] == [], v
     assert set(v) == KEYS and v["schema"] == SCHEMA
     assert v["grid"]["points"] > 0 and v["grid"]["failed"] == 0
     held = [s for s in v["laws"]["searched"] if s["status"].startswith("holds")]
     assert len(held) == len(v["laws"]["searched"]) and all(s["examples"] > 0 for s in held), v["laws"]
-    assert v["declined"] == [] and v["spec"] == "tests.zoo.attention:online_softmax_b16"
+    assert v["declined"] == [] and v["spec"] == "tests.zoo.attention:online_softmax_b16" and v["uncovered"] == []
+
+
+def test_a_kernel_whose_laws_the_time_did_not_reach_is_incomplete(capsys):
+    """The same correct kernel with too little time for the laws after the grid: no pass (a slow kernel cannot pass
+    by leaving the laws no time), the laws it owes named, exit status 3."""
+    code, v = verify(capsys, "attention", "--impl", "tests.zoo.attention:online_softmax_b16", "--seconds", "0.01")
+    assert code == 3 and v["verdict"] == "incomplete" and v["failures"] == [] and set(v) == KEYS, v
+    assert v["grid"]["points"] > 0 and v["grid"]["failed"] == 0
+    assert v["uncovered"] == [s["law"] for s in v["laws"]["searched"]] and v["uncovered"], v["laws"]
 
 
 def test_a_kernel_that_games_the_check_fails_with_the_law_that_caught_it(capsys):

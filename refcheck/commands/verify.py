@@ -2,21 +2,25 @@
 
 The grid (every point of OP in every dtype and mode the kernel takes, against the float64 truth), then
 every law that concerns the kernel searched with Hypothesis for the time left of ``--seconds``, cheap
-laws first, stopping at the first falsified law (``refcheck fuzz -x``). ``--json`` prints one object,
-schema ``SCHEMA`` (2: "isolated" added)::
+laws first, stopping at the first falsified law (``refcheck fuzz -x``). A kernel passes only where the grid
+held and every law got at least one example and held: where the time ran out first (a slow kernel, or a short
+``--seconds``), the verdict is "incomplete", never a pass that a law did not see. ``--json`` prints one object,
+schema ``SCHEMA`` (2: "isolated" added; 3: "incomplete" and "uncovered")::
 
-    {"schema": "refcheck.verdict/2", "op", "impl" (its target), "spec" (as given), "device", "refcheck": version,
+    {"schema": "refcheck.verdict/3", "op", "impl" (its target), "spec" (as given), "device", "refcheck": version,
      "isolated": whether the kernel ran in a process of its own,
-     "seed", "verdict": "pass" | "fail" | "usage_error", "seconds", "grid": {"points", "failed"},
+     "seed", "verdict": "pass" | "fail" | "incomplete" | "usage_error", "seconds", "grid": {"points", "failed"},
      "declined": [{"extension", "grid_cases", "laws"}] (the contract's parts the kernel declines, the grid cases
                  and the laws not run for it),
      "laws": {"searched": [{"law", "examples", "status"}], "skipped": [{"law", "why"}]},
      "failures": [{"kind": "grid" | "law", "law": name or null, "case", "message", "reproduce"}],
+     "uncovered": the laws that got no example (verdict "incomplete": none failed, these were not searched),
      "error": the usage error (verdict "usage_error" only)}
 
 The kernel runs in a process of its own (``refcheck.runtime.candidate``: the environment of a plain script, none
 of the judge's modules; its inputs sent in, its outputs copied out, the verdict formed here), unless
-``--in-process``. Exit status 0 when it passes, 1 on a finding, 2 on a usage error (nothing ran). A harness loop::
+``--in-process``. Exit status 0 when it passes, 1 on a finding, 2 on a usage error (nothing ran), 3 when it is
+incomplete. A harness loop::
 
     for candidate in candidates:
         done = subprocess.run(["refcheck", "verify", "attention", "--impl", f"{candidate}:attention",
@@ -31,7 +35,7 @@ import re
 import time
 from pathlib import Path
 
-SCHEMA = "refcheck.verdict/2"
+SCHEMA = "refcheck.verdict/3"
 """The verdict's schema name; a change of its fields is a new number."""
 
 
@@ -44,7 +48,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seconds", type=float, default=60.0, metavar="S",
                    help="the time for the whole verdict (default 60): the grid, then the laws for what is left")
     p.add_argument("--seed", type=int, default=0, help="the laws' search seed (default 0: the same verdict twice)")
-    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (schema refcheck.verdict/2)")
+    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object (schema refcheck.verdict/3)")
     p.add_argument("--in-process", action="store_true",
                    help="run the kernel in this process, beside the judge (default: in a process of its own that "
                         "holds neither the truth nor the budgets nor the laws; refcheck.runtime.candidate)")
@@ -130,22 +134,26 @@ def run(args) -> int:
     searched = [{"law": r.law.name, "examples": r.examples, "status": r.status} for r in results]
     why = ("a grid point failed" if grid_failed else "a law was falsified before it" if failures else "no time left")
     not_run = [{"law": law.name, "examples": 0, "status": f"not run ({why})"} for law in laws[len(results):]]
+    uncovered = [] if failures else [s["law"] for s in searched + not_run if s["examples"] == 0]
+    outcome = "fail" if failures else "incomplete" if uncovered else "pass"
     verdict = {"schema": SCHEMA, "op": impl.op, "impl": impl.target, "spec": items(args.impl)[0], "device": device,
                "isolated": impl.isolated,
-               "refcheck": __version__, "seed": args.seed, "verdict": "fail" if failures else "pass",
+               "refcheck": __version__, "seed": args.seed, "verdict": outcome,
                "seconds": round(time.monotonic() - started, 1),
                "grid": {"points": len(the_grid.points), "failed": grid_failed},
                "declined": [{"extension": name, "grid_cases": sum(n for op, i, e, n in the_grid.declined if e == name),
                              "laws": [law.name for law, why in skipped if why == f"declines extension {name}"]}
                             for name in sorted(op_card.declined(impl))],
                "laws": {"searched": searched + not_run, "skipped": [{"law": law.name, "why": why} for law, why in skipped]},
-               "failures": failures}
+               "failures": failures, "uncovered": uncovered}
     if args.json:
         print(json.dumps(verdict, indent=1))
     else:
         print(f"refcheck verify {impl.op} [{impl.target}] on {device}: {verdict['verdict'].upper()} in "
               f"{verdict['seconds']} s: grid {len(the_grid.points) - grid_failed}/{len(the_grid.points)} points, "
-              f"laws {sum(r.failure is None for r in results)}/{len(laws)} hold")
+              f"laws {sum(r.failure is None and r.examples > 0 for r in results)}/{len(laws)} hold")
         for f in failures:
             print(f"\n{f['kind']} {f['law'] or ''} {f['case']}:\n{f['message']}")
-    return 1 if failures else 0
+        if uncovered:
+            print(f"incomplete: no example of {', '.join(uncovered)} within --seconds {args.seconds:g} (give it more)")
+    return {"fail": 1, "incomplete": 3, "pass": 0}[outcome]
