@@ -53,6 +53,16 @@ SCRIPT = textwrap.dedent('''
             (o.float().sum() + ht.sum()).backward()
         return run
 
+    def gdn(dtype, K, V, **knobs):
+        def run():   # grouped value heads (2 query/key heads, 4 value heads), the gate's function in the kernel
+            q, k = grad(torch.randn(1, 70, 2, K, dtype=dtype), torch.randn(1, 70, 2, K, dtype=dtype))
+            v = grad(torch.randn(1, 70, 4, V, dtype=dtype))[0]
+            a, beta, A_log, dt_bias = grad(torch.randn(1, 70, 4), torch.rand(1, 70, 4), torch.randn(4), torch.randn(4))
+            o, ht = optimized.gated_delta_rule_chunk(q, k, v, a, beta, output_final_state=True, use_qk_l2norm=True,
+                                                     use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, **knobs)
+            (o.float().sum() + ht.sum()).backward()
+        return run
+
     def attention(dtype, D, **knobs):
         def run():
             q, k, v = grad(*(torch.randn(1, 130, 2, D, dtype=dtype) for _ in range(3)))
@@ -71,6 +81,8 @@ SCRIPT = textwrap.dedent('''
         "gla fp32": linear("gla", f32, 128, 128), "gla bf16 C=128": linear("gla", bf16, 100, 64, chunk_size=128),
         "simple_gla fp32 tf32x3": linear("simple_gla", f32, 64, 64, precision="tf32x3"),
         "simple_gla bf16": linear("simple_gla", bf16, 128, 128),
+        "gdn bf16": gdn(bf16, 128, 128), "gdn fp32 ieee K=60 V=100 split": gdn(f32, 60, 100, precision="ieee",
+                                                                               segment_chunks=1),
         "attention bf16 causal": attention(bf16, 128, causal=True), "attention fp32": attention(f32, 96),
     }
     out = {}

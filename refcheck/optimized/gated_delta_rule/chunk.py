@@ -30,13 +30,13 @@ import torch
 from refcheck.references.contract import check_scale, check_state_pool
 from refcheck.references.gated_delta_rule import check_gated_delta_rule_inputs
 
+from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import Stored
 from ..chunk.segments import Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import check_flag, check_precision, check_runs_on, kernel_state, make_chunks
 from ..kda.api import DEFAULT_PRECISION, KERNEL_DTYPES, MAX_HEAD_DIM, KdaConfig, Saved, chunk_backward
 from ..kda.chunk_fwd import CHUNK, below_kernel, intra, recurrence
-from ..kda.front import front
 from ..kda.gate import gate_backward, gate_cumsum
 from ..kda.l2norm import l2norm_backward
 from .front import scalar_front
@@ -57,7 +57,7 @@ class GdnChunkFunction(torch.autograd.Function):
         o = torch.empty_like(v)
         ht, _, _, trans = recurrence(keys, v, G, beta, Tm, h0, cfg.chunks, cfg.precision, final=cfg.final,
                                      segments=cfg.segments, output=(P, o, cfg.scale), states=False)
-        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P,
+        ctx.save_for_backward(q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Tm.data, Tm.scales, P, keys.sg, keys.sd,
                               *(trans or ()))
         ctx.cfg, ctx.use_gate, ctx.shape = cfg, use_gate, (B, T)
         return o.view(B, T, HV, V), ht
@@ -65,19 +65,15 @@ class GdnChunkFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         cfg: KdaConfig = ctx.cfg
-        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, *rest = ctx.saved_tensors
+        q, k, qn, kn, v, g, beta, A_log, dt_bias, h0, G, Td, Ts, P, eg, ed, *rest = ctx.saved_tensors
         trans = Transitions(*rest) if cfg.segments is not None else None
         B, T = ctx.shape
         total, H, K = q.shape
         HV = v.shape[1]
-        # KDA's operands, one head per value head: the gate per channel (its pair sums are per channel), q and k
-        # repeated per group, and the prepared operands KDA's front forms from them (the pair sums take the scalar gate)
-        Gk = G.unsqueeze(-1).expand(total, HV, K).contiguous()
-        qe, ke = (x.repeat_interleave(HV // H, dim=1) if HV != H else x for x in (qn, kn))
-        _, _, keys, _, _ = front(qe, ke, None, False, cfg.chunks, cfg.precision, True, G=Gk)
         wide = torch.float32 if cfg.l2norm or H != HV else None
         dq, dk, dv, dgate, dbeta, _, _, dh0 = chunk_backward(
-            Saved(qe, ke, v, Gk, Gk, beta, None, None, h0, Stored(Td, Ts, Td.shape[-1]), P, None, keys, (), trans, G),
+            Saved(qn, kn, v, G, G, beta, None, None, h0, Stored(Td, Ts, Td.shape[-1]), P, None,
+                  PreparedKeys(kn, eg, kn, ed, qn, eg), (), trans),
             do.reshape(v.shape), dht, cfg, wide or q.dtype, wide or k.dtype)
         dA = ddt = None
         if ctx.use_gate:

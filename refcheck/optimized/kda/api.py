@@ -158,9 +158,9 @@ class Saved(NamedTuple):
     """What the chunked forward keeps for ``chunk_backward`` (tokens flattened, ``[T, H, *]``): q and k as its kernels
     read them (normalized, or as given), v, the log-decay g as given (read by the gate's backward only), the cumulative
     gate G ``[T, H, K]``, beta, the gate's parameters (or None), the initial state (or None), ``intra``'s T and P, the
-    front's flags and prepared operands, with ``disable_recompute`` the states and U (else empty), over segments
-    their transitions (else None), and where G is a scalar gate broadcast over the channels, that gate ``[T, H]``
-    (Gated DeltaNet; ``chunk_bwd.grads``' ``scalar_gate``)."""
+    front's flags and prepared operands, with ``disable_recompute`` the states and U (else empty), and over segments
+    their transitions (else None). Gated DeltaNet's: G ``[T, H]`` (one decay per head), q, k and the prepared operands
+    with fewer heads than v (grouped value heads, ``chunk.tiles.key_head``)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -177,16 +177,15 @@ class Saved(NamedTuple):
     keys: PreparedKeys
     kept: tuple
     transitions: Transitions | None
-    scalar_gate: torch.Tensor | None = None
 
 
 def chunk_backward(saved: Saved, do, dht, cfg: KdaConfig, dq_dtype: torch.dtype, dk_dtype: torch.dtype):
     """The chunked delta rule's backward from the forward's ``Saved``, given ``dO [T, H, V]`` and ``dS1`` (or None):
     ``(dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0)``, dq and dk with respect to ``saved.q`` and ``saved.k`` in the
     dtypes given, dg with respect to g (``cfg.use_gate``: through the gate's function; else the per-channel log-decay
-    whose chunk-local cumulative sum G is; with ``saved.scalar_gate`` the ``[T, H]`` log-decay, fp32). KDA's, and
-    Gated DeltaNet's on its decay broadcast over the channels (``optimized.gated_delta_rule.chunk``)."""
-    qn, kn, v, g, G, beta, A_log, dt_bias, h0, Tm, P, flags, keys, kept, trans, scalar_gate = saved
+    whose chunk-local cumulative sum G is; with a ``[T, H]`` G the ``[T, H]`` log-decay, fp32), dq and dk per value
+    head. KDA's, and Gated DeltaNet's (``optimized.gated_delta_rule.chunk``)."""
+    qn, kn, v, g, G, beta, A_log, dt_bias, h0, Tm, P, flags, keys, kept, trans = saved
     do = do.contiguous()
     scaled = row_scaled(cfg.precision) and not cfg.keep  # the kept h and U are fp32: dh and dY alike
     # the recomputed states and U (a forward pass) on a stream beside the reverse pass, which does not read them:
@@ -231,7 +230,7 @@ def chunk_backward(saved: Saved, do, dht, cfg: KdaConfig, dq_dtype: torch.dtype,
     dq, dk, dv, dg, dbeta, dA, ddt = grads(
         qn, kn, v, g, G, beta, hs, dh, U, dY, do, A_log if cfg.use_gate else None, dt_bias,
         cfg.lower_bound if cfg.use_gate else None, cfg.chunks, cfg.scale, flags, cfg.use_gather,
-        cfg.precision, dq_dtype, dk_dtype, parts=parts, scalar_gate=scalar_gate)
+        cfg.precision, dq_dtype, dk_dtype, parts=parts)
     return dq, dk, dv, dg, dbeta, dA, ddt, dh0
 
 

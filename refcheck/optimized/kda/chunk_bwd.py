@@ -64,7 +64,9 @@ from ..chunk.state import (
 from ..chunk.tiles import (
     chunk_span,
     decay,
+    key_head,
     load_gate,
+    load_gate_row,
     load_rows,
     load_rowvec,
     load_tile,
@@ -86,7 +88,7 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_pt
                   C: tl.constexpr, KB: tl.constexpr, NKB: tl.constexpr, SB: tl.constexpr, NSB: tl.constexpr,
                   BV: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr, STEPS: tl.constexpr,
                   SCALED: tl.constexpr, T_SCALED: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-                  SELECT: tl.constexpr):
+                  SELECT: tl.constexpr, SCALAR: tl.constexpr, GROUP: tl.constexpr):
     """One value block, sequence and head: the state gradient, last chunk first, in NKB blocks; with
     ``STEPS``, dh and dY of every chunk, with ``SCALED`` row-scaled (``chunk.scaled``, scales at ``dh_s_ptr``,
     ``dy_s_ptr``). ``Qg``, ``Kg``, ``Kd`` prepared (``chunk.prepared``); T with ``T_SCALED`` row-scaled (scales at
@@ -94,8 +96,10 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_pt
     descriptors (``tiles.load_rows``): dO, through pointers, is zero past a sequence's end, so ``P^T dO`` is too
     (P is lower triangular), and the prepared operands' zero row scales drop their rows there. The gradient
     has W >= V columns (dht and dh0 ``[N, H, K, W]``), dO V: the columns past V start from dht and take a
-    zero dO (``chunk.segments``' transitions). With ``SELECT`` the sequences listed at sel_ptr only."""
+    zero dO (``chunk.segments``' transitions). With ``SELECT`` the sequences listed at sel_ptr only. ``SCALAR``: G a
+    ``[T, H]`` gate, the prepared operands with ``H / GROUP`` heads (``chunk_fwd.recurrence_kernel``'s)."""
     nh, h, bos, eos, c_first, vv, vmask = serial_program(cu_ptr, off_ptr, H, V, BV, sel_ptr, SELECT)
+    hk, HK = key_head(h, H, GROUP)
     wmask = vv < W
     dS0, dS1, dS2, dS3 = load_blocks(dht_ptr, nh, K, W, KB, NKB, BV, vv, wmask, HAS_DHT)
     num = tl.cdiv(eos - bos, C)
@@ -105,7 +109,7 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_pt
         sq0, sq1, sq2, sq3 = block_scales(sq_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
         sd0, sd1, sd2, sd3 = block_scales(sd_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
         sg0, sg1, sg2, sg3 = block_scales(sg_ptr, rows, rmask, h, H, NSB, KB, SB, NKB)
-        g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB)
+        g0, g1, g2, g3 = block_gammas(G_ptr, last, h, H, K, KB, NKB, SCALAR)
         beta = load_rowvec(beta_ptr, rows, rmask, h, H)
         if STEPS:
             store_blocks(dh_ptr, dS0, dS1, dS2, dS3, (c_first + it) * H + h, K, V, KB, NKB, vv, vmask, 0, dh_s_ptr,
@@ -113,19 +117,19 @@ def dstate_kernel(qg, sq_ptr, kg, sg_ptr, kd, sd_ptr, G_ptr, beta_ptr, T, t_s_pt
         do = load_tile(do_ptr, rows, rmask, h, H, V, vv, vmask)
         Pc = load_rows(P, t0, rows, rmask, h, H, C, 0, C, TMA)
         dU = read_blocks(dS0, dS1, dS2, dS3, tl.dot(tl.trans(Pc), do, input_precision=PREC), kd, sd0, sd1, sd2, sd3,
-                         t0, rows, rmask, h, H, K, KB, NKB, FIRST=False, PREC=PREC, TMA=TMA)
+                         t0, rows, rmask, hk, HK, K, KB, NKB, FIRST=False, PREC=PREC, TMA=TMA)
         # the dO term before dY is formed, so that the dO tile dies before the dY tile lives: spilled stack 160 -> 80
         # B a thread (Triton 3.6, sm_90), B=8 1.33 -> 1.26 ms, B=1 over segments 3.49 -> 3.32 (H100, bf16, H=16,
         # K=V=128, at 4656b7e)
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, scale * do, qg, sq0, sq1, sq2, sq3, g0, g1, g2, g3,
-                                           t0, rows, rmask, h, H, K, KB, NKB, DECAY=True, FIRST=False,
+                                           t0, rows, rmask, hk, HK, K, KB, NKB, DECAY=True, FIRST=False,
                                            PREC=PREC, TMA=TMA)
         Tc = load_rows_scaled(T, t_s_ptr, t0, rows, rmask, h, H, C, 0, C, C, 1, T_SCALED, TMA)
         dY = tl.dot(tl.trans(Tc), dU, input_precision=PREC)
         if STEPS:
             store_tile_scaled(dy_ptr, dy_s_ptr, dY, rows, rmask, h, H, V, vv, vmask, SCALED)
         dS0, dS1, dS2, dS3 = update_blocks(dS0, dS1, dS2, dS3, -beta[:, None] * dY, kg, sg0, sg1, sg2, sg3, g0, g1,
-                                           g2, g3, t0, rows, rmask, h, H, K, KB, NKB, DECAY=False, FIRST=False,
+                                           g2, g3, t0, rows, rmask, hk, HK, K, KB, NKB, DECAY=False, FIRST=False,
                                            PREC=PREC, TMA=TMA)
     if STORE_DH0:
         store_blocks(dh0_ptr, dS0, dS1, dS2, dS3, nh, K, W, KB, NKB, vv, wmask)
@@ -186,10 +190,13 @@ def key_program(K, BK: tl.constexpr, sel_ptr, SELECT: tl.constexpr):
 
 @triton.jit
 def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, H, K, C: tl.constexpr, BK: tl.constexpr,
-              SELECT: tl.constexpr):
+              SELECT: tl.constexpr, SCALAR: tl.constexpr, GROUP: tl.constexpr):
     """The tiles of one channel block and chunk and head (``key_program``) that ``grads_state_kernel`` starts from:
-    ``(c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G)``."""
+    ``(c, h, kb, t0, n, rows, rmask, ck, kmask, k0, k, q, G, G_last)``, G in its dtype (fp64 for fp32 inputs): a
+    ``[T, H, K]`` gate's tile, or with ``SCALAR`` a ``[T, H]`` gate's broadcast over the block; q and k with
+    ``H / GROUP`` heads (``tiles.key_head``)."""
     c, kb, h = key_program(K, BK, sel_ptr, SELECT)
+    hk, HK = key_head(h, H, GROUP)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     i = tl.arange(0, C)
     rows = t0 + i
@@ -197,28 +204,30 @@ def key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, H, K, C:
     k0 = kb * BK
     ck = tl.arange(0, BK)
     kmask = k0 + ck < K
-    base = (t0.to(tl.int64) * H + h) * K + k0
-    k = load_tile(k_ptr + k0, rows, rmask, h, H, K, ck, kmask)
-    q = load_tile(q_ptr + k0, rows, rmask, h, H, K, ck, kmask)
-    G = load_gate(G_ptr + k0, t0 + tl.minimum(i, n - 1), i < C, h, H, K, ck, kmask)  # its dtype: fp64 for fp32 inputs
-    return c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G
+    k = load_tile(k_ptr + k0, rows, rmask, hk, HK, K, ck, kmask)
+    q = load_tile(q_ptr + k0, rows, rmask, hk, HK, K, ck, kmask)
+    cols = k0 + ck
+    G = load_gate(G_ptr, t0 + tl.minimum(i, n - 1), i < C, h, H, K, cols, kmask, SCALAR)
+    G_last = load_gate_row(G_ptr, t0 + n - 1, h, H, K, cols, kmask, SCALAR)
+    return c, h, kb, t0, n, rows, rmask, ck, kmask, k0, k, q, G, G_last
 
 
 @triton.jit
 def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr, U, u_s_ptr, dY, dy_s_ptr, dO, dq_ptr,
                        dk_ptr, dG_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, V, TOTAL, F_SB,
                        F_NSB, B_SB, B_NSB, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SCALED: tl.constexpr,
-                       PREC: tl.constexpr, TMA: tl.constexpr, SELECT: tl.constexpr):
+                       PREC: tl.constexpr, TMA: tl.constexpr, SELECT: tl.constexpr, SCALAR: tl.constexpr,
+                       GROUP: tl.constexpr):
     """Key side, part 1 (the state terms): ``dQg = dO h^T``, ``dKd = U dh^T``, ``dYh = dY h^T`` and
     ``dgamma = rowsum(h * dh)`` turned into the first fp32 partials of dq, dk and dG (at ``dq_ptr``,
     ``dk_ptr``, ``dG_ptr``) and dbeta's share of this channel block. h and U (the forward pass's: ``F_*``),
     dh and dY (the reverse pass's: ``B_*``) row-scaled where ``SCALED`` (``chunk.scaled``: blocks of ``*_SB >= BV``
     columns). hs, dh, U, dY and dO are pointers, or with ``TMA`` descriptors (``state.load_state``,
     ``tiles.load_rows``): their rows past the chunk's end reach only rows of the partials that are not stored, and
-    the sums over rows weigh them by k's zeros there. ``SELECT``: the chunks listed at sel_ptr (``key_program``)."""
-    c, h, kb, t0, n, rows, rmask, ck, kmask, base, k, q, G = key_block(q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr,
-                                                                       start_ptr, sel_ptr, H, K, C, BK, SELECT)
-    k0 = kb * BK
+    the sums over rows weigh them by k's zeros there. ``SELECT``: the chunks listed at sel_ptr (``key_program``);
+    ``SCALAR``, ``GROUP``: a ``[T, H]`` gate, q and k with ``H / GROUP`` heads (``key_block``)."""
+    c, h, kb, t0, n, rows, rmask, ck, kmask, k0, k, q, G, G_last = key_block(
+        q_ptr, k_ptr, G_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, H, K, C, BK, SELECT, SCALAR, GROUP)
     i = tl.arange(0, C)
     cv = tl.arange(0, BV)
     dQg = tl.zeros((C, BK), tl.float32)
@@ -240,7 +249,6 @@ def grads_state_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, hs, hs_s_ptr, dh, dh_s_ptr
         dYb = load_rows_scaled(dY, dy_s_ptr, t0, rows, rmask, h, H, V, v0, BV, B_SB, B_NSB, SCALED, TMA)
         dYh += tl.dot(dYb, tl.trans(hsb), input_precision=PREC)
         dgamma += tl.sum(hsb * dhb, axis=1)
-    G_last = tl.load(G_ptr + base + (n - 1).to(tl.int64) * H * K + ck, mask=kmask, other=0.0)
     eG = decay(G)
     dq = scale * eG * dQg
     dKg = -load_rowvec(beta_ptr, rows, rmask, h, H)[:, None] * eG * dYh  # through Kg = k e^G (Z = V - Kg S0)
@@ -337,7 +345,7 @@ def pair_decays(G, i, STRICT: tl.constexpr):
 @triton.jit
 def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dkp_ptr, dGp_ptr, dq_ptr, dk_ptr,
                         dg_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, TOTAL, C: tl.constexpr,
-                        BK: tl.constexpr, PREC: tl.constexpr, SELECT: tl.constexpr):
+                        BK: tl.constexpr, PREC: tl.constexpr, SELECT: tl.constexpr, GROUP: tl.constexpr):
     """Key side, part 2, for a ``[T, H]`` gate G (one decay per head: Gated DeltaNet), one chunk and head: the pair
     sums with the decay out of them. With ``D_ij = e^{G_i - G_j}`` (``pair_decays``), ``A = (K K^T) o D``,
     ``P = scale (Q K^T) o D``, ``W_L = Diag(beta) dL o D`` and ``W_P = scale dP o D``:
@@ -347,9 +355,11 @@ def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, 
 
     (each ``e^{G_i - G_j}`` gives ``+M_ij`` to ``dG_i`` and ``-M_ij`` to ``dG_j``), then dg, the reverse cumulative sum
     of dG over the chunk, ``[T, H]`` fp32. Every ``[C, C]`` product over the channels is a dot, for any decay: no
-    sub-chunks, no exact rows. ``SELECT``: the chunks listed at sel_ptr (``common.Selection``)."""
+    sub-chunks, no exact rows. q and k have ``H / GROUP`` heads (``tiles.key_head``), the gradients H. ``SELECT``: the
+    chunks listed at sel_ptr (``common.Selection``)."""
     c = selected(tl.program_id(0), sel_ptr, SELECT)
     h = tl.program_id(1)
+    hk, HK = key_head(h, H, GROUP)
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     i = tl.arange(0, C)
     rows = t0 + i
@@ -359,8 +369,8 @@ def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, 
     for c0 in range(0, K, BK):
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
-        k = tf32_nearest(load_tile(k_ptr, rows, live, h, H, K, cols, cmask), PREC)
-        q = tf32_nearest(load_tile(q_ptr, rows, live, h, H, K, cols, cmask), PREC)
+        k = tf32_nearest(load_tile(k_ptr, rows, live, hk, HK, K, cols, cmask), PREC)
+        q = tf32_nearest(load_tile(q_ptr, rows, live, hk, HK, K, cols, cmask), PREC)
         KK += tl.dot(k, tl.trans(k), input_precision=PREC)
         QK += tl.dot(q, tl.trans(k), input_precision=PREC)
     G = tl.load(G_ptr + row_offsets(t0 + tl.minimum(i, n - 1), h, H, 1))
@@ -381,8 +391,8 @@ def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, 
     for c0 in range(0, K, BK):
         cols = c0 + tl.arange(0, BK)
         cmask = cols < K
-        k = tf32_nearest(load_tile(k_ptr, rows, live, h, H, K, cols, cmask), PREC)
-        q = tf32_nearest(load_tile(q_ptr, rows, live, h, H, K, cols, cmask), PREC)
+        k = tf32_nearest(load_tile(k_ptr, rows, live, hk, HK, K, cols, cmask), PREC)
+        q = tf32_nearest(load_tile(q_ptr, rows, live, hk, HK, K, cols, cmask), PREC)
         dq = load_tile(dqp_ptr, rows, live, h, H, K, cols, cmask) + tl.dot(W_P, k, input_precision=PREC)
         store_tile(dq_ptr, dq, rows, live, h, H, K, cols, cmask)
         dk = load_tile(dkp_ptr, rows, live, h, H, K, cols, cmask) + tl.dot(W_S, k, input_precision=PREC)
@@ -459,7 +469,7 @@ SCALAR_PAIRS_LAUNCH = dict(BK=64, num_warps=8)
 """``scalar_pairs_kernel``'s launch (``[64, BK]`` tiles of q and k, ``[64, 64]`` pair matrices). Not timed apart yet:
 KDA's pair sums over the gate broadcast (``grads_pairs_kernel``) took 4.82 ms on an H200 (bf16, B=8, T=4096, 16/32
 heads, K=V=128; ``benchmarks/results/gdn_prefill_kernels_h200.json``); with this kernel in their place the forward and
-backward went 14.96 -> 13.92 ms with a forward 0.91 ms slower (``gdn_prefill_h200.json``, docs/kernels/gated_delta_rule.md)."""
+backward went 14.96 -> 13.92 ms with a forward 0.91 ms slower (at 663ed32; docs/kernels/gated_delta_rule.md)."""
 PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 """``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
 (bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on, at 09143eb): 4.038 /
@@ -502,9 +512,10 @@ def dstate(keys: PreparedKeys, G, beta, T: Stored, P, do, dht, chunks: Chunks, s
     0.913 ms against 0.820 at B=8 and 1.245 against 1.117 in varlen (H200, bf16, H=16, K=V=128, one dot where two
     were each waited for, but 200 B a thread spilled offline; at 56d920f).
     ``select`` (without segments): the sequences of a ``Selection`` only, into ``stored`` (dh, dY, dh0) where given
-    (``dstate_outputs``; the backward's passes by sequence groups, ``api``)."""
-    total, H, K = keys.kg.shape
-    V = do.shape[-1]
+    (``dstate_outputs``; the backward's passes by sequence groups, ``api``). G ``[T, H]``: one decay per head, the
+    prepared operands with fewer heads than dO (``chunk_fwd.recurrence``'s)."""
+    total, H, V = do.shape
+    K = keys.kg.shape[-1]
     dev = do.device
     f32 = torch.float32
     config = dict(config or {})
@@ -525,7 +536,8 @@ def dstate(keys: PreparedKeys, G, beta, T: Stored, P, do, dht, chunks: Chunks, s
                        dh0 if store_dh0 else do, over.cu, over.offsets, over.cu if select is None else select.seqs,
                        scale, H, K, V, W),
                       dict(HAS_DHT=end is not None, STORE_DH0=store_dh0, STEPS=steps, SCALED=scaled,
-                           T_SCALED=T.scaled, PREC=precision, TMA=tma, SELECT=select is not None) | keys.constexprs,
+                           T_SCALED=T.scaled, PREC=precision, TMA=tma, SELECT=select is not None, SCALAR=G.dim() == 2,
+                           GROUP=H // keys.kg.shape[1]) | keys.constexprs,
                       over, H, K, W, dstate_launch(over, H, K, W, config), max_block=KB, select=select)
         return dh0
 
@@ -541,8 +553,8 @@ def dstate_outputs(keys: PreparedKeys, do, chunks: Chunks, scaled: bool, want_dh
                    segments: Segments | None = None, config: dict | None = None):
     """``dstate``'s outputs ``(dh, dY, dh0 or None)``, allocated (its launch's value blocks set the row scales'), for
     passes over parts of the sequences that write into the same ones."""
-    total, H, K = keys.kg.shape
-    V = do.shape[-1]
+    total, H, V = do.shape
+    K = keys.kg.shape[-1]
     config = {n: x for n, x in (config or {}).items() if n != "KB"}
     block = dstate_launch(chunks if segments is None else segments.chunks, H, K, V, config)["BV"]
     return (allocate((chunks.num_chunks, H, K, V), block, scaled, torch.float32, do.device),
@@ -553,8 +565,7 @@ def dstate_outputs(keys: PreparedKeys, do, chunks: Chunks, scaled: bool, want_dh
 def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do, A_log, dt_bias, lower_bound,
           chunks: Chunks, scale: float, flags: torch.Tensor | None, use_gather: bool, precision: str, dq_dtype,
           dk_dtype, config: dict | None = None,
-          parts: Sequence[tuple[Selection | None, Callable[[], None] | None]] = ((None, None),),
-          scalar_gate: torch.Tensor | None = None):
+          parts: Sequence[tuple[Selection | None, Callable[[], None] | None]] = ((None, None),)):
     """Per-chunk gradients: ``(dq, dk, dv, dg, dbeta, dA_log or None, ddt_bias or None)``. hs and U as the
     forward pass stored them, dh and dY as the reverse pass did (each pair scaled alike or not); ``flags`` the
     forward's (``chunk_fwd.intra``: the chunks whose diagonal blocks are summed exactly), None under safe_gate.
@@ -564,11 +575,16 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     launches (``BK``, ``BV``, ``num_warps`` of the key side; ``value``: ``BV``, ``num_warps`` of the
     value side; ``pairs``: ``grads_pairs_kernel``'s, ``diag``: ``grads_diag_kernel``'s). ``parts``: the launches over
     the chunks of each ``(selection, ready)`` in turn (None: all), ``ready()`` first where given (the backward by
-    sequence groups: a group's launches once its passes are done, ``api``). ``scalar_gate``: the cumulative gate
-    ``[T, H]`` whose broadcast over the channels G is (Gated DeltaNet): the pair sums then take it
-    (``scalar_pairs_kernel``, ``config["scalar"]``), and dg is ``[T, H]`` fp32, with respect to its log-decay."""
-    total, H, K = k.shape
+    sequence groups: a group's launches once its passes are done, ``api``). G ``[T, H]`` (one decay per head: Gated
+    DeltaNet): the pair sums by ``scalar_pairs_kernel`` (``config["scalar"]``), dg ``[T, H]`` fp32 with respect to
+    the log-decay, q and k with fewer heads than v and beta, H a multiple of theirs (``tiles.key_head``; dq and dk
+    per value head)."""
+    total, H = beta.shape
+    K = k.shape[-1]
     V = v.shape[-1]
+    scalar = G.dim() == 2
+    group = H // k.shape[1]
+    assert scalar or group == 1, "grouped value heads with a [T, H] gate only"
     NC = chunks.num_chunks
     C = chunks.size
     dev = k.device
@@ -598,7 +614,7 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
     dq = torch.empty(total, H, K, device=dev, dtype=dq_dtype)
     dk = torch.empty(total, H, K, device=dev, dtype=dk_dtype)
     dv = torch.empty_like(v)
-    dg = torch.empty_like(g) if scalar_gate is None else torch.empty(total, H, device=dev, dtype=f32)
+    dg = torch.empty(total, H, device=dev, dtype=f32) if scalar else torch.empty_like(g)
     dL = torch.empty(total, H, C, device=dev, dtype=f32)
     dP = torch.empty_like(dL)
     dbeta = torch.empty(1 + nkb, total, H, device=dev, dtype=f32)
@@ -634,11 +650,12 @@ def grads(q, k, v, g, G, beta, hs: Stored, dh: Stored, U: Stored, dY: Stored, do
             return (q, k, G, beta, hsd, hs.scale_ptr(), dhd, dh.scale_ptr(), Ud, U.scale_ptr(), dYd, dY.scale_ptr(),
                     dOd, dq_part, dk_part, dG_part, dbeta, *chunk_args, scale, H, K, V, total, hs.block, hs.blocks,
                     dh.block, dh.blocks)
-        launch(grads_state_kernel, (NCs * nkb, H), state_args, dict(C=C, SCALED=scaled, PREC=precision) | part, ladder)
-        if scalar_gate is not None:
+        launch(grads_state_kernel, (NCs * nkb, H), state_args,
+               dict(C=C, SCALED=scaled, PREC=precision, SCALAR=scalar, GROUP=group) | part, ladder)
+        if scalar:
             launch(scalar_pairs_kernel, (NCs, H),
-                   (q, k, scalar_gate, beta, dL, dP, dq_part, dk_part, dG_part, dq, dk, dg, dbeta, *chunk_args, scale,
-                    H, K, total), dict(C=C, PREC=precision) | part,
+                   (q, k, G, beta, dL, dP, dq_part, dk_part, dG_part, dq, dk, dg, dbeta, *chunk_args, scale,
+                    H, K, total), dict(C=C, PREC=precision, GROUP=group) | part,
                    [scfg | dict(BK=min(scfg["BK"], padded(K)))])
             return
         if not safe:
