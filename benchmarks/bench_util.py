@@ -52,6 +52,18 @@ def copy_rate_entry(fn, time_ms, size: int, roof: dict, error) -> dict:
         return {"error": f"{type(err).__name__}: {err}"[:300]}
 
 
+def save_rows(out: str | None, roof: dict, rows: list) -> None:
+    """Print the last row and, where ``out`` is given, write every row so far with the run's roofline, device, torch
+    version and date: after every row, so that a run cut short keeps what it measured."""
+    import json
+    import time
+    from pathlib import Path
+    print(json.dumps(rows[-1]), flush=True)
+    if out:
+        Path(out).write_text(json.dumps(dict(roofline=roof, rows=rows, device=torch.cuda.get_device_name(),
+                                             torch=torch.__version__, when=time.strftime("%Y-%m-%d")), indent=1))
+
+
 @contextlib.contextmanager
 def autotune_share(slot: int, slots: int):
     """Within this context every autotuned Triton kernel (``triton.autotune``, FLA's too) tries only its

@@ -24,14 +24,13 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_util import copy_rate_entry, rel, roofline  # noqa: E402
+from benchmarks.bench_util import copy_rate_entry, rel, roofline, save_rows  # noqa: E402
 
 SHAPES = [("qwen3.5 16/32", 16, 32), ("qwen3.5 tp8 2/8", 2, 8)]   # label, H, HV (K = V = 128)
 BATCHES = (256, 64)
@@ -163,11 +162,7 @@ def main() -> None:
                 if "ms" in row.get("ours", {}) and "ms" in row.get(peer, {}):
                     row[f"{peer}_over_ours"] = row[peer]["ms"] / row["ours"]["ms"]
             rows.append(row)
-            print(json.dumps(row), flush=True)
-            if args.out:
-                Path(args.out).write_text(json.dumps(dict(roofline=roof, rows=rows, device=torch.cuda.get_device_name(),
-                                                          torch=torch.__version__, when=time.strftime("%Y-%m-%d")),
-                                                     indent=1))
+            save_rows(args.out, roof, rows)
     print(f"\n{'shape':18} {'batch':>5} {'ours ms':>8} {'GB/s':>6} {'of copy':>7} {'unchecked':>9} {'fla/ours':>8} "
           f"{'fi/ours':>8} {'fi of copy':>10} {'err o ours/fla/fi':>26}")
     for r in rows:

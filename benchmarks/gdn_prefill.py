@@ -26,14 +26,13 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_util import kernel_times, rel, roofline  # noqa: E402
+from benchmarks.bench_util import kernel_times, rel, roofline, save_rows  # noqa: E402
 
 K = V = 128
 SHAPES = [  # label, H, HV, sequence lengths
@@ -192,11 +191,7 @@ def main() -> None:
                 if part in ours and part in row.get(peer, {}):
                     row[f"{peer}_over_ours_{part[:-3]}"] = row[peer][part] / ours[part]
         rows.append(row)
-        print(json.dumps(row), flush=True)
-        if args.out:
-            Path(args.out).write_text(json.dumps(dict(roofline=roof, rows=rows, device=torch.cuda.get_device_name(),
-                                                      torch=torch.__version__, when=time.strftime("%Y-%m-%d")),
-                                                 indent=1))
+        save_rows(args.out, roof, rows)
     if args.kernels:
         kernels(found, args.out)
     print(f"\n{'shape':22} {'ours fwd':>8} {'TFLOP/s':>7} {'fla/ours':>8} {'fi/ours':>7} {'ours f+b':>8} "

@@ -16,14 +16,13 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_util import copy_rate_entry, rel, roofline  # noqa: E402
+from benchmarks.bench_util import copy_rate_entry, rel, roofline, save_rows  # noqa: E402
 
 SHAPES = [  # label, H, Hk, Dqk, Dv
     ("gqa 32/8 d128", 32, 8, 128, 128),
@@ -143,11 +142,7 @@ def main() -> None:
                     rows.append(row)
                     del x
                     torch.cuda.empty_cache()
-                    print(json.dumps(row), flush=True)
-                    if args.out:
-                        Path(args.out).write_text(json.dumps(dict(roofline=roof, rows=rows, device=torch.cuda.get_device_name(),
-                                                                  torch=torch.__version__,
-                                                                  when=time.strftime("%Y-%m-%d")), indent=1))
+                    save_rows(args.out, roof, rows)
     print(f"\n{'shape':28} {'batch':>5} {'cache':>6} {'page':>4} {'ours GB/s':>10} {'of copy':>7} {'flashinfer':>10} "
           f"{'fi/ours':>7}")
     for r in rows:

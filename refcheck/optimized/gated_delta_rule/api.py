@@ -1,5 +1,6 @@
 """Public ``gated_delta_rule_recurrent``: the contract signature of ``references.gated_delta_rule``, input
-checks once, then ``recurrent.recurrent_kernel``. Forward only (serving's decode, and prefills short enough
+checks once (``check_call``, which the chunked kernels' ``chunk.gated_delta_rule_chunk`` takes too), then
+``recurrent.recurrent_kernel``. Forward only (serving's decode, and prefills short enough
 to walk token by token): no autograd.
 
 The checks are the contract's own (``references.gated_delta_rule.check_gated_delta_rule_inputs``, the state
@@ -22,6 +23,33 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 
 
+def check_call(kernel, q, k, v, g, beta, scale, flags: dict, others: dict, one_dtype: bool):
+    """The checks of a call of our kernels (the recurrent and the chunked), before any launch: the contract's
+    (``check_gated_delta_rule_inputs``: shapes, grouped heads, the gate's parameters), ``flags`` booleans, q, k and v
+    (with ``one_dtype`` all of q's; else each, and g and beta too) among fp32/bf16/fp16, every tensor of ``others``
+    (the gate's parameters, states, indices, cu_seqlens; None where not given) on q's device, a device the kernel
+    runs on, head dims up to 256, the scale. Returns ``(B, T, H, K, HV, V, scale)``."""
+    check_gated_delta_rule_inputs(q, k, v, g, beta, flags["use_gate_in_kernel"], others["A_log"], others["dt_bias"],
+                                  flags["use_beta_sigmoid_in_kernel"], flags["allow_neg_eigval"])
+    for name, flag in flags.items():
+        check_flag(name, flag)
+    typed = (("q", q), ("k", k), ("v", v)) if one_dtype else (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    for name, x in typed:
+        if x.dtype not in KERNEL_DTYPES or (one_dtype and x.dtype != q.dtype):
+            raise ValueError(f"{name}: expected " + (f"{q.dtype} like q, one of " if one_dtype else "") +
+                             f"fp32, bf16, fp16; got {x.dtype}")
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), *others.items()):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
+    check_runs_on("q", q, kernel)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    for name, d in (("q", K), ("v", V)):
+        if not 1 <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
+    return B, T, H, K, HV, V, check_scale(scale, K)
+
+
 def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                                cu_seqlens=None, use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None,
                                dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
@@ -41,28 +69,13 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
                    owns): unchecked, no synchronization; a slot outside the pool is then an illegal address.
       config:      the launch (``recurrent.DEFAULT_CONFIG``'s keys: ``BV`` value columns a program, ``num_warps``).
     """
-    check_gated_delta_rule_inputs(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                                  allow_neg_eigval)
-    for name, flag in (("output_final_state", output_final_state), ("use_qk_l2norm", use_qk_l2norm),
-                       ("use_gate_in_kernel", use_gate_in_kernel), ("state_v_first", state_v_first),
-                       ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                       ("allow_neg_eigval", allow_neg_eigval), ("inplace_final_state", inplace_final_state)):
-        check_flag(name, flag)
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dtype not in KERNEL_DTYPES or x.dtype != q.dtype:
-            raise ValueError(f"{name}: expected {q.dtype} like q, one of fp32, bf16, fp16; got {x.dtype}")
-    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias),
-                    ("initial_state", initial_state), ("ssm_state_indices", ssm_state_indices),
-                    ("cu_seqlens", cu_seqlens)):
-        if x is not None and x.device != q.device:
-            raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
-    check_runs_on("q", q, recurrent_kernel)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    for name, d in (("q", K), ("v", V)):
-        if not 1 <= d <= MAX_HEAD_DIM:
-            raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
-    scale = check_scale(scale, K)
+    B, T, H, K, HV, V, scale = check_call(
+        recurrent_kernel, q, k, v, g, beta, scale,
+        dict(output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel,
+             state_v_first=state_v_first, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+             allow_neg_eigval=allow_neg_eigval, inplace_final_state=inplace_final_state),
+        dict(A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, ssm_state_indices=ssm_state_indices,
+             cu_seqlens=cu_seqlens), one_dtype=True)
     chunks = make_chunks(B, T, cu_seqlens, 64, q.device)              # validates cu_seqlens; its cu, the spans
     N = chunks.num_seqs
     sk, sv = (V, K) if state_v_first else (K, V)

@@ -27,18 +27,18 @@ from __future__ import annotations
 
 import torch
 
-from refcheck.references.contract import check_scale, check_state_pool
-from refcheck.references.gated_delta_rule import check_gated_delta_rule_inputs
+from refcheck.references.contract import check_state_pool
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import Stored
 from ..chunk.segments import Transitions, plan
 from ..chunk.tiles import cumulative_gate_dtype
-from ..common import check_flag, check_precision, check_runs_on, kernel_state, make_chunks
-from ..kda.api import DEFAULT_PRECISION, KERNEL_DTYPES, MAX_HEAD_DIM, KdaConfig, Saved, chunk_backward
+from ..common import check_precision, kernel_state, make_chunks
+from ..kda.api import DEFAULT_PRECISION, KdaConfig, Saved, chunk_backward
 from ..kda.chunk_fwd import CHUNK, below_kernel, intra, recurrence
 from ..kda.gate import gate_backward, gate_cumsum
 from ..kda.l2norm import l2norm_backward
+from .api import check_call
 from .front import scalar_front
 
 
@@ -107,28 +107,13 @@ def gated_delta_rule_chunk(q, k, v, g, beta, *, scale=None, initial_state=None, 
     Knobs, as ``optimized.kda``'s: ``precision`` ("tf32" by default, "tf32x3", "ieee"), ``segment_chunks``.
     Differentiable in q, k, v, g, beta, initial_state, and A_log / dt_bias with use_gate_in_kernel.
     """
-    check_gated_delta_rule_inputs(q, k, v, g, beta, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                                  allow_neg_eigval)
-    for name, flag in (("output_final_state", output_final_state), ("use_qk_l2norm", use_qk_l2norm),
-                       ("use_gate_in_kernel", use_gate_in_kernel), ("state_v_first", state_v_first),
-                       ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                       ("allow_neg_eigval", allow_neg_eigval), ("inplace_final_state", inplace_final_state)):
-        check_flag(name, flag)
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if x.dtype not in KERNEL_DTYPES:
-            raise ValueError(f"{name}: expected fp32, bf16 or fp16, got {x.dtype}")
-    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("A_log", A_log), ("dt_bias", dt_bias),
-                    ("initial_state", initial_state), ("ssm_state_indices", ssm_state_indices),
-                    ("cu_seqlens", cu_seqlens)):
-        if x is not None and x.device != q.device:
-            raise ValueError(f"{name}: expected a tensor on {q.device} like q, got {x.device}")
-    check_runs_on("q", q, below_kernel)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    for name, d in (("q", K), ("v", V)):
-        if not 1 <= d <= MAX_HEAD_DIM:
-            raise ValueError(f"{name}: head dim must be in [1, {MAX_HEAD_DIM}], got {d}")
-    scale = check_scale(scale, K)
+    B, T, H, K, HV, V, scale = check_call(
+        below_kernel, q, k, v, g, beta, scale,
+        dict(output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm, use_gate_in_kernel=use_gate_in_kernel,
+             state_v_first=state_v_first, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+             allow_neg_eigval=allow_neg_eigval, inplace_final_state=inplace_final_state),
+        dict(A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, ssm_state_indices=ssm_state_indices,
+             cu_seqlens=cu_seqlens), one_dtype=False)
     precision = check_precision(precision)
     if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
                                        or segment_chunks < 0):
