@@ -13,7 +13,8 @@ Timing: ``triton.testing.do_bench`` medians, forward under ``no_grad``, forward+
 ``torch.autograd.grad``; ratios are peer time over ours (above 1: ours faster). TFLOP/s by KDA's work model
 (``benchmarks/kda.py``, ``work``, with the value heads) against the bf16 matmul rate of the same run. Errors:
 relative RMS of o, the final state and (forward+backward) every gradient against the float64 chunked reference, on
-one sequence of 2048 tokens at the row's heads.
+one sequence of 2048 tokens at the row's heads (once per head configuration and implementation: rows of the same
+heads share them).
 
     python benchmarks/gdn_prefill.py --out benchmarks/results/gdn_prefill_h200.json [--quick] [--kernels]
 
@@ -23,6 +24,7 @@ forward+backward at the first shape, under ``kernels_ms``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -83,15 +85,25 @@ def time_backward(fn, x) -> float:
                     return_mode="median")
 
 
-def errors(fn, h, hv, backward: bool, device="cuda") -> dict:
-    """Relative RMS errors against the float64 chunked reference, one sequence of 2048 tokens."""
+@functools.cache
+def truth(h: int, hv: int, device: str = "cuda"):
+    """The float64 chunked reference on one sequence of 2048 tokens at these heads, once per head configuration:
+    ``(inputs, o, final state, dO, dS1, the inputs' gradients)``, the upstream gradients seeded."""
     from refcheck import references
     x = make(h, hv, [2048], seed=1, device=device)
-    x64 = {n: (t.double().requires_grad_(backward and n in DIFFERENTIABLE) if t.is_floating_point() else t)
-           for n, t in x.items()}
+    x64 = {n: (t.double().requires_grad_(n in DIFFERENTIABLE) if t.is_floating_point() else t) for n, t in x.items()}
     ro, rht = call(references.gated_delta_rule_chunked, x64)
     gen = torch.Generator(device=device).manual_seed(2)
     do, dht = torch.randn(ro.shape, device=device, generator=gen), torch.randn(rht.shape, device=device, generator=gen)
+    grads = torch.autograd.grad((ro, rht), [x64[n] for n in DIFFERENTIABLE], (do.double(), dht.double()))
+    return x, ro.detach(), rht.detach(), do, dht, dict(zip(DIFFERENTIABLE, grads))
+
+
+@functools.cache
+def errors(fn, h: int, hv: int, backward: bool, device: str = "cuda") -> dict:
+    """Relative RMS errors of fn against ``truth`` (o and the final state; with ``backward`` every gradient too),
+    once per implementation and head configuration."""
+    x, ro, rht, do, dht, truth_grads = truth(h, hv, device)
     if not backward:
         with torch.no_grad():
             o, ht = call(fn, x)
@@ -99,9 +111,8 @@ def errors(fn, h, hv, backward: bool, device="cuda") -> dict:
     leaves = {n: (t.detach().requires_grad_() if n in DIFFERENTIABLE else t) for n, t in x.items()}
     o, ht = call(fn, leaves)
     grads = torch.autograd.grad((o, ht), [leaves[n] for n in DIFFERENTIABLE], (do.to(o.dtype), dht.float()))
-    truth = torch.autograd.grad((ro, rht), [x64[n] for n in DIFFERENTIABLE], (do.double(), dht.double()))
     out = {"o": rel(o, ro), "final_state": rel(ht, rht)}
-    out.update({f"d{n}": rel(g, t) for n, g, t in zip(DIFFERENTIABLE, grads, truth)})
+    out.update({f"d{n}": rel(g, truth_grads[n]) for n, g in zip(DIFFERENTIABLE, grads)})
     return out
 
 

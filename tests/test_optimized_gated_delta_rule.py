@@ -190,7 +190,7 @@ def test_chunk_matches_float64_with_gradients(case):
     kernel against float64, across chunk and sub-chunk boundaries (T = 70: two chunks, five sub-chunks): grouped value
     heads (2 per query/key head) with the norm of q and k; the gate's function and beta's sigmoid in the kernel over
     packed sequences of 30, 0 and 110 tokens with a value-first state; a decay of up to 30 a step without the norm
-    (every sub-chunk past the span that KDA's dots take: its backward's exact sums)."""
+    (every sub-chunk past the span that KDA's per-channel dots could take; the scalar gate's need none)."""
     gate = logits = packed = v_first = False
     HV, l2norm = 4, True
     if case == "gate_logits_packed_v_first":

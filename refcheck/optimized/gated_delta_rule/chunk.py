@@ -15,11 +15,12 @@ segments), with the gate as it is, ``[T, HV]``, and where a constant decay makes
   per value head;
 * the serial pass reads ``e^{G_last}`` as one number a head (``state.block_gammas``).
 
-The backward is KDA's (``kda.api.chunk_backward``) on KDA's operands formed from the forward's: G broadcast over the
-channels ``[T, HV, K]``, q and k repeated per group, and KDA's front over them (its prepared operands and span
-flags: its pair sums are per channel); then dg is the sum of KDA's per-channel dg over the channels (the cumulative
-sum is linear), chained through the gate's function with ``use_gate_in_kernel`` (``gate.gate_backward``), and dq,
-dk the sums over each group's value heads, then through the norm (``use_qk_l2norm``). beta's sigmoid and the
+The backward is KDA's (``kda.api.chunk_backward``) on the forward's own operands: its serial passes and state terms
+read G ``[T, HV]`` and q, k at their query/key heads under the row scales (the ``SCALAR`` and ``GROUP`` of
+``chunk_bwd.dstate_kernel`` and ``grads_state_kernel``), and its pair sums are ``[64, 64]`` dots with the decay out of
+them (``chunk_bwd.scalar_pairs_kernel``), whose dg is ``[T, HV]``; then the gate's function with
+``use_gate_in_kernel`` (``gate.gate_backward``), and dq, dk (per value head) summed over each group's value heads,
+then through the norm (``use_qk_l2norm``). beta's sigmoid and the
 value-first state layout are taken around the kernels by PyTorch (``[T, HV]`` and ``[N, HV, K, V]`` elementwise
 work); a state pool is gathered into the initial states and the final states written back into their slots.
 """

@@ -70,6 +70,15 @@ def cross_decay(G_i, G_j):
 
 
 @triton.jit
+def pair_decays(G, i, STRICT: tl.constexpr):
+    """``e^{G_i - G_j}`` ``[R, R]`` of a chunk's or sub-chunk's scalar cumulative gate G ``[R]`` (rows i) for the rows i
+    after the columns j (with ``STRICT``; else at or after them), zero elsewhere: every factor in (0, 1], for any
+    decay (``diag_block``'s ``SCALAR``, ``chunk_bwd.scalar_pairs_kernel``)."""
+    lower = (i[:, None] > i[None, :]) if STRICT else (i[:, None] >= i[None, :])
+    return tl.where(lower, decay(tl.where(lower, G[:, None] - G[None, :], 0.0)), 0.0)
+
+
+@triton.jit
 def ref_row(G_ptr, t0, n, r, h, H, K, cols, cmask):
     """G's chunk row r (clamped to the last valid row) ``[1, BK]``."""
     return load_gate_row(G_ptr, t0 + tl.minimum(r, n - 1), h, H, K, cols, cmask)[None, :]
@@ -102,10 +111,9 @@ def diag_block(q_ptr, k_ptr, G_ptr, t0, n, s, h, H, K, BC: tl.constexpr, BK: tl.
             A += tl.dot(tf32_nearest(k * el, DPREC), right, input_precision=DPREC)
             P += tl.dot(tf32_nearest(q * el, DPREC), right, input_precision=DPREC)
     if SCALAR:
-        G_s = sub_gate(G_ptr, t0, n, s, h, H, BC)
-        lower = tl.where(i[:, None] >= i[None, :], G_s[:, None] - G_s[None, :], 0.0)  # no exponent above 0
-        A = A * decay(lower)
-        P = P * decay(lower)
+        D = pair_decays(sub_gate(G_ptr, t0, n, s, h, H, BC), i, False)
+        A = A * D
+        P = P * D
     return tl.where(i[:, None] > i[None, :], A, 0.0), tl.where(i[:, None] >= i[None, :], P, 0.0)
 
 

@@ -77,6 +77,7 @@ from ..chunk.tiles import (
     tile_ptrs,
 )
 from ..common import Chunks, Selection, launch, launch_only, padded, tma_operands, use_tma
+from .blocks import pair_decays
 from .chunk_fwd import SUB
 from .gate import gate_backward_tile
 from .subchunk import diag_precision, diag_source_row, sub_colform, sub_diag, sub_rowform, sub_rows
@@ -335,19 +336,11 @@ def grads_pairs_kernel(q_ptr, k_ptr, g_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, fla
 
 
 @triton.jit
-def pair_decays(G, i, STRICT: tl.constexpr):
-    """``e^{G_i - G_j}`` ``[C, C]`` of a chunk's scalar cumulative gate G ``[C]`` for the rows i after the columns j (with
-    ``STRICT``; else at or after them), zero elsewhere: every factor in (0, 1], for any decay."""
-    lower = (i[:, None] > i[None, :]) if STRICT else (i[:, None] >= i[None, :])
-    return tl.where(lower, decay(tl.where(lower, G[:, None] - G[None, :], 0.0)), 0.0)
-
-
-@triton.jit
 def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, dkp_ptr, dGp_ptr, dq_ptr, dk_ptr,
                         dg_ptr, dbeta_ptr, cu_ptr, seq_ptr, start_ptr, sel_ptr, scale, H, K, TOTAL, C: tl.constexpr,
                         BK: tl.constexpr, PREC: tl.constexpr, SELECT: tl.constexpr, GROUP: tl.constexpr):
     """Key side, part 2, for a ``[T, H]`` gate G (one decay per head: Gated DeltaNet), one chunk and head: the pair
-    sums with the decay out of them. With ``D_ij = e^{G_i - G_j}`` (``pair_decays``), ``A = (K K^T) o D``,
+    sums with the decay out of them. With ``D_ij = e^{G_i - G_j}`` (``blocks.pair_decays``), ``A = (K K^T) o D``,
     ``P = scale (Q K^T) o D``, ``W_L = Diag(beta) dL o D`` and ``W_P = scale dP o D``:
 
         dq = dq' + W_P K,    dk = dk' + (W_L + W_L^T) K + W_P^T Q,    dbeta += rowsum(dL o A)
@@ -379,7 +372,7 @@ def scalar_pairs_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, dqp_ptr, 
     D = pair_decays(G, i, True)
     tl.store(dbeta_ptr + (TOTAL + rows.to(tl.int64)) * H + h,
              tl.load(dbeta_ptr + (TOTAL + rows.to(tl.int64)) * H + h, mask=live, other=0.0)
-             + tl.sum(dL * KK * D, axis=1), mask=live)
+             + tl.sum(dL * (KK * D), axis=1), mask=live)
     W_L = beta[:, None] * dL * D
     M = W_L * KK
     W_P = scale * load_tile(dP_ptr, rows, live, h, H, C, i, i < C) * pair_decays(G, i, False)

@@ -186,7 +186,7 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, s
     ``DIAG_SPAN``) forms no dots: ``exact_kernel`` sums it (the backward sums the flagged chunks' diagonal blocks
     exactly too). Finding the span here (the first channels' before any dot, the rest beside the dots), this kernel took
     0.272 ms at normal decay against 0.233 reading the front's flags (H200, B=8, T=4096, H=16, K=128, at 774d826).
-    ``SCALAR``: a ``[T, H]`` gate, whose blocks the dots give for any decay (``blocks.diag_block``; flags unread), and
+    ``SCALAR``: a ``[T, H]`` gate, whose blocks the dots give for any decay (``blocks.diag_block``; launched ``SAFE``), and
     q and k with ``H / GROUP`` heads (``tiles.key_head``: grouped value heads)."""
     c = tl.program_id(0) // NB
     s = tl.program_id(0) % NB
@@ -194,7 +194,7 @@ def diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, D_ptr, P_ptr, flag_ptr, cu_ptr, s
     t0, n = chunk_span(c, cu_ptr, seq_ptr, start_ptr, C)
     if s * BC < n:
         dots = True
-        if not (SAFE or SCALAR):
+        if not SAFE:
             dots = ((tl.load(flag_ptr + c.to(tl.int64) * H + h) >> s) & 1) == 0
         if dots:
             hk, HK = key_head(h, H, GROUP)
