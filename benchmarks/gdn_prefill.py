@@ -168,13 +168,20 @@ def main() -> None:
     ap.add_argument("--out", help="write the JSON results here (after every row)")
     ap.add_argument("--quick", action="store_true", help="the first shape only")
     ap.add_argument("--kernels", action="store_true", help="then each kernel's CUDA time at the first shape")
+    ap.add_argument("--shapes", nargs="+", metavar="WORD",
+                    help="only the shapes whose label holds one of these words (e.g. tp8 varlen)")
     args = ap.parse_args()
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [s for s in shapes if any(w in s[0] for w in args.shapes)]
+        if not shapes:
+            ap.error(f"--shapes: no shape's label holds {args.shapes}; the labels: {[s[0] for s in SHAPES]}")
     roof = roofline()
     found = implementations()
     print(f"roofline: bf16 {roof['bf16_tflops']:.0f} TFLOP/s, copy {roof['copy_gbps']:.0f} GB/s; implementations: "
           + ", ".join(f"{k} ({'ok' if isinstance(v, tuple) else v})" for k, v in found.items()), flush=True)
     rows = []
-    for label, h, hv, lengths in SHAPES[:1] if args.quick else SHAPES:
+    for label, h, hv, lengths in shapes:
         x = make(h, hv, lengths)
         flops = work(hv, lengths)
         row: dict = {"shape": label, "H": h, "HV": hv, "K": K, "V": V, "lengths": lengths, "fwd_flops": flops}
