@@ -459,10 +459,10 @@ def grads_diag_kernel(q_ptr, k_ptr, G_ptr, beta_ptr, dL_ptr, dP_ptr, flag_ptr, d
 
 
 SCALAR_PAIRS_LAUNCH = dict(BK=64, num_warps=8)
-"""``scalar_pairs_kernel``'s launch (``[64, BK]`` tiles of q and k, ``[64, 64]`` pair matrices). Not timed apart yet:
-KDA's pair sums over the gate broadcast (``grads_pairs_kernel``) took 4.82 ms on an H200 (bf16, B=8, T=4096, 16/32
-heads, K=V=128; ``benchmarks/results/gdn_prefill_kernels_h200.json``); with this kernel in their place the forward and
-backward went 14.96 -> 13.92 ms with a forward 0.91 ms slower (at 663ed32; docs/kernels/gated_delta_rule.md)."""
+"""``scalar_pairs_kernel``'s launch (``[64, BK]`` tiles of q and k, ``[64, 64]`` pair matrices). Not tuned yet: 3.23 ms
+of a GDN forward and backward of 11.62 on an H200 (bf16, B=8, T=4096, 16/32 heads, K=V=128;
+``benchmarks/results/gdn_prefill_h200.json``, ``kernels_ms``), where KDA's pair sums over the gate broadcast
+(``grads_pairs_kernel``) took 4.82 ms (docs/kernels/gated_delta_rule.md)."""
 PAIRS_LAUNCH = dict(num_warps=2, num_stages=2, maxnreg=168)
 """``grads_pairs_kernel``'s launch (``[16, BK]`` tiles; its channel blocks are the key side's, ``BK``). Measured on an H200
 (bf16, B=8, T=4096, H=16, K=V=128, the four gradient kernels together, safe_gate off / on, at 09143eb): 4.038 /
