@@ -149,7 +149,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -963,17 +963,28 @@ def _patch_lang(fn):
     module = sys.modules.get(fn.__module__)
     if module is not None and module.__dict__ is fn.__globals__:
         if module.__name__ not in _ALIASES:
-            _ALIASES[module.__name__] = tuple(n for n, v in vars(module).items() if tl.core.is_builtin(v))
-        for name in _ALIASES[module.__name__]:
+            _ALIASES[module.__name__] = _Aliases(
+                builtins=tuple(n for n, v in vars(module).items() if tl.core.is_builtin(v)),
+                libdevice=_libdevice_in(vars(module).values()))
+        aliases = _ALIASES[module.__name__]
+        for name in aliases.builtins:
             value = module.__dict__.get(name)
             if tl.core.is_builtin(value):
                 stock._patch_attr(module, name, value, stock.interpreter_builder, scope)
-    for value in fn.__globals__.values():
-        if value in _libdevice_modules():
-            for name, op in LIBDEVICE.items():
-                if value.__dict__.get(name) is not None and getattr(value.__dict__[name], "__wrapped__", None) is None:
-                    scope.set_attr(value, name, _libdevice(name, op))
+        libdevice = aliases.libdevice
+    else:
+        libdevice = _libdevice_in(fn.__globals__.values())
+    for value in libdevice:
+        for name, op in LIBDEVICE.items():
+            if value.__dict__.get(name) is not None and getattr(value.__dict__[name], "__wrapped__", None) is None:
+                scope.set_attr(value, name, _libdevice(name, op))
     return scope
+
+
+def _libdevice_in(values) -> tuple:
+    """The libdevice modules among ``values`` (a kernel module's globals), by identity."""
+    modules = _libdevice_modules()
+    return tuple(v for v in values if any(v is m for m in modules))
 
 
 LIBDEVICE = {"tanh": np.tanh}
@@ -1004,9 +1015,14 @@ def _libdevice(name: str, op):
     return function
 
 
-_ALIASES: dict[str, tuple[str, ...]] = {}
-"""The names of each kernel module that hold a triton builtin (aliases such as ``gather = tl.gather``),
-found on its first call."""
+class _Aliases(NamedTuple):
+    builtins: tuple[str, ...]   # the names that hold a triton builtin (aliases such as ``gather = tl.gather``)
+    libdevice: tuple            # the libdevice modules it imported (``libdevice.tanh`` patched on each call)
+
+
+_ALIASES: dict[str, _Aliases] = {}
+"""What ``_patch_lang`` patches in each kernel module, found on its first call (a scan of the module's globals on
+every call of a ``@triton.jit`` helper took a fifth of an interpreted GDN forward and backward)."""
 
 
 _SIGNATURES = {
