@@ -163,11 +163,29 @@ def time_step(fn, x, backward: bool) -> None:
     torch.autograd.grad((o, ht), [leaves[n] for n in DIFFERENTIABLE], (torch.ones_like(o), torch.ones_like(ht)))
 
 
+def segments(shapes, lengths_tried: list[int], roof: dict, out: str | None) -> None:
+    """Ours at each ``segment_chunks`` (and the default plan, None) per shape: forward and forward+backward ms."""
+    import refcheck.optimized as optimized
+    rows = []
+    for label, h, hv, lengths in shapes:
+        x = make(h, hv, lengths)
+        for n in [None, *lengths_tried]:
+            fn = functools.partial(optimized.gated_delta_rule_chunk, segment_chunks=n)
+            row = {"shape": label, "segment_chunks": n, "fwd_ms": time_forward(fn, x), "fwd_bwd_ms": time_backward(fn, x)}
+            print(f"{label:22} segment_chunks={n!s:5} fwd {row['fwd_ms']:.3f} ms  fwd+bwd {row['fwd_bwd_ms']:.3f} ms",
+                  flush=True)
+            rows.append(row)
+            save_rows(out, roof, rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write the JSON results here (after every row)")
     ap.add_argument("--quick", action="store_true", help="the first shape only")
     ap.add_argument("--kernels", action="store_true", help="then each kernel's CUDA time at the first shape")
+    ap.add_argument("--segment-chunks", nargs="+", type=int, metavar="N",
+                    help="instead of the comparison: ours alone at each segment length of its serial passes "
+                         "(knob segment_chunks; 0: unsplit), forward and forward+backward, at the shapes chosen")
     ap.add_argument("--shapes", nargs="+", metavar="WORD",
                     help="only the shapes whose label holds one of these words (e.g. tp8 varlen)")
     args = ap.parse_args()
@@ -177,6 +195,9 @@ def main() -> None:
         if not shapes:
             ap.error(f"--shapes: no shape's label holds {args.shapes}; the labels: {[s[0] for s in SHAPES]}")
     roof = roofline()
+    if args.segment_chunks:
+        segments(shapes, args.segment_chunks, roof, args.out)
+        return
     found = implementations()
     print(f"roofline: bf16 {roof['bf16_tflops']:.0f} TFLOP/s, copy {roof['copy_gbps']:.0f} GB/s; implementations: "
           + ", ".join(f"{k} ({'ok' if isinstance(v, tuple) else v})" for k, v in found.items()), flush=True)

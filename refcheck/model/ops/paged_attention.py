@@ -199,6 +199,16 @@ def flashinfer_paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, s
     return o.view(n, tq, h, dv), lse.view(n, tq, h).permute(0, 2, 1).contiguous().float()
 
 
+def fa4_paged_attention(q, k_cache, v_cache, block_table, seqused_k, *, scale=None):
+    """flash-attn-4's ``flash_attn_varlen_func`` over the pages: ``page_table`` our block table, ``seqused_k`` the
+    used lengths, causal (its causal mask is bottom-right: the Tq queries are each sequence's last tokens); o
+    ``[N, Tq, H, Dv]`` and its lse ``[N, H, Tq]`` (float32) as they come back for unpacked queries."""
+    from flash_attn.cute import flash_attn_varlen_func
+    return flash_attn_varlen_func(q, k_cache, v_cache, seqused_k=seqused_k.to(torch.int32),
+                                  page_table=block_table.to(torch.int32).contiguous(), softmax_scale=scale,
+                                  causal=True, return_lse=True)
+
+
 CARD = OpCard(
     "paged_attention", references.paged_attention, references.paged_attention_chunked, ("o", "lse"), (),
     LINEAR_DTYPES, make_inputs, cases=cases, traits=frozenset({"grouped_heads", "paged"}), grid=grid,
@@ -215,6 +225,13 @@ CARD = OpCard(
                        devices=("cuda",), dtypes=("bf16", "fp16"), requires="flashinfer", backward=False,
                        head_dims=(128,), family="flashinfer",
                        description="FlashInfer's paged decode (one token) and paged prefill (speculative queries)"),
+        # flash-attn-4 4.0.0b36 on SM90: fp16/bf16, head dims up to 256 (it asserts "between 8 and 256"), and over pages
+        # that are not one key tile (128 tokens) multiples of 16 ("Paged KV does not support irregular head dim": Dv=24
+        # asserts); MLA's absorbed 576/512 is left out for it
+        Implementation("paged_attention", "fa4", "refcheck.model.ops.paged_attention:fa4_paged_attention",
+                       devices=("cuda",), dtypes=("bf16", "fp16"), requires="flash_attn", backward=False,
+                       head_dims=tuple(range(16, 257, 16)),
+                       description="flash-attn-4 (CUTLASS DSL) over the pages: page_table and seqused_k"),
         Implementation("paged_attention", "sdpa", "refcheck.model.ops.paged_attention:sdpa_paged_attention",
                        outputs=("o",), backward=False,
                        description="torch scaled_dot_product_attention over the gathered pages (no lse)"),
