@@ -816,3 +816,28 @@ def test_the_operand_shortcut_gives_what_the_stock_type_checking_gives():
             assert outcome(shortcut, lhs, rhs, flags) == outcome(stock_operands, lhs, rhs, flags), (a, b, sa, sb, flags)
             checked += 1
     assert checked == len(dtypes) ** 2 * 4 * 16
+
+
+def test_block_types_from_a_cached_shape_are_the_stock_ones():
+    """``type_cache``'s block types, built from a list of ints and from another block type's own shape (what
+    ``with_element_ty`` and the interpreter's ``to_ir`` pass), field by field the stock ones, every time."""
+    import triton.language as tl
+
+    def fields(t):
+        return (t.element_ty, t.name, t.numel.value if hasattr(t.numel, "value") else t.numel,
+                list(t.shape.values), str(t.shape.type))
+
+    def built():
+        out = []
+        for dtype in (tl.float32, tl.bfloat16, tl.int32, tl.pointer_type(tl.float16)):
+            for shape in ([4], [2, 8], [1, 16, 2]):
+                first = tl.block_type(dtype, shape)
+                for _ in range(2):   # the second time from the cache
+                    out.append(fields(tl.block_type(dtype, list(shape))))
+                    out.append(fields(first.with_element_ty(tl.float16)))
+                    out.append(fields(tl.block_type(tl.int64, first.shape)))
+        return out
+
+    patched = built()
+    interpreter.disable()      # the stock constructor (the fixture restores the patches after)
+    assert patched == built()

@@ -76,11 +76,13 @@ def patches() -> list[tuple[Any, str, Any]]:
 
     def block_init(self, element_ty, shape):
         # stock: unwrap the shape, check each dimension is a power of 2 and the total within Triton's
-        # limit, name the type; for a shape of plain ints seen before with this element type, the result
-        # of the first time (a shape with constexprs, or one that fails the checks, takes the stock path)
+        # limit, name the type; for a shape of plain ints seen before with this element type (a list, a
+        # tuple, or another block type's shape: a triton tuple of ints), the result of the first time (a
+        # shape with constexprs, or one that fails the checks, takes the stock path)
         key = None
-        if isinstance(shape, (list, builtins.tuple)) and all(type(s) is int for s in shape):
-            key = (type(element_ty), getattr(element_ty, "name", None), builtins.tuple(shape))
+        dims = shape.values if type(shape) is tuple_ else shape   # a block type's own shape (with_element_ty, to_ir)
+        if isinstance(dims, (list, builtins.tuple)) and all(type(s) is int for s in dims):
+            key = (type(element_ty), getattr(element_ty, "name", None), builtins.tuple(dims))
             known = blocks.get(key)
             if known is not None:
                 self.element_ty = element_ty

@@ -46,6 +46,15 @@ MIN_SEGMENT = 16
 three launches and the scan's matmuls are fixed costs that only a long chain of steps pays for."""
 
 
+def check_segment_chunks(segment_chunks) -> int | None:
+    """The ``segment_chunks`` knob of a chunked op's API as given: None (the plan chooses) or an int >= 0 (0: never
+    split), else a ValueError naming it."""
+    if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
+                                       or segment_chunks < 0):
+        raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
+    return segment_chunks
+
+
 def segment_length(chunks: Chunks, H: int, V: int) -> int:
     """Chunks per segment for a serial pass over ``chunks`` with H heads and V values, or 0 (no split).
 

@@ -32,7 +32,7 @@ from refcheck.references.contract import check_state_pool
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import Stored
-from ..chunk.segments import Transitions, plan
+from ..chunk.segments import Transitions, check_segment_chunks, plan
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import check_precision, kernel_state, make_chunks
 from ..kda.api import DEFAULT_PRECISION, KdaConfig, Saved, chunk_backward
@@ -116,9 +116,7 @@ def gated_delta_rule_chunk(q, k, v, g, beta, *, scale=None, initial_state=None, 
         dict(A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, ssm_state_indices=ssm_state_indices,
              cu_seqlens=cu_seqlens), one_dtype=False)
     precision = check_precision(precision)
-    if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
-                                       or segment_chunks < 0):
-        raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
+    check_segment_chunks(segment_chunks)
     if inplace_final_state and ssm_state_indices is None:
         raise ValueError("inplace_final_state: needs ssm_state_indices (the pool slots to write back into)")
     chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens

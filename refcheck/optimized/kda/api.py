@@ -18,7 +18,7 @@ from refcheck.references.kda import check_kda_inputs
 
 from ..chunk.prepared import PreparedKeys
 from ..chunk.scaled import Stored, row_scaled
-from ..chunk.segments import Segments, Transitions, plan
+from ..chunk.segments import Segments, Transitions, check_segment_chunks, plan
 from ..chunk.state import sequence_groups
 from ..chunk.tiles import cumulative_gate_dtype
 from ..common import Chunks, SideStream, check_flag, check_precision, check_runs_on, kernel_state, make_chunks
@@ -286,9 +286,7 @@ def kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=
     if use_gate_in_kernel:
         _check_gate_params(A_log, dt_bias, H, K, q.device)
         _check_lower_bound(lower_bound)
-    if segment_chunks is not None and (isinstance(segment_chunks, bool) or not isinstance(segment_chunks, int)
-                                       or segment_chunks < 0):
-        raise ValueError(f"segment_chunks: expected None or an int >= 0, got {segment_chunks!r}")
+    check_segment_chunks(segment_chunks)
     chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens
     initial_state = kernel_state(initial_state, chunks.num_seqs, H, K, V, q.device)
     cfg = KdaConfig(chunks, scale, safe_gate, None if lower_bound is None else float(lower_bound), use_gate_in_kernel,
