@@ -458,8 +458,13 @@ def _mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray, formats: tuple) -> np.nd
         exponents = ea[..., :, None, ks] + np.swapaxes(eb[..., ks, :], -1, -2)[..., None, :, :]
         top = np.where(acc != 0, _exponent(acc, -126), -(1 << 20))
         top = np.maximum(np.where(products != 0, exponents, -(1 << 20)).max(-1), top) - align
-        total = np.trunc(np.ldexp(products, -top[..., None])).sum(-1) + np.trunc(np.ldexp(acc, -top))
-        exact = np.ldexp(total, top)
+        # scaled by powers of two, as ldexp would (exact: a nonzero term's exponent field is at least -252 and top
+        # at most 254, so the scaled terms stay far inside float64's normal range); where every term is zero,
+        # top is clamped so that the powers stay finite
+        top = np.maximum(top, -1000)
+        down = np.ldexp(1.0, -top)
+        total = np.trunc(products * down[..., None]).sum(-1) + np.trunc(acc * down)
+        exact = total * np.ldexp(1.0, top)
         result = _truncate(exact, bits) if out == np.float32 else exact   # float16: rounded below
         finite = np.isfinite(products).all(-1) & np.isfinite(acc)
         acc = np.where(finite, result, products.sum(-1) + acc).astype(out).astype(np.float64)
@@ -952,39 +957,40 @@ def _patch_lang(fn):
     import triton.language as tl
     from triton.runtime import interpreter as stock
 
-    langs = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
-    if langs and all(not tl.core.is_builtin(lang.__dict__.get("arange")) for lang in langs):
+    module = sys.modules.get(fn.__module__)
+    if module is not None and module.__dict__ is fn.__globals__:
+        if module.__name__ not in _ALIASES:
+            _ALIASES[module.__name__] = _aliases(vars(module))
+        aliases = _ALIASES[module.__name__]
+    else:
+        aliases = _aliases(fn.__globals__)
+    if aliases.langs and all(not tl.core.is_builtin(lang.__dict__.get("arange")) for lang in aliases.langs):
         scope = stock._LangPatchScope()
     else:
         scope = _stock("_patch_lang")(fn)
     for lang in (tl, tl.core):
         if lang.__dict__.get("range") is lang.__dict__.get("static_range"):   # the ones stock patched
             scope.set_attr(lang, "range", _loop_range)
-    module = sys.modules.get(fn.__module__)
     if module is not None and module.__dict__ is fn.__globals__:
-        if module.__name__ not in _ALIASES:
-            _ALIASES[module.__name__] = _Aliases(
-                builtins=tuple(n for n, v in vars(module).items() if tl.core.is_builtin(v)),
-                libdevice=_libdevice_in(vars(module).values()))
-        aliases = _ALIASES[module.__name__]
         for name in aliases.builtins:
             value = module.__dict__.get(name)
             if tl.core.is_builtin(value):
                 stock._patch_attr(module, name, value, stock.interpreter_builder, scope)
-        libdevice = aliases.libdevice
-    else:
-        libdevice = _libdevice_in(fn.__globals__.values())
-    for value in libdevice:
+    for value in aliases.libdevice:
         for name, op in LIBDEVICE.items():
             if value.__dict__.get(name) is not None and getattr(value.__dict__[name], "__wrapped__", None) is None:
                 scope.set_attr(value, name, _libdevice(name, op))
     return scope
 
 
-def _libdevice_in(values) -> tuple:
-    """The libdevice modules among ``values`` (a kernel module's globals), by identity."""
+def _aliases(scope: dict) -> _Aliases:
+    """What ``_patch_lang`` patches in a kernel's globals ``scope``."""
+    import triton.language as tl
+    values = list(scope.values())
     modules = _libdevice_modules()
-    return tuple(v for v in values if any(v is m for m in modules))
+    return _Aliases(langs=tuple(v for v in values if v is tl or v is tl.core),
+                    builtins=tuple(n for n, v in scope.items() if tl.core.is_builtin(v)),
+                    libdevice=tuple(v for v in values if any(v is m for m in modules)))
 
 
 LIBDEVICE = {"tanh": np.tanh}
@@ -1016,12 +1022,13 @@ def _libdevice(name: str, op):
 
 
 class _Aliases(NamedTuple):
+    langs: tuple                # triton.language and triton.language.core, where the module imported them
     builtins: tuple[str, ...]   # the names that hold a triton builtin (aliases such as ``gather = tl.gather``)
     libdevice: tuple            # the libdevice modules it imported (``libdevice.tanh`` patched on each call)
 
 
 _ALIASES: dict[str, _Aliases] = {}
-"""What ``_patch_lang`` patches in each kernel module, found on its first call (a scan of the module's globals on
+"""What ``_patch_lang`` patches in each kernel module, found on its first call (the scans of the module's globals on
 every call of a ``@triton.jit`` helper took a fifth of an interpreted GDN forward and backward)."""
 
 
