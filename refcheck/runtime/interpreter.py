@@ -449,7 +449,9 @@ def _mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray, formats: tuple) -> np.nd
     step = {"tf32": 8, "bf16": 16, "fp16": 16}.get(formats[0], 32)
     align, bits = (13, 13) if fp8 and a.shape[-2] >= 64 else (25, 23)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    ea, eb = (_exponent(x, _MIN_EXPONENT[f]) for x, f in zip((a64, b64), formats))
+    # a zero operand's exponent field far below any other, so that its products never set the largest exponent
+    ea, eb = (np.where(x != 0, _exponent(x, _MIN_EXPONENT[f]), -(1 << 20)) for x, f in zip((a64, b64), formats))
+    finite_operands = bool(np.isfinite(a64).all() and np.isfinite(b64).all())   # then every product is finite
     out = acc.dtype
     acc = acc.astype(np.float64)
     for k0 in range(0, a.shape[-1], step):
@@ -457,7 +459,7 @@ def _mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray, formats: tuple) -> np.nd
         products = a64[..., :, None, ks] * np.swapaxes(b64[..., ks, :], -1, -2)[..., None, :, :]
         exponents = ea[..., :, None, ks] + np.swapaxes(eb[..., ks, :], -1, -2)[..., None, :, :]
         top = np.where(acc != 0, _exponent(acc, -126), -(1 << 20))
-        top = np.maximum(np.where(products != 0, exponents, -(1 << 20)).max(-1), top) - align
+        top = np.maximum(exponents.max(-1), top) - align
         # scaled by powers of two, as ldexp would (exact: a nonzero term's exponent field is at least -252 and top
         # at most 254, so the scaled terms stay far inside float64's normal range); where every term is zero,
         # top is clamped so that the powers stay finite
@@ -466,8 +468,10 @@ def _mma(a: np.ndarray, b: np.ndarray, acc: np.ndarray, formats: tuple) -> np.nd
         total = np.trunc(products * down[..., None]).sum(-1) + np.trunc(acc * down)
         exact = total * np.ldexp(1.0, top)
         result = _truncate(exact, bits) if out == np.float32 else exact   # float16: rounded below
-        finite = np.isfinite(products).all(-1) & np.isfinite(acc)
-        acc = np.where(finite, result, products.sum(-1) + acc).astype(out).astype(np.float64)
+        finite = np.isfinite(acc) if finite_operands else np.isfinite(products).all(-1) & np.isfinite(acc)
+        if not finite.all():
+            result = np.where(finite, result, products.sum(-1) + acc)
+        acc = result.astype(out).astype(np.float64)
     return acc.astype(out)
 
 
