@@ -1,6 +1,7 @@
 """Registers, spills and shared memory of every kernel of ours on Hopper, without a GPU.
 
-    python benchmarks/kernel_resources.py [--op kda|gla|simple_gla|attention] [--shape B8_T4096] [--arch 90] [--safe]
+    python benchmarks/kernel_resources.py [--op kda|gla|simple_gla|attention|gated_delta_rule] [--shape B8_T4096]
+        [--arch 90] [--safe] [--heads 16,32]
         [--dims 192,128] [--causal] [--schedule grid|persistent] [--dtype fp32] [--precision tf32x3] [--fit]
         [--sass DIR]
 
@@ -109,6 +110,24 @@ def kda_launches(shape: dict, safe: bool, keep: bool, fit: int | None = None, dt
     return capture(fwd_bwd, fit)
 
 
+def gated_delta_rule_launches(heads: tuple[int, int], K: int, V: int, fit: int | None = None, dtype=torch.bfloat16,
+                              B: int = 8):
+    """Every launch of one forward + backward of ``optimized.gated_delta_rule_chunk`` as Qwen3.5's layers call it
+    (``heads = (H, HV)`` query/key and value heads, the gate's function and l2norm in the kernel, a final state),
+    one chunk per sequence (launches depend on head dims and program counts only)."""
+    from refcheck import optimized
+    H, HV = heads
+
+    def fwd_bwd():
+        q, k, v = _grad_inputs((B, 64, H, K), (B, 64, H, K), (B, 64, HV, V), dtype=dtype)
+        a, beta = _grad_inputs((B, 64, HV), (B, 64, HV), dtype=dtype)
+        A_log, dt_bias = _grad_inputs((HV,), (HV,), dtype=torch.float32)
+        o, ht = optimized.gated_delta_rule_chunk(q, k, v, a, beta.sigmoid(), A_log=A_log, dt_bias=dt_bias,
+                                                 use_gate_in_kernel=True, use_qk_l2norm=True, output_final_state=True)
+        (o.float().sum() + ht.sum()).backward()
+    return capture(fwd_bwd, fit)
+
+
 def _grad_inputs(*shapes, dtype=torch.bfloat16):
     return [torch.randn(*s, dtype=dtype).requires_grad_() for s in shapes]
 
@@ -147,7 +166,7 @@ def main():
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kda import SHAPES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", default="kda", choices=("kda", "gla", "simple_gla", "attention"))
+    ap.add_argument("--op", default="kda", choices=("kda", "gla", "simple_gla", "attention", "gated_delta_rule"))
     ap.add_argument("--shape", default="B8_T4096", choices=list(SHAPES), help="kda, gla, simple_gla: head dims and batch")
     ap.add_argument("--dims", default="192,128", help="attention: Dqk,Dv")
     ap.add_argument("--causal", action="store_true", help="attention: causal")
@@ -160,7 +179,9 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16", "fp16"), help="input dtype")
     ap.add_argument("--precision", help="the precision knob (gla, simple_gla, attention)")
     ap.add_argument("--chunk-size", type=int, help="gla, simple_gla: the chunk_size knob")
-    ap.add_argument("--kv", help="kda, gla, simple_gla: head dims K,V instead of the shape's")
+    ap.add_argument("--kv", help="kda, gla, simple_gla, gated_delta_rule: head dims K,V instead of the shape's")
+    ap.add_argument("--heads", default="16,32",
+                    help="gated_delta_rule: query/key and value heads H,HV (default Qwen3.5's 16,32; its TP8 slice 2,8)")
     ap.add_argument("--fit", type=int, nargs="?", const=232448,
                     help="compile each launch as it comes and let the launch ladders fall back as on a GPU with this "
                          "much shared memory (default 232448 B, an H100 or H200); refused steps are listed")
@@ -172,6 +193,9 @@ def main():
         shape["K"], shape["V"] = (int(d) for d in args.kv.split(","))
     if args.op == "kda":
         launches = kda_launches(shape, args.safe, args.keep, args.fit, DTYPES[args.dtype], args.segments)
+    elif args.op == "gated_delta_rule":
+        h, hv = (int(n) for n in args.heads.split(","))
+        launches = gated_delta_rule_launches((h, hv), shape["K"], shape["V"], args.fit, DTYPES[args.dtype], shape["B"])
     elif args.op == "attention":
         dqk, dv = (int(d) for d in args.dims.split(","))
         knobs = {"precision": args.precision} if args.precision else {}
