@@ -16,7 +16,8 @@
 #   check       benchmarks/kda.py --check: errors vs float64 over option combinations
 #   attention-bench  benchmarks/attention.py (ATTENTION_ARGS, e.g. --quick): ours vs flash-attn-4 and SDPA
 #   gdn-bench   benchmarks/gdn.py (GDN_ARGS, e.g. --quick): our GDN decode vs FLA's and FlashInfer's, GB/s of the copy rate
-#   gdn-prefill benchmarks/gdn_prefill.py (GDN_PREFILL_ARGS, e.g. --quick): our chunked GDN vs FLA's and FlashInfer's prefill
+#   gdn-prefill benchmarks/gdn_prefill.py (GDN_PREFILL_ARGS, e.g. --quick, --shapes tp8, --kernels, --segment-chunks 0 64):
+#               our chunked GDN vs FLA's and FlashInfer's prefill
 #   gdn-sweep   benchmarks/gdn.py --sweep: our GDN decode kernel under every launch setting
 #   paged-bench benchmarks/paged_attention.py (PAGED_ARGS, e.g. --quick): our paged decode vs FlashInfer's, GB/s of the copy rate
 #   attention-sweep  benchmarks/attention_sweep.py (SWEEP_ARGS, e.g. --parts fwd): every launch setting of our kernels
