@@ -841,3 +841,43 @@ def test_block_types_from_a_cached_shape_are_the_stock_ones():
     patched = built()
     interpreter.disable()      # the stock constructor (the fixture restores the patches after)
     assert patched == built()
+
+
+def test_the_broadcast_shortcut_gives_what_the_stock_broadcast_gives():
+    """``type_cache``'s broadcast shortcut (two scalars, or two blocks of one shape, returned as they are) against the
+    stock ``broadcast_impl_value``: for scalars, blocks of one shape, of broadcastable and of incompatible shapes and
+    ranks, the same result types and values, or the same error."""
+    import itertools
+
+    import numpy as np
+    import triton.language as tl
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime import interpreter as stock
+
+    from refcheck.runtime import type_cache
+
+    interpreter.disable()      # the stock function itself (the fixture restores the patches after)
+    stock_broadcast = TritonSemantic.broadcast_impl_value
+    shortcut = next(fn for _, name, fn in type_cache.patches() if name == "broadcast_impl_value")
+    semantic = TritonSemantic(stock.interpreter_builder)
+
+    def value(dtype, shape):
+        data = (np.arange(int(np.prod(shape)) or 1) % 5 + 1).astype(stock._get_np_dtype(dtype)).reshape(shape or ())
+        return tl.tensor(stock.TensorHandle(data, dtype), tl.block_type(dtype, list(shape)) if shape else dtype)
+
+    def outcome(fn, lhs, rhs):
+        try:
+            out = fn(semantic, lhs, rhs)
+        except Exception as err:
+            return type(err).__name__
+        return [(str(t.type), t.handle.data.dtype, t.handle.data.shape, t.handle.data.tobytes()) for t in out]
+
+    shapes = [(), (4,), (2, 4), (1, 4), (2, 1), (8, 4), (8,)]
+    checked = same = 0
+    for (a, b), (sa, sb) in itertools.product(itertools.product([tl.float32, tl.int32], repeat=2),
+                                              itertools.product(shapes, repeat=2)):
+        lhs, rhs = value(a, sa), value(b, sb)
+        assert outcome(shortcut, lhs, rhs) == outcome(stock_broadcast, lhs, rhs), (a, b, sa, sb)
+        checked += 1
+        same += sa == sb
+    assert checked == 4 * len(shapes) ** 2 and same == 4 * len(shapes)
