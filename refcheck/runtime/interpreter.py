@@ -962,7 +962,8 @@ def _patch_lang(fn):
     from triton.runtime import interpreter as stock
 
     module = sys.modules.get(fn.__module__)
-    if module is not None and module.__dict__ is fn.__globals__:
+    own = module is not None and module.__dict__ is fn.__globals__   # a module's function (else exec'd globals)
+    if own:
         if module.__name__ not in _ALIASES:
             _ALIASES[module.__name__] = _aliases(vars(module))
         aliases = _ALIASES[module.__name__]
@@ -975,7 +976,7 @@ def _patch_lang(fn):
     for lang in (tl, tl.core):
         if lang.__dict__.get("range") is lang.__dict__.get("static_range"):   # the ones stock patched
             scope.set_attr(lang, "range", _loop_range)
-    if module is not None and module.__dict__ is fn.__globals__:
+    if own:
         for name in aliases.builtins:
             value = module.__dict__.get(name)
             if tl.core.is_builtin(value):

@@ -26,13 +26,16 @@ MAX_HEAD_DIM = 256
 def check_call(kernel, q, k, v, g, beta, scale, flags: dict, others: dict, one_dtype: bool):
     """The checks of a call of our kernels (the recurrent and the chunked), before any launch: the contract's
     (``check_gated_delta_rule_inputs``: shapes, grouped heads, the gate's parameters), ``flags`` booleans, q, k and v
-    (with ``one_dtype`` all of q's; else each, and g and beta too) among fp32/bf16/fp16, every tensor of ``others``
+    (with ``one_dtype`` all of q's; else each, and g and beta too) among fp32/bf16/fp16, ``inplace_final_state``
+    with a pool's ``ssm_state_indices``, every tensor of ``others``
     (the gate's parameters, states, indices, cu_seqlens; None where not given) on q's device, a device the kernel
     runs on, head dims up to 256, the scale. Returns ``(B, T, H, K, HV, V, scale)``."""
     check_gated_delta_rule_inputs(q, k, v, g, beta, flags["use_gate_in_kernel"], others["A_log"], others["dt_bias"],
                                   flags["use_beta_sigmoid_in_kernel"], flags["allow_neg_eigval"])
     for name, flag in flags.items():
         check_flag(name, flag)
+    if flags["inplace_final_state"] and others["ssm_state_indices"] is None:
+        raise ValueError("inplace_final_state: needs ssm_state_indices (the pool slots to write back into)")
     typed = (("q", q), ("k", k), ("v", v)) if one_dtype else (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
     for name, x in typed:
         if x.dtype not in KERNEL_DTYPES or (one_dtype and x.dtype != q.dtype):
@@ -79,8 +82,6 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, *, scale=None, initial_state=No
     chunks = make_chunks(B, T, cu_seqlens, 64, q.device)              # validates cu_seqlens; its cu, the spans
     N = chunks.num_seqs
     sk, sv = (V, K) if state_v_first else (K, V)
-    if inplace_final_state and ssm_state_indices is None:
-        raise ValueError("inplace_final_state: needs ssm_state_indices (the pool slots to write back into)")
     check_flag("check_slots", check_slots)
     config = check_config(config, K, V)
     if ssm_state_indices is not None:

@@ -117,8 +117,6 @@ def gated_delta_rule_chunk(q, k, v, g, beta, *, scale=None, initial_state=None, 
              cu_seqlens=cu_seqlens), one_dtype=False)
     precision = check_precision(precision)
     check_segment_chunks(segment_chunks)
-    if inplace_final_state and ssm_state_indices is None:
-        raise ValueError("inplace_final_state: needs ssm_state_indices (the pool slots to write back into)")
     chunks = make_chunks(B, T, cu_seqlens, CHUNK, q.device)  # validates cu_seqlens
     N = chunks.num_seqs
     sk, sv = (V, K) if state_v_first else (K, V)
